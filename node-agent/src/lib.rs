@@ -1,0 +1,6 @@
+//! The slowrank node agent as a library: probes (eBPF) → fold → ship.
+//!
+//! The binary in `main.rs` wires these together; tests use them directly.
+pub mod output;
+pub mod probes;
+pub mod ship;

@@ -1,0 +1,307 @@
+//! The agent → coordinator wire format.
+//!
+//! Every message is a 12-byte header followed by an rkyv archive:
+//!
+//! ```text
+//! offset 0  magic   b"SLRK"
+//!        4  u16 LE  schema version (SCHEMA_VERSION)
+//!        6  u8      message kind (MessageKind)
+//!        7  u8      reserved, 0
+//!        8  u32 LE  archive length in bytes
+//!       12  ...     rkyv archive
+//! ```
+//!
+//! [`decode`] checks the header, caps the size *before* touching the archive,
+//! copies it to an aligned buffer and validates it with bytecheck, so a
+//! truncated, oversized, wrong-version or garbage message is an error with a
+//! reason, never a panic or an out-of-bounds read.
+
+use rkyv::{
+    api::high::{HighSerializer, HighValidator},
+    bytecheck::CheckBytes,
+    de::Pool,
+    rancor::{self, Strategy},
+    ser::allocator::ArenaHandle,
+    util::AlignedVec,
+    Archive, Deserialize, Serialize,
+};
+
+/// First four bytes of every message.
+pub const MAGIC: [u8; 4] = *b"SLRK";
+/// Bumped on any incompatible change of the types below.
+pub const SCHEMA_VERSION: u16 = 1;
+/// Bytes before the archive.
+pub const HEADER_LEN: usize = 12;
+/// Largest archive accepted; anything bigger is rejected unread.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a message was rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("message is {0} bytes, shorter than the {HEADER_LEN}-byte header")]
+    Truncated(usize),
+    #[error("bad magic {0:02x?}: not a slowrank message")]
+    BadMagic([u8; 4]),
+    #[error("schema version {got} is not supported (this build speaks {SCHEMA_VERSION})")]
+    Version { got: u16 },
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    #[error("expected a {expected:?} message, got {got:?}")]
+    WrongKind {
+        expected: MessageKind,
+        got: MessageKind,
+    },
+    #[error("archive of {0} bytes exceeds the {MAX_MESSAGE_BYTES}-byte cap")]
+    TooLarge(usize),
+    #[error("header says {declared} archive bytes but {actual} follow")]
+    LengthMismatch { declared: usize, actual: usize },
+    #[error("archive failed validation: {0}")]
+    Invalid(String),
+    #[error("cannot serialize: {0}")]
+    Serialize(String),
+}
+
+/// What a message carries; stored in the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MessageKind {
+    Hello = 1,
+    HelloReply = 2,
+    Batch = 3,
+}
+
+impl MessageKind {
+    fn from_raw(raw: u8) -> Result<Self, WireError> {
+        match raw {
+            1 => Ok(Self::Hello),
+            2 => Ok(Self::HelloReply),
+            3 => Ok(Self::Batch),
+            other => Err(WireError::UnknownKind(other)),
+        }
+    }
+}
+
+/// A type that travels as one message.
+pub trait Message {
+    const KIND: MessageKind;
+}
+
+/// First message on a connection: who the agent is and its credential.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Hello {
+    /// Shared job token; compared in constant time by the coordinator.
+    pub token: String,
+    /// Host name the agent reports (e.g. `node-5`).
+    pub host: String,
+    /// Unique per agent process, so a restarted agent is told apart.
+    pub agent_id: String,
+    /// Agent's monotonic and wall clocks when it said hello (ns).
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+}
+impl Message for Hello {
+    const KIND: MessageKind = MessageKind::Hello;
+}
+
+/// The coordinator's answer to [`Hello`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct HelloReply {
+    pub accepted: bool,
+    /// Why the agent was refused; empty when accepted.
+    pub reason: String,
+}
+impl Message for HelloReply {
+    const KIND: MessageKind = MessageKind::HelloReply;
+}
+
+/// What one probe id (the attach cookie) stands for.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProbeDesc {
+    pub id: u32,
+    /// Exact file the probe is attached in (from `/proc/PID/maps` or the CLI).
+    pub path: String,
+    pub symbol: String,
+}
+
+/// One call boundary seen by a probe, on the agent host's monotonic clock.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct CallRecord {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub probe: u32,
+    /// True for a return, false for an entry.
+    pub is_return: bool,
+    pub args: [u64; crate::probe::MAX_ARGS],
+    pub ret: u64,
+}
+
+/// A batch of records from one agent.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub host: String,
+    pub agent_id: String,
+    /// Per-agent sequence number, so the coordinator sees gaps and resends.
+    pub seq: u64,
+    pub probes: Vec<ProbeDesc>,
+    pub calls: Vec<CallRecord>,
+    /// Ring-buffer drops counted in the kernel since the agent started.
+    pub ringbuf_drops: u64,
+}
+impl Message for Batch {
+    const KIND: MessageKind = MessageKind::Batch;
+}
+
+/// Serializes `value` with its header.
+pub fn encode<T>(value: &T) -> Result<Vec<u8>, WireError>
+where
+    T: Message + for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>>,
+{
+    let archive =
+        rkyv::to_bytes::<rancor::Error>(value).map_err(|e| WireError::Serialize(e.to_string()))?;
+    if archive.len() > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge(archive.len()));
+    }
+    let mut out = Vec::with_capacity(HEADER_LEN + archive.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&SCHEMA_VERSION.to_le_bytes());
+    out.push(T::KIND as u8);
+    out.push(0);
+    out.extend_from_slice(&(archive.len() as u32).to_le_bytes());
+    out.extend_from_slice(&archive);
+    Ok(out)
+}
+
+/// Reads and checks the header; returns the kind and the archive bytes.
+pub fn split_header(bytes: &[u8]) -> Result<(MessageKind, &[u8]), WireError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(WireError::Truncated(bytes.len()));
+    }
+    let magic: [u8; 4] = bytes[0..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != SCHEMA_VERSION {
+        return Err(WireError::Version { got: version });
+    }
+    let kind = MessageKind::from_raw(bytes[6])?;
+    let declared = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
+    if declared > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge(declared));
+    }
+    let body = &bytes[HEADER_LEN..];
+    if body.len() != declared {
+        return Err(WireError::LengthMismatch {
+            declared,
+            actual: body.len(),
+        });
+    }
+    Ok((kind, body))
+}
+
+/// Validates and deserializes one message of type `T`.
+pub fn decode<T>(bytes: &[u8]) -> Result<T, WireError>
+where
+    T: Message + Archive,
+    T::Archived: for<'a> CheckBytes<HighValidator<'a, rancor::Error>>
+        + Deserialize<T, Strategy<Pool, rancor::Error>>,
+{
+    let (kind, body) = split_header(bytes)?;
+    if kind != T::KIND {
+        return Err(WireError::WrongKind {
+            expected: T::KIND,
+            got: kind,
+        });
+    }
+    // rkyv needs the archive aligned; the network buffer is not.
+    let mut aligned = AlignedVec::<16>::with_capacity(body.len());
+    aligned.extend_from_slice(body);
+    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| WireError::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> Batch {
+        Batch {
+            host: "node-0".into(),
+            agent_id: "a1".into(),
+            seq: 7,
+            probes: vec![ProbeDesc {
+                id: 0,
+                path: "/x/libnccl.so.2".into(),
+                symbol: "ncclAllReduce".into(),
+            }],
+            calls: (0..100)
+                .map(|i| CallRecord {
+                    ts_ns: 1000 + i,
+                    pid: 42,
+                    tid: 43,
+                    probe: 0,
+                    is_return: i % 2 == 1,
+                    args: [i, 2, 3, 4, 5, 6],
+                    ret: 9,
+                })
+                .collect(),
+            ringbuf_drops: 3,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let b = batch();
+        let bytes = encode(&b).unwrap();
+        assert_eq!(decode::<Batch>(&bytes).unwrap(), b);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = encode(&batch()).unwrap();
+        for len in 0..bytes.len() {
+            assert!(decode::<Batch>(&bytes[..len]).is_err(), "len {len} accepted");
+        }
+    }
+
+    #[test]
+    fn header_faults_have_reasons() {
+        let good = encode(&batch()).unwrap();
+        let mut b = good.clone();
+        b[0] = b'X';
+        assert!(matches!(decode::<Batch>(&b), Err(WireError::BadMagic(_))));
+        let mut b = good.clone();
+        b[4] = 99;
+        assert_eq!(decode::<Batch>(&b), Err(WireError::Version { got: 99 }));
+        let mut b = good.clone();
+        b[6] = 77;
+        assert_eq!(decode::<Batch>(&b), Err(WireError::UnknownKind(77)));
+        let mut b = good.clone();
+        b[8..12].copy_from_slice(&(u32::MAX).to_le_bytes());
+        assert!(matches!(decode::<Batch>(&b), Err(WireError::TooLarge(_))));
+        assert!(matches!(
+            decode::<Hello>(&good),
+            Err(WireError::WrongKind { .. })
+        ));
+    }
+
+    #[test]
+    fn corrupted_archive_is_rejected_not_panicking() {
+        let good = encode(&batch()).unwrap();
+        // Flip bytes across the archive; each result must be Ok or Err, never
+        // a panic, and pointer-bearing regions must be caught by bytecheck.
+        let mut rejected = 0;
+        for i in HEADER_LEN..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0xff;
+            if decode::<Batch>(&b).is_err() {
+                rejected += 1;
+            }
+        }
+        assert!(rejected > 0, "no corruption was detected");
+        // Garbage of the right length with a valid header.
+        let mut b = good[..HEADER_LEN].to_vec();
+        b.extend(std::iter::repeat_n(0xAB, good.len() - HEADER_LEN));
+        assert!(matches!(decode::<Batch>(&b), Err(WireError::Invalid(_))));
+    }
+}
