@@ -136,17 +136,152 @@ pub struct CallRecord {
     pub ret: u64,
 }
 
+/// Who a rank process is, read from its environment (torchrun, Slurm or
+/// Open MPI variables).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct RankIdentity {
+    pub pid: u32,
+    /// Global rank (`RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`).
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub local_world_size: u32,
+    /// Node index (`GROUP_RANK`), `u32::MAX` when unknown.
+    pub group_rank: u32,
+    /// `TORCHELASTIC_RESTART_COUNT`: an elastic restart brings new PIDs.
+    pub restart_count: u32,
+    /// `TORCHELASTIC_RUN_ID` / `SLURM_JOB_ID`; empty when unknown.
+    pub job_id: String,
+    /// Agent monotonic ns when the agent started following it.
+    pub seen_ns: u64,
+}
+
+/// A rank process that ended.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct RankExit {
+    pub pid: u32,
+    pub rank: u32,
+    pub exit_ns: u64,
+}
+
+/// NCCL collective and point-to-point operations.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[rkyv(derive(Debug, PartialEq))]
+#[repr(u8)]
+pub enum CollOp {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Send,
+    Recv,
+}
+
+/// A communicator as one member created it. `comm_id` is the same on every
+/// member: a hash of the `ncclUniqueId`, or of (parent id, color) for a split.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct CommRecord {
+    pub pid: u32,
+    pub rank: u32,
+    pub comm_id: u64,
+    /// 0 when not made by `ncclCommSplit`.
+    pub parent_id: u64,
+    pub color: i32,
+    pub nranks: u32,
+    /// This member's rank inside the communicator.
+    pub rank_in_comm: u32,
+    pub created_ns: u64,
+}
+
+/// One member's view of one collective instance. `(comm_id, seq)` names the
+/// instance across the cluster; times are the agent host's monotonic ns.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct CollectiveRecord {
+    pub pid: u32,
+    pub rank: u32,
+    pub comm_id: u64,
+    /// 0-based, per communicator, in issue order on this member.
+    pub seq: u64,
+    pub op: CollOp,
+    pub bytes: u64,
+    /// Peer rank in the communicator for send/recv, -1 otherwise.
+    pub peer: i32,
+    /// The host thread entered / left the NCCL call (enqueue only: Trap 1).
+    pub host_entry_ns: u64,
+    pub host_exit_ns: u64,
+    /// The GPU reached the collective (first proxy post_send, deep set); 0 = unknown.
+    pub gpu_arrive_ns: u64,
+    /// The collective completed on this member (last completion polled); 0 = unknown.
+    pub gpu_done_ns: u64,
+    /// CUDA launches and host time spent in sync calls since the previous
+    /// collective on this rank.
+    pub launches_before: u32,
+    pub sync_wait_ns_before: u64,
+    /// `ncclResult_t` returned by the call.
+    pub ret: i32,
+}
+
+/// Per-rank counters over one interval.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct RankInterval {
+    pub pid: u32,
+    pub rank: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub launches: u64,
+    /// Host time inside launch calls.
+    pub launch_ns: u64,
+    pub sync_calls: u64,
+    /// Host time blocked in stream/event/device synchronize.
+    pub sync_wait_ns: u64,
+    pub cpu_samples: u64,
+    pub runq_delay_ns: u64,
+    pub offcpu_ns: u64,
+}
+
+/// Per queue-pair traffic over an interval (deep probe set).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct LinkRecord {
+    pub pid: u32,
+    pub rank: u32,
+    /// Global rank at the other end, when the QP was mapped to a peer.
+    pub peer_rank: i64,
+    pub qp_num: u32,
+    pub dest_qp_num: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub posts: u64,
+    pub completions: u64,
+    /// Sum of post→completion latencies, for the mean.
+    pub post_to_completion_ns: u64,
+    pub bytes: u64,
+}
+
 /// A batch of records from one agent.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct Batch {
     pub host: String,
     pub agent_id: String,
     /// Per-agent sequence number, so the coordinator sees gaps and resends.
     pub seq: u64,
+    /// Agent monotonic and wall clock when the batch was cut (ns).
+    pub mono_ns: u64,
+    pub wall_ns: u64,
+    pub ranks: Vec<RankIdentity>,
+    pub exits: Vec<RankExit>,
+    pub comms: Vec<CommRecord>,
+    pub collectives: Vec<CollectiveRecord>,
+    pub intervals: Vec<RankInterval>,
+    pub links: Vec<LinkRecord>,
+    /// Raw probe descriptors and call boundaries (generic probes, `--probe`).
     pub probes: Vec<ProbeDesc>,
     pub calls: Vec<CallRecord>,
     /// Ring-buffer drops counted in the kernel since the agent started.
     pub ringbuf_drops: u64,
+    /// Batches the agent's spool discarded since it started (bound hit).
+    pub spool_drops: u64,
 }
 impl Message for Batch {
     const KIND: MessageKind = MessageKind::Batch;
@@ -246,6 +381,7 @@ mod tests {
                 })
                 .collect(),
             ringbuf_drops: 3,
+            ..Default::default()
         }
     }
 

@@ -1,0 +1,2 @@
+//! The slowrank coordinator as a library: ingest → clock → join → graph →
+//! verdict → report. The `slowrank` binary wires these together.

@@ -1,0 +1,1 @@
+//! Simulated training jobs for testing slowrank without GPUs.
