@@ -131,3 +131,144 @@ impl Shipper {
         self._endpoint.wait_idle().await;
     }
 }
+
+/// Where and how to reach the coordinator.
+#[derive(Clone)]
+pub struct UplinkConfig {
+    pub addr: SocketAddr,
+    pub server_name: String,
+    pub client: quinn::ClientConfig,
+    pub hello: Hello,
+    /// Bound of the in-memory spool while the coordinator is away.
+    pub spool_bytes: usize,
+}
+
+/// What the uplink did, reported when it finishes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct UplinkReport {
+    pub sent: u64,
+    /// Still spooled when the agent had to stop.
+    pub unsent: u64,
+    /// Evicted from the spool because its bound was hit.
+    pub dropped: u64,
+}
+
+/// A background task that owns the connection and the spool: batches are
+/// queued, sent in order, and kept across reconnects.
+pub struct Uplink {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    task: tokio::task::JoinHandle<UplinkReport>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl Uplink {
+    pub fn spawn(cfg: UplinkConfig) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn(uplink_task(cfg, rx, dropped.clone(), stop.clone()));
+        Self {
+            tx,
+            task,
+            dropped,
+            stop,
+        }
+    }
+
+    /// Queues an encoded batch.
+    pub fn send(&self, bytes: Vec<u8>) {
+        let _ = self.tx.send(bytes);
+    }
+
+    /// Batches evicted from the spool so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sends what is queued, waiting at most `grace` for the coordinator.
+    pub async fn finish(self, grace: std::time::Duration) -> UplinkReport {
+        drop(self.tx);
+        let stop = self.stop.clone();
+        let mut task = self.task;
+        tokio::select! {
+            r = &mut task => r.unwrap_or_default(),
+            _ = tokio::time::sleep(grace) => {
+                stop.notify_one();
+                task.await.unwrap_or_default()
+            }
+        }
+    }
+}
+
+async fn uplink_task(
+    cfg: UplinkConfig,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<tokio::sync::Notify>,
+) -> UplinkReport {
+    use std::time::Duration;
+    let mut spool = crate::spool::Spool::new(cfg.spool_bytes);
+    let mut conn: Option<Shipper> = None;
+    let mut report = UplinkReport::default();
+    let mut backoff = Duration::from_millis(200);
+    let mut open = true;
+    loop {
+        // Take everything queued without waiting.
+        while let Ok(b) = rx.try_recv() {
+            spool.push(b);
+        }
+        dropped.store(spool.dropped(), std::sync::atomic::Ordering::Relaxed);
+        if spool.is_empty() {
+            if !open {
+                break;
+            }
+            tokio::select! {
+                b = rx.recv() => match b { Some(b) => spool.push(b), None => open = false },
+                _ = stop.notified() => break,
+            }
+            continue;
+        }
+        if conn.is_none() {
+            match Shipper::connect(cfg.addr, &cfg.server_name, cfg.client.clone(), &cfg.hello).await {
+                Ok(s) => {
+                    tracing::info!(addr = %cfg.addr, spooled = spool.len(), "connected to coordinator");
+                    backoff = Duration::from_millis(200);
+                    conn = Some(s);
+                }
+                Err(ShipError::Refused(reason)) => {
+                    tracing::error!("coordinator refused this agent: {reason}; keeping records spooled");
+                }
+                Err(e) => {
+                    tracing::warn!(addr = %cfg.addr, spooled = spool.len(), "coordinator unreachable: {e}");
+                }
+            }
+            if conn.is_none() {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.notified() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        }
+        let front = spool.front().expect("not empty").to_vec();
+        let shipper = conn.as_ref().expect("connected");
+        match shipper.send_encoded(&front).await {
+            Ok(()) => {
+                spool.pop();
+                report.sent += 1;
+            }
+            Err(e) => {
+                tracing::warn!("lost the coordinator: {e}; spooling");
+                conn = None;
+            }
+        }
+    }
+    if let Some(s) = conn {
+        s.close().await;
+    }
+    report.unsent = spool.len() as u64;
+    report.dropped = spool.dropped();
+    report
+}

@@ -61,6 +61,23 @@ pub enum WireError {
     Serialize(String),
 }
 
+impl WireError {
+    /// A short, stable name for counting rejections by reason.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Truncated(_) => "truncated",
+            Self::BadMagic(_) => "bad_magic",
+            Self::Version { .. } => "wrong_version",
+            Self::UnknownKind(_) => "unknown_kind",
+            Self::WrongKind { .. } => "wrong_kind",
+            Self::TooLarge(_) => "oversized",
+            Self::LengthMismatch { .. } => "length_mismatch",
+            Self::Invalid(_) => "invalid_archive",
+            Self::Serialize(_) => "serialize",
+        }
+    }
+}
+
 /// What a message carries; stored in the header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

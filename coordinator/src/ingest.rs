@@ -1,0 +1,293 @@
+//! The QUIC server agents send batches to.
+//!
+//! Per connection: the agent opens a bidirectional stream with [`Hello`]
+//! (job token); a wrong token is refused, logged and counted. Then every
+//! unidirectional stream carries one batch. Each batch is validated by
+//! [`wire::decode`] (header, version, size cap, bytecheck) before anything
+//! reads it; a bad one is rejected with its reason and counted, and the
+//! connection keeps serving. Nothing an agent sends can stop the server.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use dashmap::DashMap;
+use quinn::{Connection, Endpoint, Incoming};
+use slowrank_shared::wire::{self, Batch, Hello, HelloReply, HEADER_LEN, MAX_MESSAGE_BYTES};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::tls::{Identity, TlsError};
+
+/// Largest hello accepted.
+const MAX_HELLO: usize = 64 * 1024;
+/// An agent must say hello this fast.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("TLS setup failed")]
+    Tls(#[from] TlsError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the ingest path hands to the rest of the coordinator.
+#[derive(Debug)]
+pub enum IngestEvent {
+    AgentUp { agent_id: String, host: String },
+    Batch { agent_id: String, batch: Box<Batch> },
+    AgentDown { agent_id: String, reason: String },
+}
+
+/// One connected (or formerly connected) agent.
+#[derive(Debug, Clone, Default)]
+pub struct AgentState {
+    pub host: String,
+    pub connected: bool,
+    pub batches: u64,
+    pub last_seq: Option<u64>,
+    pub rejected: u64,
+}
+
+/// Counters for /metrics and the report; shared with the accept loop.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    pub batches_ok: AtomicU64,
+    pub bytes_ok: AtomicU64,
+    pub refused_agents: AtomicU64,
+    /// Rejections by reason class (`WireError::class`, "oversized", ...).
+    pub rejected: DashMap<String, u64>,
+    pub agents: DashMap<String, AgentState>,
+}
+
+impl IngestStats {
+    fn reject(&self, agent_id: &str, reason: &str) {
+        *self.rejected.entry(reason.to_owned()).or_default() += 1;
+        if let Some(mut a) = self.agents.get_mut(agent_id) {
+            a.rejected += 1;
+        }
+    }
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected.iter().map(|e| *e.value()).sum()
+    }
+}
+
+/// The listening server.
+pub struct Ingest {
+    endpoint: Endpoint,
+    token: Arc<str>,
+    stats: Arc<IngestStats>,
+}
+
+impl Ingest {
+    /// Binds the UDP socket; `token` is the job token agents must present.
+    pub fn bind(addr: SocketAddr, identity: &Identity, token: &str) -> Result<Self, IngestError> {
+        let endpoint = Endpoint::server(identity.server_config()?, addr)
+            .map_err(|source| IngestError::Bind { addr, source })?;
+        Ok(Self {
+            endpoint,
+            token: token.into(),
+            stats: Arc::default(),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    pub fn stats(&self) -> Arc<IngestStats> {
+        self.stats.clone()
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn close(&self) {
+        self.endpoint.close(0u32.into(), b"coordinator shutting down");
+    }
+
+    /// Accepts connections until the endpoint is closed, forwarding what they
+    /// carry to `events`.
+    pub async fn run(&self, events: mpsc::Sender<IngestEvent>) {
+        while let Some(incoming) = self.endpoint.accept().await {
+            let (token, stats, events) = (self.token.clone(), self.stats.clone(), events.clone());
+            tokio::spawn(async move {
+                let remote = incoming.remote_address();
+                if let Err(reason) = serve_connection(incoming, &token, &stats, &events).await {
+                    warn!(%remote, "agent connection ended: {reason}");
+                }
+            });
+        }
+    }
+}
+
+/// Compares without an early exit, so timing does not leak the token.
+fn token_matches(given: &str, expected: &str) -> bool {
+    let (a, b) = (given.as_bytes(), expected.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+async fn handshake(
+    conn: &Connection,
+    token: &str,
+    stats: &IngestStats,
+) -> Result<Hello, String> {
+    let (mut send, mut recv) = tokio::time::timeout(HELLO_TIMEOUT, conn.accept_bi())
+        .await
+        .map_err(|_| "no hello within 10 s".to_owned())?
+        .map_err(|e| format!("connection lost before hello: {e}"))?;
+    let bytes = recv
+        .read_to_end(MAX_HELLO)
+        .await
+        .map_err(|e| format!("reading hello: {e}"))?;
+    let hello: Hello = match wire::decode(&bytes) {
+        Ok(h) => h,
+        Err(e) => {
+            stats.refused_agents.fetch_add(1, Ordering::Relaxed);
+            return Err(format!("malformed hello: {e}"));
+        }
+    };
+    let accepted = token_matches(&hello.token, token);
+    let reply = HelloReply {
+        accepted,
+        reason: if accepted {
+            String::new()
+        } else {
+            "invalid job token".to_owned()
+        },
+    };
+    if let Ok(bytes) = wire::encode(&reply) {
+        let _ = send.write_all(&bytes).await;
+        let _ = send.finish();
+        let _ = send.stopped().await;
+    }
+    if !accepted {
+        stats.refused_agents.fetch_add(1, Ordering::Relaxed);
+        warn!(
+            remote = %conn.remote_address(),
+            host = %hello.host,
+            agent = %hello.agent_id,
+            "refused agent: invalid job token"
+        );
+        conn.close(1u32.into(), b"invalid job token");
+        return Err("refused: invalid job token".to_owned());
+    }
+    Ok(hello)
+}
+
+async fn serve_connection(
+    incoming: Incoming,
+    token: &str,
+    stats: &IngestStats,
+    events: &mpsc::Sender<IngestEvent>,
+) -> Result<(), String> {
+    let conn = incoming
+        .await
+        .map_err(|e| format!("handshake failed: {e}"))?;
+    let hello = handshake(&conn, token, stats).await?;
+    let agent_id = hello.agent_id.clone();
+    info!(host = %hello.host, agent = %agent_id, remote = %conn.remote_address(), "agent connected");
+    stats
+        .agents
+        .entry(agent_id.clone())
+        .and_modify(|a| a.connected = true)
+        .or_insert_with(|| AgentState {
+            host: hello.host.clone(),
+            connected: true,
+            ..Default::default()
+        });
+    let _ = events
+        .send(IngestEvent::AgentUp {
+            agent_id: agent_id.clone(),
+            host: hello.host.clone(),
+        })
+        .await;
+
+    let reason = loop {
+        let mut stream = match conn.accept_uni().await {
+            Ok(s) => s,
+            Err(e) => break e.to_string(),
+        };
+        let bytes = match stream.read_to_end(HEADER_LEN + MAX_MESSAGE_BYTES).await {
+            Ok(b) => b,
+            Err(quinn::ReadToEndError::TooLong) => {
+                stats.reject(&agent_id, "oversized");
+                warn!(agent = %agent_id, "rejected batch: larger than the cap");
+                continue;
+            }
+            Err(e) => {
+                stats.reject(&agent_id, "stream_error");
+                warn!(agent = %agent_id, "rejected batch: stream error: {e}");
+                continue;
+            }
+        };
+        match wire::decode::<Batch>(&bytes) {
+            Ok(mut batch) => {
+                if batch.agent_id != agent_id {
+                    stats.reject(&agent_id, "agent_id_mismatch");
+                    warn!(agent = %agent_id, claimed = %batch.agent_id, "rejected batch: claims another agent");
+                    continue;
+                }
+                // The connection's identity wins over what the batch says.
+                batch.host = hello.host.clone();
+                stats.batches_ok.fetch_add(1, Ordering::Relaxed);
+                stats.bytes_ok.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                if let Some(mut a) = stats.agents.get_mut(&agent_id) {
+                    a.batches += 1;
+                    a.last_seq = Some(batch.seq);
+                }
+                if events
+                    .send(IngestEvent::Batch {
+                        agent_id: agent_id.clone(),
+                        batch: Box::new(batch),
+                    })
+                    .await
+                    .is_err()
+                {
+                    break "coordinator shutting down".to_owned();
+                }
+            }
+            Err(e) => {
+                stats.reject(&agent_id, e.class());
+                warn!(agent = %agent_id, "rejected batch: {e}");
+            }
+        }
+    };
+    if let Some(mut a) = stats.agents.get_mut(&agent_id) {
+        a.connected = false;
+    }
+    info!(agent = %agent_id, "agent disconnected: {reason}");
+    let _ = events
+        .send(IngestEvent::AgentDown {
+            agent_id,
+            reason: reason.clone(),
+        })
+        .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_matches;
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_matches("abc", "abc"));
+        assert!(!token_matches("abd", "abc"));
+        assert!(!token_matches("ab", "abc"));
+        assert!(!token_matches("abcd", "abc"));
+        assert!(!token_matches("", "abc"));
+    }
+}
