@@ -457,3 +457,7 @@ pub const OFFSETS: &[(&str, usize)] = &[
     ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
     ("IBV_MTU_4096", IBV_MTU_4096 as usize),
 ];
+
+// SAFETY: a provider's table is immutable static data (function pointers and
+// a string literal), shared read-only between threads.
+unsafe impl Sync for ProviderOps {}
