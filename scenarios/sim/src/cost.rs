@@ -130,6 +130,31 @@ fn ring_edges(hosts: &[u32]) -> Vec<(usize, usize)> {
     edges
 }
 
+/// Parallel channels of a ring collective: one per GPU of the smallest host
+/// when the ring crosses hosts (each channel leaves through its own NIC),
+/// one inside a host.
+pub fn channels(hosts: &[u32]) -> usize {
+    let groups = by_host(hosts);
+    if groups.len() > 1 {
+        groups.iter().map(Vec::len).min().unwrap_or(1).max(1)
+    } else {
+        1
+    }
+}
+
+/// Bytes one member sends over its inter-host channel edge in a collective
+/// of `n` members moving `bytes`.
+pub fn send_volume(kind: Kind, bytes: u64, n: usize, channels: usize) -> u64 {
+    let n = n.max(1) as f64;
+    let per_channel = bytes as f64 / channels.max(1) as f64;
+    let v = match kind {
+        Kind::AllReduce => 2.0 * (n - 1.0) / n * per_channel,
+        Kind::AllGather | Kind::ReduceScatter => (n - 1.0) / n * per_channel,
+        Kind::Broadcast | Kind::Reduce => per_channel,
+    };
+    v as u64
+}
+
 /// Transfer time (ns) of one collective moving `bytes` (the full buffer:
 /// all-reduce/broadcast/reduce count, or the gathered total) once every
 /// member has arrived. `noise_key` names the instance for jitter.
@@ -140,14 +165,7 @@ pub fn collective_ns(model: &Model, kind: Kind, bytes: u64, members: &[Member], 
         return (Model::wire_ns(bytes, model.nvlink_gbps) * jitter) as u64;
     }
     let hosts: Vec<u32> = members.iter().map(|m| m.host).collect();
-    let groups = by_host(&hosts);
-    // Parallel channels: one per GPU of the smallest host when the ring
-    // crosses hosts (each channel has its own NIC); one inside a host.
-    let channels = if groups.len() > 1 {
-        groups.iter().map(Vec::len).min().unwrap_or(1).max(1)
-    } else {
-        1
-    };
+    let channels = channels(&hosts);
     let (mut lat, mut bw) = (0f64, f64::INFINITY);
     for (a, b) in ring_edges(&hosts) {
         let (l, w) = edge(model, &members[a], &members[b]);
