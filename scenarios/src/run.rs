@@ -36,6 +36,11 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     /// Log a progress line every couple of seconds.
     pub progress: bool,
+    /// Have each rank log every NIC completion to `DIR/sim/nic-rank-N.log`
+    /// (`qp_num dlid bytes posted_ns completed_ns polled_ns`) and every
+    /// NCCL operation to `DIR/sim/coll-rank-N.log` (`key host_ns arrive_ns
+    /// release_ns done_ns`).
+    pub trace: bool,
 }
 
 impl RunOptions {
@@ -46,6 +51,7 @@ impl RunOptions {
             trainer: None,
             timeout: None,
             progress: false,
+            trace: false,
         }
     }
 }
@@ -167,6 +173,11 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
+        if opts.trace {
+            let sim = out.join("sim");
+            cmd.env("SLOWRANK_SIM_NIC_TRACE", sim.join(format!("nic-rank-{rank}.log")))
+                .env("SLOWRANK_SIM_COLL_TRACE", sim.join(format!("coll-rank-{rank}.log")));
+        }
         children::prepare(&mut cmd);
         let child = cmd.spawn().map_err(|source| RunError::Spawn { rank, source })?;
         kids.push(rank, child);

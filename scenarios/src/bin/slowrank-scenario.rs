@@ -46,6 +46,9 @@ enum Cmd {
         /// Trainer binary (default: slowrank-trainer next to this binary).
         #[arg(long)]
         trainer: Option<PathBuf>,
+        /// Log every NIC completion and NCCL operation to DIR/sim/.
+        #[arg(long)]
+        trace: bool,
     },
     /// Parse and validate specs, printing a one-line summary of each.
     Check {
@@ -99,6 +102,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             timeout,
             iterations,
             trainer,
+            trace,
         } => {
             let mut s = Spec::load(&spec)?;
             if let Some(n) = iterations {
@@ -112,6 +116,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 trainer,
                 timeout: timeout.map(Duration::from_secs_f64),
                 progress: true,
+                trace,
             };
             let summary = run(&s, &opts).with_context(|| format!("scenario {}", s.name))?;
             let t = &summary.truth;

@@ -134,16 +134,23 @@ impl Stream {
         // the GPU keeps its modelled throughput on a loaded machine.
         let mut gpu_ns = 0u64;
         loop {
-            let op = {
+            let (op, was_idle) = {
                 let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
                 q.busy = false;
+                let mut idle = false;
                 while q.ops.is_empty() {
+                    idle = true;
                     self.cv.notify_all();
                     q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
                 q.busy = true;
-                q.ops.pop_front().expect("not empty")
+                (q.ops.pop_front().expect("not empty"), idle)
             };
+            // An op that was waiting in the queue starts when the previous
+            // one nominally ended; one that found the GPU idle starts now.
+            if was_idle {
+                gpu_ns = gpu_ns.max(clock::mono_ns());
+            }
             self.execute(op, ctl, &mut gpu_ns);
         }
     }
@@ -151,20 +158,25 @@ impl Stream {
     fn execute(&self, op: Op, ctl: &Control, gpu_ns: &mut u64) {
         match op {
             Op::Kernel { ns } => {
-                let ns = (ns as f64 * ctl.compute_factor().max(0.0)) as u64;
-                *gpu_ns = (*gpu_ns).max(clock::mono_ns()) + ns;
+                *gpu_ns += (ns as f64 * ctl.compute_factor().max(0.0)) as u64;
                 clock::sleep_until(*gpu_ns);
             }
             Op::Copy { ns } => {
-                *gpu_ns = (*gpu_ns).max(clock::mono_ns()) + ns;
+                *gpu_ns += ns;
                 clock::sleep_until(*gpu_ns);
             }
             Op::Host { f, data } => {
+                // A collective cannot start before the GPU got there.
+                clock::sleep_until(*gpu_ns);
                 // SAFETY: the caller of cudaLaunchHostFunc vouches for f/data.
                 unsafe { f(data as *mut c_void) };
                 *gpu_ns = clock::mono_ns();
             }
-            Op::Record { ev, gen } => ev.complete(gen, (*gpu_ns).max(clock::mono_ns())),
+            Op::Record { ev, gen } => {
+                // Others waiting on this event must not see it early.
+                clock::sleep_until(*gpu_ns);
+                ev.complete(gen, *gpu_ns);
+            }
             Op::Wait { ev, gen } => {
                 ev.wait(gen);
                 *gpu_ns = (*gpu_ns).max(clock::mono_ns());

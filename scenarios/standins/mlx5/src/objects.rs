@@ -25,6 +25,8 @@ pub struct Context {
 /// A completion waiting for its time.
 pub struct Pending {
     pub at_ns: u64,
+    pub posted_ns: u64,
+    pub dlid: u16,
     pub wc: ibv_wc,
 }
 

@@ -26,6 +26,7 @@ use slowrank_sim::{
 use crate::{
     nic::Nic,
     objects::{Context, Cq, Pending, Qp},
+    trace,
 };
 
 /// Registered with libibverbs by the constructor.
@@ -235,6 +236,7 @@ unsafe extern "C" fn mlx5_post_send(
             let bytes: u64 = (0..w.num_sge.max(0) as usize)
                 .map(|i| u64::from((*w.sg_list.add(i)).length))
                 .sum();
+            let posted_ns = clock::mono_ns();
             let at_ns = ctx.nic.send(bytes, dlid);
             if q.sq_sig_all || w.send_flags & IBV_SEND_SIGNALED != 0 {
                 let mut wc: ibv_wc = zeroed();
@@ -250,7 +252,12 @@ unsafe extern "C" fn mlx5_post_send(
                 cq.pending
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push(Reverse(Pending { at_ns, wc }));
+                    .push(Reverse(Pending {
+                        at_ns,
+                        posted_ns,
+                        dlid,
+                        wc,
+                    }));
             }
             cur = w.next;
         }
@@ -270,6 +277,7 @@ unsafe extern "C" fn mlx5_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut 
             match pending.peek() {
                 Some(Reverse(p)) if p.at_ns <= now => {
                     let Reverse(p) = pending.pop().expect("peeked");
+                    trace::completion(&p, now);
                     *wc.add(n as usize) = p.wc;
                     n += 1;
                 }

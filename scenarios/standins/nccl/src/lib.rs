@@ -16,3 +16,4 @@ mod group;
 mod net;
 mod proxy;
 mod task;
+mod trace;

@@ -21,6 +21,7 @@ use slowrank_sim::{
 
 use crate::{
     comm::Comm,
+    trace,
     cuda, net,
     proxy::{self, NetOp},
 };
@@ -45,6 +46,8 @@ pub struct Part {
     /// Names the instance across members (hub exchange key).
     key: String,
     noise: u64,
+    /// When the host thread issued the call (monotonic ns).
+    host_ns: u64,
 }
 
 impl Part {
@@ -54,6 +57,7 @@ impl Part {
         Part {
             key: format!("c/{:016x}/{seq}", comm.id),
             noise: rng::hash(&[comm.id, seq]),
+            host_ns: clock::mono_ns(),
             comm,
             kind: PartKind::Coll(kind),
             bytes,
@@ -67,6 +71,7 @@ impl Part {
         Part {
             key: format!("p/{:016x}/{from}-{to}/{k}", comm.id),
             noise: rng::hash(&[comm.id, u64::from(from), u64::from(to), k]),
+            host_ns: clock::mono_ns(),
             kind: if send {
                 PartKind::Send { peer }
             } else {
@@ -227,6 +232,7 @@ impl Task {
                 op.set_plan(release, done);
             }
             end = end.max(done);
+            trace::collective(&part.key, part.host_ns, arrive, release, done);
         }
         for op in netops.iter().flatten() {
             op.wait();
