@@ -132,7 +132,7 @@ impl Stream {
         // Nominal end of the previous op: back-to-back kernels are timed from
         // it, so oversleeping one kernel shortens the wait for the next and
         // the GPU keeps its modelled throughput on a loaded machine.
-        let mut gpu_ns = 0u64;
+        let mut gpu_ns = clock::mono_ns();
         loop {
             let (op, was_idle) = {
                 let mut q = self.q.lock().unwrap_or_else(|p| p.into_inner());
