@@ -8,6 +8,9 @@ fn main() {
         .nth(3)
         .expect("OUT_DIR has a profile directory")
         .to_path_buf();
-    println!("cargo:rustc-env=SLOWRANK_BUILD_PROFILE_DIR={}", profile_dir.display());
+    println!(
+        "cargo:rustc-env=SLOWRANK_BUILD_PROFILE_DIR={}",
+        profile_dir.display()
+    );
     println!("cargo:rerun-if-changed=build.rs");
 }

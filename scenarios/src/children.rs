@@ -47,7 +47,12 @@ impl Children {
             unsafe { libc::kill(-(c.id() as i32), libc::SIGTERM) };
         }
         let deadline = Instant::now() + grace;
-        while Instant::now() < deadline && self.procs.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None))) {
+        while Instant::now() < deadline
+            && self
+                .procs
+                .iter_mut()
+                .any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
         for (_, c) in &mut self.procs {

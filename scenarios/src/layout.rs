@@ -52,21 +52,27 @@ impl Layout {
     /// Tensor-parallel group of `rank`: (group index, members in order).
     pub fn tp_group(&self, rank: u32) -> (u32, Vec<u32>) {
         let c = self.coords(rank);
-        let members = (0..self.tp).map(|tp| self.rank_of(Coords { tp, ..c })).collect();
+        let members = (0..self.tp)
+            .map(|tp| self.rank_of(Coords { tp, ..c }))
+            .collect();
         (c.pp * self.dp + c.dp, members)
     }
 
     /// Data-parallel group of `rank`.
     pub fn dp_group(&self, rank: u32) -> (u32, Vec<u32>) {
         let c = self.coords(rank);
-        let members = (0..self.dp).map(|dp| self.rank_of(Coords { dp, ..c })).collect();
+        let members = (0..self.dp)
+            .map(|dp| self.rank_of(Coords { dp, ..c }))
+            .collect();
         (c.pp * self.tp + c.tp, members)
     }
 
     /// Pipeline group of `rank`, members ordered by stage.
     pub fn pp_group(&self, rank: u32) -> (u32, Vec<u32>) {
         let c = self.coords(rank);
-        let members = (0..self.pp).map(|pp| self.rank_of(Coords { pp, ..c })).collect();
+        let members = (0..self.pp)
+            .map(|pp| self.rank_of(Coords { pp, ..c }))
+            .collect();
         (c.dp * self.tp + c.tp, members)
     }
 }

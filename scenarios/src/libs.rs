@@ -36,8 +36,16 @@ pub enum LibError {
 /// (cargo artifact, real file name, development symlink).
 pub const STANDINS: [(&str, &str, &str); 4] = [
     ("libslowrank_standin_nccl.so", "libnccl.so.2", "libnccl.so"),
-    ("libslowrank_standin_cudart.so", "libcudart.so.12", "libcudart.so"),
-    ("libslowrank_standin_ibverbs.so", "libibverbs.so.1", "libibverbs.so"),
+    (
+        "libslowrank_standin_cudart.so",
+        "libcudart.so.12",
+        "libcudart.so",
+    ),
+    (
+        "libslowrank_standin_ibverbs.so",
+        "libibverbs.so.1",
+        "libibverbs.so",
+    ),
     ("libslowrank_standin_mlx5.so", "libmlx5.so.1", "libmlx5.so"),
 ];
 
@@ -69,7 +77,10 @@ pub fn find_artifact(artifact: &str) -> Result<PathBuf, LibError> {
         .ok_or_else(|| {
             LibError::NotBuilt(
                 artifact.to_string(),
-                dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             )
         })
 }

@@ -99,7 +99,11 @@ fn socket_path(out: &Path) -> PathBuf {
     if p.as_os_str().len() < 100 {
         p
     } else {
-        std::env::temp_dir().join(format!("slowrank-hub-{}-{}.sock", std::process::id(), clock::mono_ns()))
+        std::env::temp_dir().join(format!(
+            "slowrank-hub-{}-{}.sock",
+            std::process::id(),
+            clock::mono_ns()
+        ))
     }
 }
 
@@ -175,11 +179,19 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             .stderr(log2);
         if opts.trace {
             let sim = out.join("sim");
-            cmd.env("SLOWRANK_SIM_NIC_TRACE", sim.join(format!("nic-rank-{rank}.log")))
-                .env("SLOWRANK_SIM_COLL_TRACE", sim.join(format!("coll-rank-{rank}.log")));
+            cmd.env(
+                "SLOWRANK_SIM_NIC_TRACE",
+                sim.join(format!("nic-rank-{rank}.log")),
+            )
+            .env(
+                "SLOWRANK_SIM_COLL_TRACE",
+                sim.join(format!("coll-rank-{rank}.log")),
+            );
         }
         children::prepare(&mut cmd);
-        let child = cmd.spawn().map_err(|source| RunError::Spawn { rank, source })?;
+        let child = cmd
+            .spawn()
+            .map_err(|source| RunError::Spawn { rank, source })?;
         kids.push(rank, child);
     }
     info!(
@@ -234,7 +246,12 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
                         ..
                     } => {
                         windows.record(fault, active, iteration, mono_ns, wall_ns);
-                        if active && spec.faults.get(fault).is_some_and(|f| f.kind == FaultKind::Hang) {
+                        if active
+                            && spec
+                                .faults
+                                .get(fault)
+                                .is_some_and(|f| f.kind == FaultKind::Hang)
+                        {
                             hang_since.get_or_insert_with(Instant::now);
                         }
                     }
@@ -250,7 +267,9 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             if let Ok(Some(status)) = child.try_wait() {
                 exits[*rank as usize] = Some(status.code().unwrap_or(-1));
                 if !status.success() && failed.is_none() {
-                    failed = Some(format!("rank {rank} exited with {status} (see logs/rank-{rank}.log)"));
+                    failed = Some(format!(
+                        "rank {rank} exited with {status} (see logs/rank-{rank}.log)"
+                    ));
                 }
             }
         }
@@ -272,9 +291,14 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             break (Outcome::Interrupted, "interrupted".to_string());
         }
         if start.elapsed() >= timeout {
-            break (Outcome::Timeout, format!("time limit of {:.0} s reached", timeout.as_secs_f64()));
+            break (
+                Outcome::Timeout,
+                format!("time limit of {:.0} s reached", timeout.as_secs_f64()),
+            );
         }
-        if hang_since.is_none() && last_progress.elapsed() >= Duration::from_secs_f64(spec.run.stall_s) {
+        if hang_since.is_none()
+            && last_progress.elapsed() >= Duration::from_secs_f64(spec.run.stall_s)
+        {
             break (
                 Outcome::Stalled,
                 format!("no iteration finished for {} s", spec.run.stall_s),
@@ -330,7 +354,10 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
         world_size: spec.world_size(),
         parallel: spec.parallel,
         iterations: spec.iterations,
-        iterations_completed: (0..spec.world_size()).map(|r| steps.done_by(r)).min().unwrap_or(0),
+        iterations_completed: (0..spec.world_size())
+            .map(|r| steps.done_by(r))
+            .min()
+            .unwrap_or(0),
         outcome,
         reason,
         started_wall_ns,
@@ -372,7 +399,9 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
     let json = serde_json::to_string_pretty(&truth).expect("truth serialises");
     fs::write(&truth_path, json).map_err(io("cannot write", &truth_path))?;
     let steps_path = out.join("steps.csv");
-    steps.write_csv(&steps_path).map_err(io("cannot write", &steps_path))?;
+    steps
+        .write_csv(&steps_path)
+        .map_err(io("cannot write", &steps_path))?;
     Ok(RunSummary {
         out: out.clone(),
         libs,

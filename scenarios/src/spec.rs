@@ -196,7 +196,11 @@ impl Fault {
         let bw = self
             .bandwidth_factor
             .or(self.factor.map(|f| 1.0 / f))
-            .unwrap_or(if self.extra_latency_us.is_some() { 1.0 } else { 0.5 });
+            .unwrap_or(if self.extra_latency_us.is_some() {
+                1.0
+            } else {
+                0.5
+            });
         ((self.extra_latency_us.unwrap_or(0.0) * 1e3) as u64, bw)
     }
 
@@ -300,7 +304,10 @@ impl Spec {
             return Err(invalid("`iterations` must be at least 1"));
         }
         if self.hosts == 0 || self.hosts > 32 {
-            return Err(invalid(format!("`hosts` = {} is not in 1..=32", self.hosts)));
+            return Err(invalid(format!(
+                "`hosts` = {} is not in 1..=32",
+                self.hosts
+            )));
         }
         if self.ranks_per_host == 0 || self.ranks_per_host > MAX_LOCAL {
             return Err(invalid(format!(
@@ -318,7 +325,8 @@ impl Spec {
         }
         self.validate_step()?;
         for (i, f) in self.faults.iter().enumerate() {
-            self.validate_fault(f).map_err(|e| invalid(format!("fault #{i} ({:?}): {e}", f.kind)))?;
+            self.validate_fault(f)
+                .map_err(|e| invalid(format!("fault #{i} ({:?}): {e}", f.kind)))?;
         }
         for (key, len) in [
             ("clock.offset_us", self.clock.offset_us.len()),
@@ -336,11 +344,15 @@ impl Spec {
             return Err(invalid("model bandwidths must be positive"));
         }
         if m.nvlink_latency_us < 0.0 || m.nic_latency_us < 0.0 || !(0.0..0.5).contains(&m.jitter) {
-            return Err(invalid("model latencies must be >= 0 and jitter in [0, 0.5)"));
+            return Err(invalid(
+                "model latencies must be >= 0 and jitter in [0, 0.5)",
+            ));
         }
         let r = &self.run;
         if !(r.timeout_s > 0.0 && r.hang_hold_s >= 0.0 && r.stall_s > 0.0) {
-            return Err(invalid("run.timeout_s and run.stall_s must be > 0, run.hang_hold_s >= 0"));
+            return Err(invalid(
+                "run.timeout_s and run.stall_s must be > 0, run.hang_hold_s >= 0",
+            ));
         }
         Ok(())
     }
@@ -348,10 +360,15 @@ impl Spec {
     fn validate_step(&self) -> Result<(), SpecError> {
         let s = &self.step;
         if s.forward_kernels == 0 || s.backward_kernels == 0 {
-            return Err(invalid("step: forward_kernels and backward_kernels must be >= 1"));
+            return Err(invalid(
+                "step: forward_kernels and backward_kernels must be >= 1",
+            ));
         }
-        if !(s.kernel_us > 0.0) {
-            return Err(invalid(format!("step.kernel_us = {} must be > 0", s.kernel_us)));
+        if s.kernel_us.is_nan() || s.kernel_us <= 0.0 {
+            return Err(invalid(format!(
+                "step.kernel_us = {} must be > 0",
+                s.kernel_us
+            )));
         }
         if s.grad_buckets == 0 || s.grad_buckets > s.backward_kernels {
             return Err(invalid(format!(
@@ -363,7 +380,10 @@ impl Spec {
             return Err(invalid("step: layers and microbatches must be >= 1"));
         }
         if !(0.0..0.5).contains(&s.jitter) {
-            return Err(invalid(format!("step.jitter = {} must be in [0, 0.5)", s.jitter)));
+            return Err(invalid(format!(
+                "step.jitter = {} must be in [0, 0.5)",
+                s.jitter
+            )));
         }
         if s.data_loader_us < 0.0 || s.host_us_per_layer < 0.0 {
             return Err(invalid("step: host times must be >= 0"));
@@ -422,16 +442,30 @@ impl Spec {
             }
         };
         use FaultKind::*;
-        only_for("extra_latency_us", f.extra_latency_us.is_some(), &[Communication, Link])?;
-        only_for("bandwidth_factor", f.bandwidth_factor.is_some(), &[Communication, Link])?;
+        only_for(
+            "extra_latency_us",
+            f.extra_latency_us.is_some(),
+            &[Communication, Link],
+        )?;
+        only_for(
+            "bandwidth_factor",
+            f.bandwidth_factor.is_some(),
+            &[Communication, Link],
+        )?;
         only_for("function", f.function.is_some(), &[Host])?;
         only_for("delay_us", f.delay_us.is_some(), &[Host])?;
         only_for("mode", f.mode.is_some(), &[Host])?;
         only_for("threads", f.threads.is_some(), &[Host])?;
-        only_for("factor", f.factor.is_some(), &[Compute, Host, Communication, Link])?;
+        only_for(
+            "factor",
+            f.factor.is_some(),
+            &[Compute, Host, Communication, Link],
+        )?;
         if let Some(func) = &f.function {
             if !HOST_FUNCTIONS.contains(&func.as_str()) {
-                return Err(format!("function = {func:?} is not one of {HOST_FUNCTIONS:?}"));
+                return Err(format!(
+                    "function = {func:?} is not one of {HOST_FUNCTIONS:?}"
+                ));
             }
         }
         if f.start_iteration >= self.iterations {
@@ -443,7 +477,10 @@ impl Spec {
         }
         if let Some(e) = f.end_iteration {
             if e <= f.start_iteration {
-                return Err(format!("end_iteration = {e} must be after start_iteration = {}", f.start_iteration));
+                return Err(format!(
+                    "end_iteration = {e} must be after start_iteration = {}",
+                    f.start_iteration
+                ));
             }
             if f.kind == Hang {
                 return Err("a hang has no end_iteration: the rank never comes back".into());
@@ -520,14 +557,38 @@ drift_ppm = [0, 30]
     fn errors_say_what_is_wrong() {
         let cases = [
             ("colour = 1\n", "unknown field `colour`"),
-            ("[[fault]]\nkind = \"compute\"\nrank = 8\nstart_iteration = 1\n", "rank 8 is out of range"),
-            ("[[fault]]\nkind = \"slow\"\nrank = 1\nstart_iteration = 1\n", "unknown variant `slow`"),
-            ("[[fault]]\nkind = \"link\"\nranks = [0, 1]\nstart_iteration = 1\n", "share host 0"),
-            ("[[fault]]\nkind = \"compute\"\nrank = 1\nfactor = 0.5\nstart_iteration = 1\n", "slowdown >= 1"),
-            ("[[fault]]\nkind = \"host\"\nrank = 1\nfunction = \"load\"\nstart_iteration = 1\n", "is not one of"),
-            ("[[fault]]\nkind = \"hang\"\nrank = 1\nstart_iteration = 5\nend_iteration = 9\n", "no end_iteration"),
-            ("[[fault]]\nkind = \"compute\"\nrank = 1\nstart_iteration = 300\n", "past the last iteration"),
-            ("[[fault]]\nkind = \"compute\"\nrank = 1\nstart_iteration = \"x\"\n", "invalid type"),
+            (
+                "[[fault]]\nkind = \"compute\"\nrank = 8\nstart_iteration = 1\n",
+                "rank 8 is out of range",
+            ),
+            (
+                "[[fault]]\nkind = \"slow\"\nrank = 1\nstart_iteration = 1\n",
+                "unknown variant `slow`",
+            ),
+            (
+                "[[fault]]\nkind = \"link\"\nranks = [0, 1]\nstart_iteration = 1\n",
+                "share host 0",
+            ),
+            (
+                "[[fault]]\nkind = \"compute\"\nrank = 1\nfactor = 0.5\nstart_iteration = 1\n",
+                "slowdown >= 1",
+            ),
+            (
+                "[[fault]]\nkind = \"host\"\nrank = 1\nfunction = \"load\"\nstart_iteration = 1\n",
+                "is not one of",
+            ),
+            (
+                "[[fault]]\nkind = \"hang\"\nrank = 1\nstart_iteration = 5\nend_iteration = 9\n",
+                "no end_iteration",
+            ),
+            (
+                "[[fault]]\nkind = \"compute\"\nrank = 1\nstart_iteration = 300\n",
+                "past the last iteration",
+            ),
+            (
+                "[[fault]]\nkind = \"compute\"\nrank = 1\nstart_iteration = \"x\"\n",
+                "invalid type",
+            ),
         ];
         for (extra, want) in cases {
             let err = with(extra).unwrap_err().to_string();

@@ -53,7 +53,10 @@ impl StepLog {
     }
 
     pub fn of_rank(&self, rank: u32) -> Vec<StepTime> {
-        self.steps.range((rank, 0)..(rank, u64::MAX)).map(|(_, s)| *s).collect()
+        self.steps
+            .range((rank, 0)..(rank, u64::MAX))
+            .map(|(_, s)| *s)
+            .collect()
     }
 
     pub fn write_csv(&self, path: &Path) -> std::io::Result<()> {
@@ -76,7 +79,12 @@ impl StepLog {
 
     pub fn read_csv(path: &Path) -> std::io::Result<StepLog> {
         let text = std::fs::read_to_string(path)?;
-        let bad = |l: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad steps.csv line: {l}"));
+        let bad = |l: &str| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("bad steps.csv line: {l}"),
+            )
+        };
         let mut log = StepLog::default();
         for line in text.lines().skip(1) {
             let f: Vec<&str> = line.split(',').collect();

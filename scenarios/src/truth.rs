@@ -122,7 +122,14 @@ pub struct WindowLog {
 }
 
 impl WindowLog {
-    pub fn record(&mut self, fault: usize, active: bool, iteration: u64, mono_ns: u64, wall_ns: u64) {
+    pub fn record(
+        &mut self,
+        fault: usize,
+        active: bool,
+        iteration: u64,
+        mono_ns: u64,
+        wall_ns: u64,
+    ) {
         if active {
             let w = self.windows.entry((fault, iteration)).or_insert(Window {
                 onset_iteration: iteration,
@@ -169,7 +176,10 @@ mod tests {
         log.record(0, true, 30, 1200, 2200);
         let w = log.windows_of(0);
         assert_eq!(w.len(), 2);
-        assert_eq!((w[0].onset_mono_ns, w[0].end_iteration, w[0].end_mono_ns), (400, Some(20), Some(900)));
+        assert_eq!(
+            (w[0].onset_mono_ns, w[0].end_iteration, w[0].end_mono_ns),
+            (400, Some(20), Some(900))
+        );
         assert_eq!(w[1].end_iteration, None);
         assert!(log.windows_of(1).is_empty());
     }

@@ -36,8 +36,15 @@ fn dynsyms(file: &Path) -> Vec<(String, String, String)> {
 
 fn soname(file: &Path) -> String {
     let d = tool("readelf", &["-d"], file);
-    let line = d.lines().find(|l| l.contains("(SONAME)")).expect("has a soname");
-    line.split('[').nth(1).unwrap().trim_end_matches(']').to_string()
+    let line = d
+        .lines()
+        .find(|l| l.contains("(SONAME)"))
+        .expect("has a soname");
+    line.split('[')
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(']')
+        .to_string()
 }
 
 #[test]
@@ -76,7 +83,10 @@ fn nccl_exports_weak_aliases_of_pnccl() {
         "ncclGroupStart",
         "ncclGroupEnd",
     ] {
-        let weak = syms.iter().find(|s| s.1 == name).unwrap_or_else(|| panic!("{name} missing"));
+        let weak = syms
+            .iter()
+            .find(|s| s.1 == name)
+            .unwrap_or_else(|| panic!("{name} missing"));
         let strong = syms
             .iter()
             .find(|s| s.1 == format!("p{name}"))
@@ -105,7 +115,10 @@ fn cudart_symbols_carry_the_library_version() {
         "cudaLaunchHostFunc",
     ] {
         let want = format!("{name}@@libcudart.so.12");
-        assert!(syms.iter().any(|s| s.1 == want && s.0 == "GLOBAL"), "{want} missing");
+        assert!(
+            syms.iter().any(|s| s.1 == want && s.0 == "GLOBAL"),
+            "{want} missing"
+        );
     }
     // Nothing unversioned leaks out.
     assert!(syms.iter().all(|s| s.1.contains("@@")), "{syms:?}");
@@ -115,14 +128,24 @@ fn cudart_symbols_carry_the_library_version() {
 fn verbs_data_path_is_only_reachable_through_the_ops_table() {
     let l = libs("verbs");
     let verbs = dynsyms(&l.verbs);
-    for name in ["ibv_get_device_list", "ibv_open_device", "ibv_alloc_pd", "ibv_create_cq", "ibv_create_qp", "ibv_modify_qp", "ibv_reg_mr"] {
+    for name in [
+        "ibv_get_device_list",
+        "ibv_open_device",
+        "ibv_alloc_pd",
+        "ibv_create_cq",
+        "ibv_create_qp",
+        "ibv_modify_qp",
+        "ibv_reg_mr",
+    ] {
         let want = format!("{name}@@IBVERBS_1.1");
         assert!(verbs.iter().any(|s| s.1 == want), "{want} missing");
     }
     for lib in [&l.verbs, &l.provider] {
         let syms = dynsyms(lib);
         assert!(
-            !syms.iter().any(|s| s.1.contains("post_send") || s.1.contains("poll_cq")),
+            !syms
+                .iter()
+                .any(|s| s.1.contains("post_send") || s.1.contains("poll_cq")),
             "{} exports a data-path symbol: {syms:?}",
             lib.display()
         );
@@ -147,7 +170,12 @@ fn verbs_structs_match_the_installed_header() {
     let src = dir.join("offsets.c");
     let exe = dir.join("offsets");
     std::fs::write(&src, c).unwrap();
-    let st = Command::new("cc").arg(&src).arg("-o").arg(&exe).status().expect("cc");
+    let st = Command::new("cc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("cc");
     assert!(st.success(), "cannot compile against verbs.h");
     let out = Command::new(&exe).output().unwrap();
     let got: Vec<usize> = String::from_utf8(out.stdout)

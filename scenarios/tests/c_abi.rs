@@ -71,7 +71,10 @@ fn a_c_program_sees_real_semantics_through_the_real_prototypes() {
         .args(["-l:libcudart.so.12", "-l:libnccl.so.2"])
         .status()
         .expect("cc");
-    assert!(st.success(), "cannot link a C program against the stand-ins");
+    assert!(
+        st.success(),
+        "cannot link a C program against the stand-ins"
+    );
     let hub = Hub::start(&dir.join("hub.sock"), None).unwrap();
     let trace = dir.join("coll.log");
     let out = Command::new(&exe)
@@ -80,7 +83,12 @@ fn a_c_program_sees_real_semantics_through_the_real_prototypes() {
         .env("SLOWRANK_SIM_COLL_TRACE", &trace)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let f: Vec<u64> = String::from_utf8(out.stdout)
         .unwrap()
         .split_whitespace()
@@ -88,9 +96,18 @@ fn a_c_program_sees_real_semantics_through_the_real_prototypes() {
         .collect();
     let (launch, total, busy, version, ar, rd, bad) = (f[0], f[1], f[2], f[3], f[4], f[5], f[6]);
     // 100 ms of modelled GPU work: sleeping never ends early.
-    assert!(total >= 100_000_000, "synchronize returned after {total} ns");
-    assert!(launch * 4 < total, "10 launches took {launch} ns of {total} ns");
-    assert_eq!(busy, 600, "cudaStreamQuery right after launching: cudaErrorNotReady");
+    assert!(
+        total >= 100_000_000,
+        "synchronize returned after {total} ns"
+    );
+    assert!(
+        launch * 4 < total,
+        "10 launches took {launch} ns of {total} ns"
+    );
+    assert_eq!(
+        busy, 600,
+        "cudaStreamQuery right after launching: cudaErrorNotReady"
+    );
     assert_eq!(version, 22105);
     assert_eq!((ar, rd), (0, 0), "collectives with on-stack arguments");
     assert_eq!(bad, 4, "unknown datatype is ncclInvalidArgument");

@@ -19,14 +19,28 @@ fn a_compute_slow_rank_arrives_last_and_waits_least() {
 
     let all: Vec<_> = (0..4).map(|r| colls(&s.out, r)).collect();
     // Collectives of iterations 5.. (4 buckets per iteration on the world comm).
-    let keys: Vec<String> = all[2].values().filter(|c| c.seq() >= 20).map(|c| c.key.clone()).collect();
+    let keys: Vec<String> = all[2]
+        .values()
+        .filter(|c| c.seq() >= 20)
+        .map(|c| c.key.clone())
+        .collect();
     assert!(keys.len() >= 16, "{} collectives", keys.len());
-    let last = keys.iter().filter(|k| all[2][*k].arrive == all[2][*k].release).count();
-    assert!(last * 10 >= keys.len() * 9, "slow rank last in {last}/{}", keys.len());
+    let last = keys
+        .iter()
+        .filter(|k| all[2][*k].arrive == all[2][*k].release)
+        .count();
+    assert!(
+        last * 10 >= keys.len() * 9,
+        "slow rank last in {last}/{}",
+        keys.len()
+    );
     let slow_wait = median(keys.iter().map(|k| all[2][k].wait()).collect());
     for r in [0, 1, 3] {
         let wait = median(keys.iter().map(|k| all[r][k].wait()).collect());
-        assert!(wait > 3 * slow_wait + 1_000_000, "rank {r} waits {wait} ns, slow rank {slow_wait} ns");
+        assert!(
+            wait > 3 * slow_wait + 1_000_000,
+            "rank {r} waits {wait} ns, slow rank {slow_wait} ns"
+        );
     }
     // Its host is not what is late: it issues the calls with the others.
     let host_lag: Vec<i64> = keys
@@ -38,11 +52,31 @@ fn a_compute_slow_rank_arrives_last_and_waits_least() {
         .map(|k| all[2][k].arrive as i64 - all[0][k].arrive as i64)
         .collect();
     let (h, g) = (median_i(host_lag), median_i(gpu_lag));
-    assert!(g > 2_000_000 && h < g / 2, "host lag {h} ns, GPU lag {g} ns");
+    assert!(
+        g > 2_000_000 && h < g / 2,
+        "host lag {h} ns, GPU lag {g} ns"
+    );
     // Step times: everyone pays for the slow GPU.
-    let before = median(s.steps.of_rank(0).iter().filter(|x| x.iteration < 4).map(|x| x.duration_ns()).collect());
-    let after = median(s.steps.of_rank(0).iter().filter(|x| x.iteration > 4).map(|x| x.duration_ns()).collect());
-    assert!(after as f64 > 1.5 * before as f64, "step {before} -> {after} ns");
+    let before = median(
+        s.steps
+            .of_rank(0)
+            .iter()
+            .filter(|x| x.iteration < 4)
+            .map(|x| x.duration_ns())
+            .collect(),
+    );
+    let after = median(
+        s.steps
+            .of_rank(0)
+            .iter()
+            .filter(|x| x.iteration > 4)
+            .map(|x| x.duration_ns())
+            .collect(),
+    );
+    assert!(
+        after as f64 > 1.5 * before as f64,
+        "step {before} -> {after} ns"
+    );
 }
 
 fn median_i(mut v: Vec<i64>) -> i64 {
@@ -73,10 +107,20 @@ fn a_host_slow_rank_issues_late_while_its_gpu_idles() {
         // than the healthy ranks' GPUs did.
         let own = slow.arrive - slow.host;
         let healthy = median(others.iter().map(|c| c.arrive - c.host).collect());
-        assert!(own < healthy + healthy / 2 + 2_000_000, "{k}: GPU took {own} ns vs {healthy} ns");
+        assert!(
+            own < healthy + healthy / 2 + 2_000_000,
+            "{k}: GPU took {own} ns vs {healthy} ns"
+        );
         // The others wait for it.
-        assert!(others.iter().all(|c| c.wait() > 10_000_000), "{k}: others did not wait");
-        assert!(slow.wait() < 5_000_000, "{k}: slow rank waited {} ns", slow.wait());
+        assert!(
+            others.iter().all(|c| c.wait() > 10_000_000),
+            "{k}: others did not wait"
+        );
+        assert!(
+            slow.wait() < 5_000_000,
+            "{k}: slow rank waited {} ns",
+            slow.wait()
+        );
     }
 }
 
@@ -116,7 +160,11 @@ start_iteration = 3
     assert_eq!(s.truth.outcome, Outcome::Completed, "{}", s.truth.reason);
     let all: Vec<_> = (0..4).map(|r| colls(&s.out, r)).collect();
     let shared = |a: usize, b: usize| -> Vec<String> {
-        all[a].keys().filter(|k| all[b].contains_key(*k) && k.starts_with("c/")).cloned().collect()
+        all[a]
+            .keys()
+            .filter(|k| all[b].contains_key(*k) && k.starts_with("c/"))
+            .cloned()
+            .collect()
     };
     let dp13 = shared(1, 3);
     let dp02 = shared(0, 2);
@@ -132,15 +180,26 @@ start_iteration = 3
         )
     };
     let (slow, healthy, nvlink) = (faulty(&dp13, 1), faulty(&dp02, 0), faulty(&tp01, 0));
-    assert!(slow > 3 * healthy, "DP {{1,3}} transfer {slow} ns vs DP {{0,2}} {healthy} ns");
-    assert!(nvlink < healthy, "TP (NVLink) transfer {nvlink} ns vs DP {healthy} ns");
+    assert!(
+        slow > 3 * healthy,
+        "DP {{1,3}} transfer {slow} ns vs DP {{0,2}} {healthy} ns"
+    );
+    assert!(
+        nvlink < healthy,
+        "TP (NVLink) transfer {nvlink} ns vs DP {healthy} ns"
+    );
     // The verbs path shows it too: rank 3's sends take longer to complete.
     let lat = |r: u32| {
         let v: Vec<u64> = nic(&s.out, r).iter().map(|(p, c)| c - p).collect();
         assert!(!v.is_empty(), "rank {r} posted nothing through verbs");
         median(v)
     };
-    assert!(lat(3) > 3 * lat(2), "post->completion rank 3 {} ns, rank 2 {} ns", lat(3), lat(2));
+    assert!(
+        lat(3) > 3 * lat(2),
+        "post->completion rank 3 {} ns, rank 2 {} ns",
+        lat(3),
+        lat(2)
+    );
 }
 
 #[test]

@@ -71,8 +71,7 @@ impl Control {
     /// A healthy block private to this process (no file).
     pub fn private() -> &'static Control {
         // SAFETY: all-zero bytes are valid atomics; reset() then initialises.
-        let block: &'static Control =
-            Box::leak(Box::new(unsafe { std::mem::zeroed::<Control>() }));
+        let block: &'static Control = Box::leak(Box::new(unsafe { std::mem::zeroed::<Control>() }));
         block.reset();
         block
     }
@@ -155,7 +154,8 @@ impl Control {
     pub fn set_nic(&self, extra_latency_ns: u64, bw_factor: f64) {
         self.nic_extra_latency_ns
             .store(extra_latency_ns, Ordering::Relaxed);
-        self.nic_bw_factor.store(bw_factor.to_bits(), Ordering::Relaxed);
+        self.nic_bw_factor
+            .store(bw_factor.to_bits(), Ordering::Relaxed);
     }
     /// Link to the NIC with `lid`: (extra latency ns, bandwidth fraction).
     pub fn link(&self, lid: u16) -> (u64, f64) {

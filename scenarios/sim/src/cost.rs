@@ -158,7 +158,13 @@ pub fn send_volume(kind: Kind, bytes: u64, n: usize, channels: usize) -> u64 {
 /// Transfer time (ns) of one collective moving `bytes` (the full buffer:
 /// all-reduce/broadcast/reduce count, or the gathered total) once every
 /// member has arrived. `noise_key` names the instance for jitter.
-pub fn collective_ns(model: &Model, kind: Kind, bytes: u64, members: &[Member], noise_key: u64) -> u64 {
+pub fn collective_ns(
+    model: &Model,
+    kind: Kind,
+    bytes: u64,
+    members: &[Member],
+    noise_key: u64,
+) -> u64 {
     let n = members.len();
     let jitter = rng::jitter_factor(rng::hash(&[model.seed, noise_key]), model.jitter);
     if n <= 1 {
@@ -179,9 +185,7 @@ pub fn collective_ns(model: &Model, kind: Kind, bytes: u64, members: &[Member], 
         Kind::AllGather | Kind::ReduceScatter => {
             (nf - 1.0) * (lat + Model::wire_ns((per_channel / nf) as u64, bw))
         }
-        Kind::Broadcast | Kind::Reduce => {
-            (nf - 1.0) * lat + Model::wire_ns(per_channel as u64, bw)
-        }
+        Kind::Broadcast | Kind::Reduce => (nf - 1.0) * lat + Model::wire_ns(per_channel as u64, bw),
     };
     (ns * jitter) as u64
 }
@@ -264,8 +268,13 @@ mod tests {
         let mut unused = base.clone();
         unused[3].net.links.push((base[5].lid, 0, 0.2));
         assert!(collective_ns(&m, Kind::AllReduce, MB25, &used, 0) > 2 * healthy);
-        assert_eq!(collective_ns(&m, Kind::AllReduce, MB25, &unused, 0), healthy);
-        assert!(p2p_ns(&m, MB25, &used[3], &used[4], 0) > 2 * p2p_ns(&m, MB25, &base[3], &base[4], 0));
+        assert_eq!(
+            collective_ns(&m, Kind::AllReduce, MB25, &unused, 0),
+            healthy
+        );
+        assert!(
+            p2p_ns(&m, MB25, &used[3], &used[4], 0) > 2 * p2p_ns(&m, MB25, &base[3], &base[4], 0)
+        );
     }
 
     #[test]

@@ -112,7 +112,11 @@ fn real_main() -> anyhow::Result<ExitCode> {
             }
             let opts = RunOptions {
                 out,
-                mode: if no_agent { Mode::JobOnly } else { Mode::WithAgents },
+                mode: if no_agent {
+                    Mode::JobOnly
+                } else {
+                    Mode::WithAgents
+                },
                 trainer,
                 timeout: timeout.map(Duration::from_secs_f64),
                 progress: true,

@@ -18,13 +18,13 @@ pub struct Cuda {
     _lib: Library,
     set_device: unsafe extern "C" fn(c_int) -> E,
     stream_create: unsafe extern "C" fn(*mut Stream) -> E,
-    stream_synchronize: unsafe extern "C" fn(Stream) -> E,
     stream_wait_event: unsafe extern "C" fn(Stream, Event, c_uint) -> E,
     event_create: unsafe extern "C" fn(*mut Event) -> E,
     event_destroy: unsafe extern "C" fn(Event) -> E,
     event_record: unsafe extern "C" fn(Event, Stream) -> E,
     device_synchronize: unsafe extern "C" fn() -> E,
-    launch_kernel: unsafe extern "C" fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, Stream) -> E,
+    launch_kernel:
+        unsafe extern "C" fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, Stream) -> E,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> E,
     memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, Stream) -> E,
     begin_capture: unsafe extern "C" fn(Stream, c_int) -> E,
@@ -44,9 +44,11 @@ fn check(call: &'static str, code: E) -> Result<(), TrainerError> {
 macro_rules! sym {
     ($lib:expr, $name:literal) => {
         // SAFETY: the field's type is the symbol's C signature.
-        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.map_err(|source| TrainerError::Symbol {
-            name: $name,
-            source,
+        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.map_err(|source| {
+            TrainerError::Symbol {
+                name: $name,
+                source,
+            }
         })?
     };
 }
@@ -54,14 +56,14 @@ macro_rules! sym {
 impl Cuda {
     pub fn load() -> Result<Self, TrainerError> {
         // SAFETY: loading the CUDA runtime runs no unusual initialisers.
-        let lib = unsafe { Library::new("libcudart.so.12") }.map_err(|source| TrainerError::Load {
-            lib: "libcudart.so.12",
-            source,
-        })?;
+        let lib =
+            unsafe { Library::new("libcudart.so.12") }.map_err(|source| TrainerError::Load {
+                lib: "libcudart.so.12",
+                source,
+            })?;
         Ok(Self {
             set_device: sym!(lib, "cudaSetDevice"),
             stream_create: sym!(lib, "cudaStreamCreate"),
-            stream_synchronize: sym!(lib, "cudaStreamSynchronize"),
             stream_wait_event: sym!(lib, "cudaStreamWaitEvent"),
             event_create: sym!(lib, "cudaEventCreate"),
             event_destroy: sym!(lib, "cudaEventDestroy"),
@@ -90,14 +92,11 @@ impl Cuda {
         Ok(s)
     }
 
-    pub fn stream_synchronize(&self, s: Stream) -> Result<(), TrainerError> {
-        // SAFETY: a stream of ours.
-        check("cudaStreamSynchronize", unsafe { (self.stream_synchronize)(s) })
-    }
-
     pub fn device_synchronize(&self) -> Result<(), TrainerError> {
         // SAFETY: no arguments.
-        check("cudaDeviceSynchronize", unsafe { (self.device_synchronize)() })
+        check("cudaDeviceSynchronize", unsafe {
+            (self.device_synchronize)()
+        })
     }
 
     /// Makes `waiter` wait for everything enqueued on `on` so far (the
@@ -105,7 +104,9 @@ impl Cuda {
     pub fn stream_waits_for(&self, waiter: Stream, on: Stream) -> Result<(), TrainerError> {
         let ev = self.record(on)?;
         // SAFETY: our stream and event; the wait holds the event alive.
-        check("cudaStreamWaitEvent", unsafe { (self.stream_wait_event)(waiter, ev, 0) })?;
+        check("cudaStreamWaitEvent", unsafe {
+            (self.stream_wait_event)(waiter, ev, 0)
+        })?;
         self.destroy(ev)
     }
 
@@ -122,7 +123,9 @@ impl Cuda {
 
     pub fn wait_event(&self, s: Stream, ev: Event) -> Result<(), TrainerError> {
         // SAFETY: our stream and event.
-        check("cudaStreamWaitEvent", unsafe { (self.stream_wait_event)(s, ev, 0) })
+        check("cudaStreamWaitEvent", unsafe {
+            (self.stream_wait_event)(s, ev, 0)
+        })
     }
 
     pub fn destroy(&self, ev: Event) -> Result<(), TrainerError> {
@@ -152,7 +155,13 @@ impl Cuda {
     pub fn upload(&self, dst: *mut c_void, src: &[u8], s: Stream) -> Result<(), TrainerError> {
         // SAFETY: src is valid for its length; dst is a device address.
         check("cudaMemcpyAsync", unsafe {
-            (self.memcpy_async)(dst, src.as_ptr().cast(), src.len(), MEMCPY_HOST_TO_DEVICE, s)
+            (self.memcpy_async)(
+                dst,
+                src.as_ptr().cast(),
+                src.len(),
+                MEMCPY_HOST_TO_DEVICE,
+                s,
+            )
         })
     }
 
@@ -169,7 +178,10 @@ impl Cuda {
             check("cudaStreamBeginCapture", (self.begin_capture)(s, 0))?;
             body()?;
             check("cudaStreamEndCapture", (self.end_capture)(s, &mut graph))?;
-            check("cudaGraphInstantiate", (self.graph_instantiate)(&mut exec, graph, 0))?;
+            check(
+                "cudaGraphInstantiate",
+                (self.graph_instantiate)(&mut exec, graph, 0),
+            )?;
         }
         Ok(exec)
     }

@@ -47,6 +47,20 @@ pub struct Groups {
     pub dp: Option<Pg>,
 }
 
+impl Groups {
+    /// Destroys every communicator (the DP one only if it is not the world).
+    pub fn destroy(&self, nccl: &Nccl) -> Result<(), TrainerError> {
+        let mut comms: Vec<Comm> = [&self.tp, &self.pp, &self.dp]
+            .into_iter()
+            .flatten()
+            .map(|g| g.comm)
+            .filter(|c| *c != self.world.comm)
+            .collect();
+        comms.push(self.world.comm);
+        comms.into_iter().try_for_each(|c| nccl.destroy(c))
+    }
+}
+
 fn hex(id: &NcclUniqueId) -> String {
     id.internal.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -64,7 +78,12 @@ fn unhex(s: &str) -> Result<NcclUniqueId, TrainerError> {
 }
 
 /// The unique id of `key`: made by `leader`, fetched by everyone else.
-fn shared_id(store: &mut HubClient, nccl: &Nccl, key: &str, leader: bool) -> Result<NcclUniqueId, TrainerError> {
+fn shared_id(
+    store: &mut HubClient,
+    nccl: &Nccl,
+    key: &str,
+    leader: bool,
+) -> Result<NcclUniqueId, TrainerError> {
     if leader {
         let id = nccl.unique_id()?;
         store.set(key, &hex(&id))?;
@@ -74,7 +93,13 @@ fn shared_id(store: &mut HubClient, nccl: &Nccl, key: &str, leader: bool) -> Res
     }
 }
 
-pub fn create(cuda: &Cuda, nccl: &Nccl, store: &mut HubClient, layout: &Layout, rank: u32) -> Result<Groups, TrainerError> {
+pub fn create(
+    cuda: &Cuda,
+    nccl: &Nccl,
+    store: &mut HubClient,
+    layout: &Layout,
+    rank: u32,
+) -> Result<Groups, TrainerError> {
     let world_members: Vec<u32> = (0..layout.world()).collect();
     let id = shared_id(store, nccl, "nccl-id/world", rank == 0)?;
     let world_comm = nccl.init_rank(layout.world(), id, rank)?;
@@ -82,18 +107,33 @@ pub fn create(cuda: &Cuda, nccl: &Nccl, store: &mut HubClient, layout: &Layout, 
 
     let tp = if layout.tp > 1 {
         let (color, members) = layout.tp_group(rank);
-        Some(Pg::new(nccl.split(world.comm, color, rank)?, cuda.stream()?, members, rank))
+        Some(Pg::new(
+            nccl.split(world.comm, color, rank)?,
+            cuda.stream()?,
+            members,
+            rank,
+        ))
     } else {
         None
     };
     let pp = if layout.pp > 1 {
         let (color, members) = layout.pp_group(rank);
-        Some(Pg::new(nccl.split(world.comm, color, rank)?, cuda.stream()?, members, rank))
+        Some(Pg::new(
+            nccl.split(world.comm, color, rank)?,
+            cuda.stream()?,
+            members,
+            rank,
+        ))
     } else {
         None
     };
     let dp = if layout.dp == layout.world() && layout.dp > 1 {
-        Some(Pg::new(world.comm, world.stream, world.members.clone(), rank))
+        Some(Pg::new(
+            world.comm,
+            world.stream,
+            world.members.clone(),
+            rank,
+        ))
     } else if layout.dp > 1 {
         let (g, members) = layout.dp_group(rank);
         let index = members.iter().position(|m| *m == rank).unwrap_or(0) as u32;

@@ -90,7 +90,11 @@ impl Injector {
     }
 
     /// Applies the faults of `iteration`; never returns if a hang starts.
-    pub fn begin_iteration(&mut self, iteration: u64, hub: &mut HubClient) -> Result<(), TrainerError> {
+    pub fn begin_iteration(
+        &mut self,
+        iteration: u64,
+        hub: &mut HubClient,
+    ) -> Result<(), TrainerError> {
         let mut changed = false;
         for (k, (idx, f)) in self.faults.iter().enumerate() {
             let on = f.active_at(iteration);
@@ -135,9 +139,16 @@ impl Injector {
         // Every link fault's peer: reset, then apply the active ones.
         let peer_lid = |f: &Fault| {
             let peer = f.targets().into_iter().find(|r| *r != self.rank)?;
-            Some(lid_of(self.layout.host_of(peer), self.layout.local_of(peer)))
+            Some(lid_of(
+                self.layout.host_of(peer),
+                self.layout.local_of(peer),
+            ))
         };
-        for (_, f) in self.faults.iter().filter(|(_, f)| f.kind == FaultKind::Link) {
+        for (_, f) in self
+            .faults
+            .iter()
+            .filter(|(_, f)| f.kind == FaultKind::Link)
+        {
             if let Some(lid) = peer_lid(f) {
                 self.ctl.set_link(lid, 0, 1.0);
             }
@@ -183,7 +194,11 @@ impl Injector {
                     h.stop.store(true, Ordering::Relaxed);
                     // SAFETY: restoring this thread's own mask.
                     unsafe {
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &h.saved_mask)
+                        libc::sched_setaffinity(
+                            0,
+                            std::mem::size_of::<libc::cpu_set_t>(),
+                            &h.saved_mask,
+                        )
                     };
                 }
             }

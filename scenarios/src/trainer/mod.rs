@@ -5,20 +5,18 @@
 //! all-reduced while it runs), `wait_gradients`, `optimizer_step`,
 //! `synchronize`.
 
-pub mod cuda;
-pub mod groups;
-pub mod inject;
-pub mod nccl;
-pub mod phases;
+// Private: these wrap raw C handles and are only meaningful inside a rank.
+mod cuda;
+mod groups;
+mod inject;
+mod nccl;
+mod phases;
 
 use std::{ffi::c_void, path::PathBuf};
 
 use slowrank_sim::{clock, env, hub::HubClient, report::Report, rng::Rng};
 
-use crate::{
-    layout::Layout,
-    spec::{Spec, SpecError},
-};
+use crate::spec::{Spec, SpecError};
 
 use self::{cuda::Cuda, groups::Groups, inject::Injector, nccl::Nccl};
 
@@ -46,27 +44,31 @@ pub enum TrainerError {
     Hub(#[from] slowrank_sim::hub::HubError),
 }
 
+/// One rank's job: libraries, groups, buffers and the fault injector.
 pub struct Trainer {
-    pub cuda: Cuda,
-    pub nccl: Nccl,
-    pub hub: HubClient,
-    pub spec: Spec,
-    pub rank: u32,
-    pub layout: Layout,
-    pub groups: Groups,
-    pub compute: cuda::Stream,
-    pub injector: Injector,
-    pub rng: Rng,
-    pub grads: *mut c_void,
-    pub act: *mut c_void,
-    pub batch: *mut c_void,
-    pub host_batch: Vec<u8>,
-    pub optimizer_graph: Option<*mut c_void>,
-    pub dp_pending: Vec<cuda::Event>,
+    cuda: Cuda,
+    nccl: Nccl,
+    hub: HubClient,
+    spec: Spec,
+    rank: u32,
+    groups: Groups,
+    compute: cuda::Stream,
+    injector: Injector,
+    rng: Rng,
+    grads: *mut c_void,
+    act: *mut c_void,
+    batch: *mut c_void,
+    host_batch: Vec<u8>,
+    optimizer_graph: Option<*mut c_void>,
+    dp_pending: Vec<cuda::Event>,
 }
 
 fn var(name: &str) -> Result<u32, TrainerError> {
-    env::u32_var(name).ok_or_else(|| TrainerError::Env(format!("{name} is not set (run me through slowrank-scenario)")))
+    env::u32_var(name).ok_or_else(|| {
+        TrainerError::Env(format!(
+            "{name} is not set (run me through slowrank-scenario)"
+        ))
+    })
 }
 
 impl Trainer {
@@ -109,7 +111,6 @@ impl Trainer {
             nccl,
             hub,
             rank,
-            layout,
             groups,
             compute,
             grads,
@@ -139,7 +140,11 @@ impl Trainer {
     pub fn train(&mut self) -> Result<(), TrainerError> {
         for it in 0..self.spec.iterations {
             let (start, end) = self.train_step(it)?;
-            println!("rank {} iteration {it} step {:.3} ms", self.rank, (end - start) as f64 / 1e6);
+            println!(
+                "rank {} iteration {it} step {:.3} ms",
+                self.rank,
+                (end - start) as f64 / 1e6
+            );
             self.hub.report(Report::Step {
                 rank: self.rank,
                 iteration: it,
@@ -149,7 +154,9 @@ impl Trainer {
             })?;
         }
         self.hub.report(Report::Done { rank: self.rank })?;
-        Ok(())
+        // `destroy_process_group()` at the end of the script.
+        self.cuda.device_synchronize()?;
+        self.groups.destroy(&self.nccl)
     }
 }
 
@@ -157,7 +164,5 @@ impl Trainer {
 pub fn main() -> Result<(), TrainerError> {
     clock::precise_sleeps();
     let mut t = Trainer::from_env()?;
-    t.train()?;
-    // Communicators are left to process exit, like most training scripts.
-    Ok(())
+    t.train()
 }

@@ -17,7 +17,8 @@ pub struct Nccl {
     comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, NcclUniqueId, c_int) -> R,
     comm_split: unsafe extern "C" fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> R,
     comm_destroy: unsafe extern "C" fn(Comm) -> R,
-    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> R,
+    all_reduce:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> R,
     send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> R,
     recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> R,
     group_start: unsafe extern "C" fn() -> R,
@@ -35,9 +36,11 @@ fn check(call: &'static str, code: R) -> Result<(), TrainerError> {
 macro_rules! sym {
     ($lib:expr, $name:literal) => {
         // SAFETY: the field's type is the symbol's C signature.
-        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.map_err(|source| TrainerError::Symbol {
-            name: $name,
-            source,
+        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.map_err(|source| {
+            TrainerError::Symbol {
+                name: $name,
+                source,
+            }
         })?
     };
 }
@@ -77,7 +80,12 @@ impl Nccl {
         Ok(id)
     }
 
-    pub fn init_rank(&self, nranks: u32, id: NcclUniqueId, rank: u32) -> Result<Comm, TrainerError> {
+    pub fn init_rank(
+        &self,
+        nranks: u32,
+        id: NcclUniqueId,
+        rank: u32,
+    ) -> Result<Comm, TrainerError> {
         let mut c = std::ptr::null_mut();
         // SAFETY: valid out pointer; the id is passed by value.
         check("ncclCommInitRank", unsafe {
@@ -90,7 +98,13 @@ impl Nccl {
         let mut c = std::ptr::null_mut();
         // SAFETY: our communicator; valid out pointer; default config.
         check("ncclCommSplit", unsafe {
-            (self.comm_split)(parent, color as c_int, key as c_int, &mut c, std::ptr::null_mut())
+            (self.comm_split)(
+                parent,
+                color as c_int,
+                key as c_int,
+                &mut c,
+                std::ptr::null_mut(),
+            )
         })?;
         Ok(c)
     }
@@ -100,21 +114,45 @@ impl Nccl {
         check("ncclCommDestroy", unsafe { (self.comm_destroy)(c) })
     }
 
-    pub fn all_reduce(&self, buf: *mut c_void, bytes: u64, c: Comm, s: Stream) -> Result<(), TrainerError> {
+    pub fn all_reduce(
+        &self,
+        buf: *mut c_void,
+        bytes: u64,
+        c: Comm,
+        s: Stream,
+    ) -> Result<(), TrainerError> {
         // SAFETY: device buffer of `bytes`; our communicator and stream.
         check("ncclAllReduce", unsafe {
             (self.all_reduce)(buf, buf, count(bytes), NCCL_BFLOAT16, NCCL_SUM, c, s)
         })
     }
 
-    pub fn send(&self, buf: *mut c_void, bytes: u64, peer: u32, c: Comm, s: Stream) -> Result<(), TrainerError> {
+    pub fn send(
+        &self,
+        buf: *mut c_void,
+        bytes: u64,
+        peer: u32,
+        c: Comm,
+        s: Stream,
+    ) -> Result<(), TrainerError> {
         // SAFETY: as above.
-        check("ncclSend", unsafe { (self.send)(buf, count(bytes), NCCL_BFLOAT16, peer as c_int, c, s) })
+        check("ncclSend", unsafe {
+            (self.send)(buf, count(bytes), NCCL_BFLOAT16, peer as c_int, c, s)
+        })
     }
 
-    pub fn recv(&self, buf: *mut c_void, bytes: u64, peer: u32, c: Comm, s: Stream) -> Result<(), TrainerError> {
+    pub fn recv(
+        &self,
+        buf: *mut c_void,
+        bytes: u64,
+        peer: u32,
+        c: Comm,
+        s: Stream,
+    ) -> Result<(), TrainerError> {
         // SAFETY: as above.
-        check("ncclRecv", unsafe { (self.recv)(buf, count(bytes), NCCL_BFLOAT16, peer as c_int, c, s) })
+        check("ncclRecv", unsafe {
+            (self.recv)(buf, count(bytes), NCCL_BFLOAT16, peer as c_int, c, s)
+        })
     }
 
     pub fn group_start(&self) -> Result<(), TrainerError> {

@@ -84,8 +84,13 @@ impl Trainer {
         let (comm, stream) = (pp.comm, pp.stream);
         self.cuda.stream_waits_for(stream, self.compute)?;
         self.nccl.group_start()?;
-        self.nccl
-            .recv(self.act, self.spec.step.activation_bytes, from_stage, comm, stream)?;
+        self.nccl.recv(
+            self.act,
+            self.spec.step.activation_bytes,
+            from_stage,
+            comm,
+            stream,
+        )?;
         self.nccl.group_end()?;
         self.cuda.stream_waits_for(self.compute, stream)
     }
@@ -99,8 +104,13 @@ impl Trainer {
         let (comm, stream) = (pp.comm, pp.stream);
         self.cuda.stream_waits_for(stream, self.compute)?;
         self.nccl.group_start()?;
-        self.nccl
-            .send(self.act, self.spec.step.activation_bytes, to_stage, comm, stream)?;
+        self.nccl.send(
+            self.act,
+            self.spec.step.activation_bytes,
+            to_stage,
+            comm,
+            stream,
+        )?;
         self.nccl.group_end()
     }
 
@@ -115,7 +125,12 @@ impl Trainer {
         let bytes = self.spec.step.bucket_bytes;
         self.cuda.stream_waits_for(stream, self.compute)?;
         // SAFETY: offset inside the gradient allocation (never dereferenced).
-        let buf = unsafe { self.grads.cast::<u8>().add((bucket as u64 * bytes) as usize) }.cast();
+        let buf = unsafe {
+            self.grads
+                .cast::<u8>()
+                .add((bucket as u64 * bytes) as usize)
+        }
+        .cast();
         self.nccl.all_reduce(buf, bytes, comm, stream)?;
         Ok(Some(self.cuda.record(stream)?))
     }
@@ -171,7 +186,10 @@ impl Trainer {
                 for _ in 0..per_layer {
                     self.launch_kernels(gemm_backward_kernel, 1)?;
                     launched += 1;
-                    while last && issued < s.grad_buckets && launched * s.grad_buckets >= (issued + 1) * last_total {
+                    while last
+                        && issued < s.grad_buckets
+                        && launched * s.grad_buckets >= (issued + 1) * last_total
+                    {
                         if let Some(ev) = self.dp_bucket_all_reduce(issued)? {
                             self.dp_pending.push(ev);
                         }

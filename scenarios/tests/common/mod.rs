@@ -46,7 +46,11 @@ impl Coll {
     }
     /// Sequence number of a collective key.
     pub fn seq(&self) -> u64 {
-        self.key.rsplit('/').next().and_then(|s| s.parse().ok()).unwrap_or(0)
+        self.key
+            .rsplit('/')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
     }
     pub fn wait(&self) -> u64 {
         self.release.saturating_sub(self.arrive)

@@ -73,9 +73,13 @@ pub struct ibv_device {
     pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
 }
 
-pub type PollCqFn = unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int;
-pub type PostSendFn =
-    unsafe extern "C" fn(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int;
+pub type PollCqFn =
+    unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int;
+pub type PostSendFn = unsafe extern "C" fn(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int;
 pub type PostRecvFn =
     unsafe extern "C" fn(qp: *mut ibv_qp, wr: *mut c_void, bad_wr: *mut *mut c_void) -> c_int;
 pub type ReqNotifyCqFn = unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int;
@@ -357,14 +361,19 @@ pub struct ibv_port_attr {
 pub struct ProviderOps {
     pub name: *const c_char,
     pub num_devices: unsafe extern "C" fn() -> c_int,
-    pub alloc_context: unsafe extern "C" fn(device: *mut ibv_device, index: c_int) -> *mut ibv_context,
+    pub alloc_context:
+        unsafe extern "C" fn(device: *mut ibv_device, index: c_int) -> *mut ibv_context,
     pub free_context: unsafe extern "C" fn(ctx: *mut ibv_context) -> c_int,
     pub query_port:
         unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int,
     pub alloc_pd: unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_pd,
     pub dealloc_pd: unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int,
-    pub reg_mr:
-        unsafe extern "C" fn(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr,
+    pub reg_mr: unsafe extern "C" fn(
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        len: usize,
+        access: c_int,
+    ) -> *mut ibv_mr,
     pub dereg_mr: unsafe extern "C" fn(mr: *mut ibv_mr) -> c_int,
     pub create_cq: unsafe extern "C" fn(
         ctx: *mut ibv_context,
@@ -374,84 +383,263 @@ pub struct ProviderOps {
         comp_vector: c_int,
     ) -> *mut ibv_cq,
     pub destroy_cq: unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int,
-    pub create_qp: unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp,
-    pub modify_qp: unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int,
+    pub create_qp:
+        unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp,
+    pub modify_qp:
+        unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int,
     pub destroy_qp: unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int,
 }
 
 /// `(C expression, Rust offset or size)` pairs checked against the header.
 pub const OFFSETS: &[(&str, usize)] = &[
-    ("sizeof(struct ibv_device)", std::mem::size_of::<ibv_device>()),
-    ("offsetof(struct ibv_device, name)", std::mem::offset_of!(ibv_device, name)),
-    ("offsetof(struct ibv_device, ibdev_path)", std::mem::offset_of!(ibv_device, ibdev_path)),
-    ("sizeof(struct ibv_context_ops)", std::mem::size_of::<ibv_context_ops>()),
-    ("offsetof(struct ibv_context_ops, poll_cq)", std::mem::offset_of!(ibv_context_ops, poll_cq)),
-    ("offsetof(struct ibv_context_ops, req_notify_cq)", std::mem::offset_of!(ibv_context_ops, req_notify_cq)),
-    ("offsetof(struct ibv_context_ops, post_send)", std::mem::offset_of!(ibv_context_ops, post_send)),
-    ("offsetof(struct ibv_context_ops, post_recv)", std::mem::offset_of!(ibv_context_ops, post_recv)),
-    ("sizeof(struct ibv_context)", std::mem::size_of::<ibv_context>()),
-    ("offsetof(struct ibv_context, ops)", std::mem::offset_of!(ibv_context, ops)),
-    ("offsetof(struct ibv_context, ops.poll_cq)", std::mem::offset_of!(ibv_context, ops) + std::mem::offset_of!(ibv_context_ops, poll_cq)),
-    ("offsetof(struct ibv_context, ops.post_send)", std::mem::offset_of!(ibv_context, ops) + std::mem::offset_of!(ibv_context_ops, post_send)),
-    ("offsetof(struct ibv_context, cmd_fd)", std::mem::offset_of!(ibv_context, cmd_fd)),
-    ("offsetof(struct ibv_context, num_comp_vectors)", std::mem::offset_of!(ibv_context, num_comp_vectors)),
-    ("offsetof(struct ibv_context, mutex)", std::mem::offset_of!(ibv_context, mutex)),
-    ("offsetof(struct ibv_context, abi_compat)", std::mem::offset_of!(ibv_context, abi_compat)),
+    (
+        "sizeof(struct ibv_device)",
+        std::mem::size_of::<ibv_device>(),
+    ),
+    (
+        "offsetof(struct ibv_device, name)",
+        std::mem::offset_of!(ibv_device, name),
+    ),
+    (
+        "offsetof(struct ibv_device, ibdev_path)",
+        std::mem::offset_of!(ibv_device, ibdev_path),
+    ),
+    (
+        "sizeof(struct ibv_context_ops)",
+        std::mem::size_of::<ibv_context_ops>(),
+    ),
+    (
+        "offsetof(struct ibv_context_ops, poll_cq)",
+        std::mem::offset_of!(ibv_context_ops, poll_cq),
+    ),
+    (
+        "offsetof(struct ibv_context_ops, req_notify_cq)",
+        std::mem::offset_of!(ibv_context_ops, req_notify_cq),
+    ),
+    (
+        "offsetof(struct ibv_context_ops, post_send)",
+        std::mem::offset_of!(ibv_context_ops, post_send),
+    ),
+    (
+        "offsetof(struct ibv_context_ops, post_recv)",
+        std::mem::offset_of!(ibv_context_ops, post_recv),
+    ),
+    (
+        "sizeof(struct ibv_context)",
+        std::mem::size_of::<ibv_context>(),
+    ),
+    (
+        "offsetof(struct ibv_context, ops)",
+        std::mem::offset_of!(ibv_context, ops),
+    ),
+    (
+        "offsetof(struct ibv_context, ops.poll_cq)",
+        std::mem::offset_of!(ibv_context, ops) + std::mem::offset_of!(ibv_context_ops, poll_cq),
+    ),
+    (
+        "offsetof(struct ibv_context, ops.post_send)",
+        std::mem::offset_of!(ibv_context, ops) + std::mem::offset_of!(ibv_context_ops, post_send),
+    ),
+    (
+        "offsetof(struct ibv_context, cmd_fd)",
+        std::mem::offset_of!(ibv_context, cmd_fd),
+    ),
+    (
+        "offsetof(struct ibv_context, num_comp_vectors)",
+        std::mem::offset_of!(ibv_context, num_comp_vectors),
+    ),
+    (
+        "offsetof(struct ibv_context, mutex)",
+        std::mem::offset_of!(ibv_context, mutex),
+    ),
+    (
+        "offsetof(struct ibv_context, abi_compat)",
+        std::mem::offset_of!(ibv_context, abi_compat),
+    ),
     ("sizeof(struct ibv_pd)", std::mem::size_of::<ibv_pd>()),
     ("sizeof(struct ibv_mr)", std::mem::size_of::<ibv_mr>()),
-    ("offsetof(struct ibv_mr, lkey)", std::mem::offset_of!(ibv_mr, lkey)),
-    ("offsetof(struct ibv_mr, rkey)", std::mem::offset_of!(ibv_mr, rkey)),
+    (
+        "offsetof(struct ibv_mr, lkey)",
+        std::mem::offset_of!(ibv_mr, lkey),
+    ),
+    (
+        "offsetof(struct ibv_mr, rkey)",
+        std::mem::offset_of!(ibv_mr, rkey),
+    ),
     ("sizeof(struct ibv_cq)", std::mem::size_of::<ibv_cq>()),
-    ("offsetof(struct ibv_cq, cqe)", std::mem::offset_of!(ibv_cq, cqe)),
-    ("offsetof(struct ibv_cq, cond)", std::mem::offset_of!(ibv_cq, cond)),
-    ("offsetof(struct ibv_cq, async_events_completed)", std::mem::offset_of!(ibv_cq, async_events_completed)),
+    (
+        "offsetof(struct ibv_cq, cqe)",
+        std::mem::offset_of!(ibv_cq, cqe),
+    ),
+    (
+        "offsetof(struct ibv_cq, cond)",
+        std::mem::offset_of!(ibv_cq, cond),
+    ),
+    (
+        "offsetof(struct ibv_cq, async_events_completed)",
+        std::mem::offset_of!(ibv_cq, async_events_completed),
+    ),
     ("sizeof(struct ibv_qp)", std::mem::size_of::<ibv_qp>()),
-    ("offsetof(struct ibv_qp, send_cq)", std::mem::offset_of!(ibv_qp, send_cq)),
-    ("offsetof(struct ibv_qp, qp_num)", std::mem::offset_of!(ibv_qp, qp_num)),
-    ("offsetof(struct ibv_qp, state)", std::mem::offset_of!(ibv_qp, state)),
-    ("offsetof(struct ibv_qp, qp_type)", std::mem::offset_of!(ibv_qp, qp_type)),
-    ("offsetof(struct ibv_qp, events_completed)", std::mem::offset_of!(ibv_qp, events_completed)),
-    ("sizeof(struct ibv_qp_init_attr)", std::mem::size_of::<ibv_qp_init_attr>()),
-    ("offsetof(struct ibv_qp_init_attr, cap)", std::mem::offset_of!(ibv_qp_init_attr, cap)),
-    ("offsetof(struct ibv_qp_init_attr, qp_type)", std::mem::offset_of!(ibv_qp_init_attr, qp_type)),
-    ("sizeof(struct ibv_ah_attr)", std::mem::size_of::<ibv_ah_attr>()),
-    ("offsetof(struct ibv_ah_attr, dlid)", std::mem::offset_of!(ibv_ah_attr, dlid)),
-    ("offsetof(struct ibv_ah_attr, port_num)", std::mem::offset_of!(ibv_ah_attr, port_num)),
-    ("sizeof(struct ibv_qp_attr)", std::mem::size_of::<ibv_qp_attr>()),
-    ("offsetof(struct ibv_qp_attr, dest_qp_num)", std::mem::offset_of!(ibv_qp_attr, dest_qp_num)),
-    ("offsetof(struct ibv_qp_attr, cap)", std::mem::offset_of!(ibv_qp_attr, cap)),
-    ("offsetof(struct ibv_qp_attr, ah_attr)", std::mem::offset_of!(ibv_qp_attr, ah_attr)),
-    ("offsetof(struct ibv_qp_attr, ah_attr.dlid)", std::mem::offset_of!(ibv_qp_attr, ah_attr) + std::mem::offset_of!(ibv_ah_attr, dlid)),
-    ("offsetof(struct ibv_qp_attr, alt_ah_attr)", std::mem::offset_of!(ibv_qp_attr, alt_ah_attr)),
-    ("offsetof(struct ibv_qp_attr, pkey_index)", std::mem::offset_of!(ibv_qp_attr, pkey_index)),
-    ("offsetof(struct ibv_qp_attr, port_num)", std::mem::offset_of!(ibv_qp_attr, port_num)),
-    ("offsetof(struct ibv_qp_attr, rate_limit)", std::mem::offset_of!(ibv_qp_attr, rate_limit)),
+    (
+        "offsetof(struct ibv_qp, send_cq)",
+        std::mem::offset_of!(ibv_qp, send_cq),
+    ),
+    (
+        "offsetof(struct ibv_qp, qp_num)",
+        std::mem::offset_of!(ibv_qp, qp_num),
+    ),
+    (
+        "offsetof(struct ibv_qp, state)",
+        std::mem::offset_of!(ibv_qp, state),
+    ),
+    (
+        "offsetof(struct ibv_qp, qp_type)",
+        std::mem::offset_of!(ibv_qp, qp_type),
+    ),
+    (
+        "offsetof(struct ibv_qp, events_completed)",
+        std::mem::offset_of!(ibv_qp, events_completed),
+    ),
+    (
+        "sizeof(struct ibv_qp_init_attr)",
+        std::mem::size_of::<ibv_qp_init_attr>(),
+    ),
+    (
+        "offsetof(struct ibv_qp_init_attr, cap)",
+        std::mem::offset_of!(ibv_qp_init_attr, cap),
+    ),
+    (
+        "offsetof(struct ibv_qp_init_attr, qp_type)",
+        std::mem::offset_of!(ibv_qp_init_attr, qp_type),
+    ),
+    (
+        "sizeof(struct ibv_ah_attr)",
+        std::mem::size_of::<ibv_ah_attr>(),
+    ),
+    (
+        "offsetof(struct ibv_ah_attr, dlid)",
+        std::mem::offset_of!(ibv_ah_attr, dlid),
+    ),
+    (
+        "offsetof(struct ibv_ah_attr, port_num)",
+        std::mem::offset_of!(ibv_ah_attr, port_num),
+    ),
+    (
+        "sizeof(struct ibv_qp_attr)",
+        std::mem::size_of::<ibv_qp_attr>(),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, dest_qp_num)",
+        std::mem::offset_of!(ibv_qp_attr, dest_qp_num),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, cap)",
+        std::mem::offset_of!(ibv_qp_attr, cap),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, ah_attr)",
+        std::mem::offset_of!(ibv_qp_attr, ah_attr),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, ah_attr.dlid)",
+        std::mem::offset_of!(ibv_qp_attr, ah_attr) + std::mem::offset_of!(ibv_ah_attr, dlid),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, alt_ah_attr)",
+        std::mem::offset_of!(ibv_qp_attr, alt_ah_attr),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, pkey_index)",
+        std::mem::offset_of!(ibv_qp_attr, pkey_index),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, port_num)",
+        std::mem::offset_of!(ibv_qp_attr, port_num),
+    ),
+    (
+        "offsetof(struct ibv_qp_attr, rate_limit)",
+        std::mem::offset_of!(ibv_qp_attr, rate_limit),
+    ),
     ("sizeof(struct ibv_sge)", std::mem::size_of::<ibv_sge>()),
-    ("sizeof(struct ibv_send_wr)", std::mem::size_of::<ibv_send_wr>()),
-    ("offsetof(struct ibv_send_wr, sg_list)", std::mem::offset_of!(ibv_send_wr, sg_list)),
-    ("offsetof(struct ibv_send_wr, num_sge)", std::mem::offset_of!(ibv_send_wr, num_sge)),
-    ("offsetof(struct ibv_send_wr, opcode)", std::mem::offset_of!(ibv_send_wr, opcode)),
-    ("offsetof(struct ibv_send_wr, send_flags)", std::mem::offset_of!(ibv_send_wr, send_flags)),
-    ("offsetof(struct ibv_send_wr, wr.rdma.remote_addr)", std::mem::offset_of!(ibv_send_wr, remote_addr)),
-    ("offsetof(struct ibv_send_wr, wr.rdma.rkey)", std::mem::offset_of!(ibv_send_wr, rkey)),
-    ("offsetof(struct ibv_send_wr, qp_type)", std::mem::offset_of!(ibv_send_wr, qp_type_xrc_remote_srqn)),
-    ("offsetof(struct ibv_send_wr, bind_mw)", std::mem::offset_of!(ibv_send_wr, _bind_mw_tso)),
+    (
+        "sizeof(struct ibv_send_wr)",
+        std::mem::size_of::<ibv_send_wr>(),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, sg_list)",
+        std::mem::offset_of!(ibv_send_wr, sg_list),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, num_sge)",
+        std::mem::offset_of!(ibv_send_wr, num_sge),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, opcode)",
+        std::mem::offset_of!(ibv_send_wr, opcode),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, send_flags)",
+        std::mem::offset_of!(ibv_send_wr, send_flags),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, wr.rdma.remote_addr)",
+        std::mem::offset_of!(ibv_send_wr, remote_addr),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, wr.rdma.rkey)",
+        std::mem::offset_of!(ibv_send_wr, rkey),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, qp_type)",
+        std::mem::offset_of!(ibv_send_wr, qp_type_xrc_remote_srqn),
+    ),
+    (
+        "offsetof(struct ibv_send_wr, bind_mw)",
+        std::mem::offset_of!(ibv_send_wr, _bind_mw_tso),
+    ),
     ("sizeof(struct ibv_wc)", std::mem::size_of::<ibv_wc>()),
-    ("offsetof(struct ibv_wc, status)", std::mem::offset_of!(ibv_wc, status)),
-    ("offsetof(struct ibv_wc, byte_len)", std::mem::offset_of!(ibv_wc, byte_len)),
-    ("offsetof(struct ibv_wc, qp_num)", std::mem::offset_of!(ibv_wc, qp_num)),
-    ("offsetof(struct ibv_wc, slid)", std::mem::offset_of!(ibv_wc, slid)),
-    ("offsetof(struct ibv_wc, dlid_path_bits)", std::mem::offset_of!(ibv_wc, dlid_path_bits)),
-    ("sizeof(struct ibv_port_attr)", std::mem::size_of::<ibv_port_attr>()),
-    ("offsetof(struct ibv_port_attr, lid)", std::mem::offset_of!(ibv_port_attr, lid)),
-    ("offsetof(struct ibv_port_attr, port_cap_flags2)", std::mem::offset_of!(ibv_port_attr, port_cap_flags2)),
+    (
+        "offsetof(struct ibv_wc, status)",
+        std::mem::offset_of!(ibv_wc, status),
+    ),
+    (
+        "offsetof(struct ibv_wc, byte_len)",
+        std::mem::offset_of!(ibv_wc, byte_len),
+    ),
+    (
+        "offsetof(struct ibv_wc, qp_num)",
+        std::mem::offset_of!(ibv_wc, qp_num),
+    ),
+    (
+        "offsetof(struct ibv_wc, slid)",
+        std::mem::offset_of!(ibv_wc, slid),
+    ),
+    (
+        "offsetof(struct ibv_wc, dlid_path_bits)",
+        std::mem::offset_of!(ibv_wc, dlid_path_bits),
+    ),
+    (
+        "sizeof(struct ibv_port_attr)",
+        std::mem::size_of::<ibv_port_attr>(),
+    ),
+    (
+        "offsetof(struct ibv_port_attr, lid)",
+        std::mem::offset_of!(ibv_port_attr, lid),
+    ),
+    (
+        "offsetof(struct ibv_port_attr, port_cap_flags2)",
+        std::mem::offset_of!(ibv_port_attr, port_cap_flags2),
+    ),
     // Enum values the stand-ins rely on.
     ("IBV_QPT_RC", IBV_QPT_RC as usize),
     ("IBV_QPS_RTS", IBV_QPS_RTS as usize),
     ("IBV_QP_AV", IBV_QP_AV as usize),
     ("IBV_QP_DEST_QPN", IBV_QP_DEST_QPN as usize),
     ("IBV_QP_STATE", IBV_QP_STATE as usize),
-    ("IBV_WR_RDMA_WRITE_WITH_IMM", IBV_WR_RDMA_WRITE_WITH_IMM as usize),
+    (
+        "IBV_WR_RDMA_WRITE_WITH_IMM",
+        IBV_WR_RDMA_WRITE_WITH_IMM as usize,
+    ),
     ("IBV_SEND_SIGNALED", IBV_SEND_SIGNALED as usize),
     ("IBV_WC_RDMA_WRITE", IBV_WC_RDMA_WRITE as usize),
     ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),

@@ -53,8 +53,7 @@ impl HubClient {
     }
 
     fn send(&mut self, req: &Request) -> Result<(), HubError> {
-        let mut line =
-            serde_json::to_string(req).map_err(|e| HubError::Protocol(e.to_string()))?;
+        let mut line = serde_json::to_string(req).map_err(|e| HubError::Protocol(e.to_string()))?;
         line.push('\n');
         self.writer.write_all(line.as_bytes())?;
         Ok(())

@@ -177,7 +177,11 @@ impl Shared {
             }
             if p.members.iter().any(|m| m.0 == idx) {
                 drop(st);
-                return refuse(conn, id, format!("exchange {key}: member {idx} joined twice"));
+                return refuse(
+                    conn,
+                    id,
+                    format!("exchange {key}: member {idx} joined twice"),
+                );
             }
             p.members.push((idx, payload, conn.clone(), id));
             if p.members.len() == n as usize {
@@ -337,7 +341,10 @@ mod tests {
             })
             .collect();
         for h in handles {
-            assert_eq!(h.join().unwrap(), vec![json!(0), json!(1), json!(2), json!(3)]);
+            assert_eq!(
+                h.join().unwrap(),
+                vec![json!(0), json!(1), json!(2), json!(3)]
+            );
         }
         assert_eq!(hub.completed(), 1);
         assert!(hub.pending().is_empty());
@@ -378,7 +385,8 @@ mod tests {
         let path = sock("s");
         let _hub = Hub::start(&path, None).unwrap();
         let p2 = path.clone();
-        let getter = std::thread::spawn(move || HubClient::connect(&p2).unwrap().get("id").unwrap());
+        let getter =
+            std::thread::spawn(move || HubClient::connect(&p2).unwrap().get("id").unwrap());
         std::thread::sleep(std::time::Duration::from_millis(20));
         HubClient::connect(&path).unwrap().set("id", "abc").unwrap();
         assert_eq!(getter.join().unwrap(), "abc");

@@ -11,10 +11,10 @@ use std::{
 
 use slowrank_sim::{
     abi::cuda::{
-        CudaError, Dim3, HostFn, LaunchConfig, MemcpyKind, CUDART_VERSION, CUDA_ERROR_INVALID_DEVICE,
-        CUDA_ERROR_INVALID_RESOURCE_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION,
-        CUDA_ERROR_NOT_READY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_SUCCESS,
-        KERNEL_DURATION_ARG, MEMCPY_DEVICE_TO_DEVICE,
+        CudaError, Dim3, HostFn, LaunchConfig, MemcpyKind, CUDART_VERSION,
+        CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_RESOURCE_HANDLE, CUDA_ERROR_INVALID_VALUE,
+        CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_READY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        CUDA_SUCCESS, KERNEL_DURATION_ARG, MEMCPY_DEVICE_TO_DEVICE,
     },
     model::Model,
 };
@@ -137,7 +137,10 @@ pub unsafe extern "C" fn stream_create(out: *mut *mut c_void) -> CudaError {
 }
 
 /// `cudaStreamCreateWithFlags(cudaStream_t*, unsigned int flags)`.
-pub unsafe extern "C" fn stream_create_with_flags(out: *mut *mut c_void, _flags: c_uint) -> CudaError {
+pub unsafe extern "C" fn stream_create_with_flags(
+    out: *mut *mut c_void,
+    _flags: c_uint,
+) -> CudaError {
     // SAFETY: forwarded.
     unsafe { stream_create(out) }
 }
@@ -182,7 +185,11 @@ pub unsafe extern "C" fn stream_query(s: *mut c_void) -> CudaError {
 }
 
 /// `cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int flags)`.
-pub unsafe extern "C" fn stream_wait_event(s: *mut c_void, ev: *mut c_void, _flags: c_uint) -> CudaError {
+pub unsafe extern "C" fn stream_wait_event(
+    s: *mut c_void,
+    ev: *mut c_void,
+    _flags: c_uint,
+) -> CudaError {
     let Some(ev) = events().get(ev) else {
         return CUDA_ERROR_INVALID_RESOURCE_HANDLE;
     };
@@ -228,7 +235,10 @@ pub unsafe extern "C" fn event_create(out: *mut *mut c_void) -> CudaError {
 }
 
 /// `cudaEventCreateWithFlags(cudaEvent_t*, unsigned int flags)`.
-pub unsafe extern "C" fn event_create_with_flags(out: *mut *mut c_void, _flags: c_uint) -> CudaError {
+pub unsafe extern "C" fn event_create_with_flags(
+    out: *mut *mut c_void,
+    _flags: c_uint,
+) -> CudaError {
     // SAFETY: forwarded.
     unsafe { event_create(out) }
 }
@@ -361,7 +371,9 @@ pub unsafe extern "C" fn get_error_string(e: CudaError) -> *const c_char {
         CUDA_ERROR_INVALID_DEVICE => b"invalid device ordinal\0",
         CUDA_ERROR_INVALID_RESOURCE_HANDLE => b"invalid resource handle\0",
         CUDA_ERROR_NOT_READY => b"device not ready\0",
-        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => b"operation not permitted when stream is capturing\0",
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => {
+            b"operation not permitted when stream is capturing\0"
+        }
         _ => b"unknown error\0",
     };
     s.as_ptr().cast()

@@ -14,13 +14,26 @@ use crate::{event::Event, graph::Graph, registry::Registry};
 #[derive(Clone)]
 pub enum Op {
     /// A kernel of `ns` nanoseconds at nominal GPU speed.
-    Kernel { ns: u64 },
+    Kernel {
+        ns: u64,
+    },
     /// A copy taking `ns` nanoseconds (DMA, not slowed by compute faults).
-    Copy { ns: u64 },
+    Copy {
+        ns: u64,
+    },
     /// `cudaLaunchHostFunc`: runs on the executor, blocking the stream.
-    Host { f: HostFn, data: usize },
-    Record { ev: Arc<Event>, gen: u64 },
-    Wait { ev: Arc<Event>, gen: u64 },
+    Host {
+        f: HostFn,
+        data: usize,
+    },
+    Record {
+        ev: Arc<Event>,
+        gen: u64,
+    },
+    Wait {
+        ev: Arc<Event>,
+        gen: u64,
+    },
     Graph(Arc<Graph>),
 }
 

@@ -81,10 +81,16 @@ unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
 }
 
 /// `int ibv_query_port(struct ibv_context *, uint8_t port_num, struct ibv_port_attr *)`.
-unsafe extern "C" fn query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+unsafe extern "C" fn query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
     match ops() {
         // SAFETY: provider call.
-        Some(ops) if !ctx.is_null() && !attr.is_null() => unsafe { (ops.query_port)(ctx, port, attr) },
+        Some(ops) if !ctx.is_null() && !attr.is_null() => unsafe {
+            (ops.query_port)(ctx, port, attr)
+        },
         _ => EINVAL,
     }
 }
@@ -108,7 +114,12 @@ unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
 }
 
 /// `struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)`.
-unsafe extern "C" fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     match ops() {
         // SAFETY: provider call.
         Some(ops) if !pd.is_null() => unsafe { (ops.reg_mr)(pd, addr, len, access) },
@@ -136,7 +147,9 @@ unsafe extern "C" fn create_cq(
 ) -> *mut ibv_cq {
     match ops() {
         // SAFETY: provider call.
-        Some(ops) if !ctx.is_null() => unsafe { (ops.create_cq)(ctx, cqe, cq_context, channel, comp_vector) },
+        Some(ops) if !ctx.is_null() => unsafe {
+            (ops.create_cq)(ctx, cqe, cq_context, channel, comp_vector)
+        },
         _ => ptr::null_mut(),
     }
 }

@@ -58,8 +58,14 @@ pub fn devices() -> &'static [usize] {
                 d.transport_type = IBV_TRANSPORT_IB;
                 fill(&mut d.name, &format!("mlx5_{i}"));
                 fill(&mut d.dev_name, &format!("uverbs{i}"));
-                fill(&mut d.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{i}"));
-                fill(&mut d.ibdev_path, &format!("/sys/class/infiniband/mlx5_{i}"));
+                fill(
+                    &mut d.dev_path,
+                    &format!("/sys/class/infiniband_verbs/uverbs{i}"),
+                );
+                fill(
+                    &mut d.ibdev_path,
+                    &format!("/sys/class/infiniband/mlx5_{i}"),
+                );
                 Box::into_raw(d) as usize
             })
             .collect()

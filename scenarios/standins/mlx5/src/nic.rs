@@ -28,7 +28,8 @@ impl Nic {
     /// completion becomes visible (monotonic ns).
     pub fn send(&self, bytes: u64, dlid: u16) -> u64 {
         let (link_lat, link_bw) = self.ctl.link(dlid);
-        let lat = self.model.nic_latency_us * 1e3 + (self.ctl.nic_extra_latency_ns() + link_lat) as f64;
+        let lat =
+            self.model.nic_latency_us * 1e3 + (self.ctl.nic_extra_latency_ns() + link_lat) as f64;
         let bw = self.model.nic_gbps * self.ctl.nic_bw_factor() * link_bw;
         let wire = Model::wire_ns(bytes, bw) as u64;
         let mut busy = self.busy_until.lock().unwrap_or_else(|p| p.into_inner());

@@ -82,7 +82,11 @@ unsafe extern "C" fn free_context(ctx: *mut ibv_context) -> c_int {
     0
 }
 
-unsafe extern "C" fn query_port(ctx: *mut ibv_context, _port: u8, attr: *mut ibv_port_attr) -> c_int {
+unsafe extern "C" fn query_port(
+    ctx: *mut ibv_context,
+    _port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
     // SAFETY: our context; caller's out pointer.
     unsafe {
         let c = &*ctx.cast::<Context>();
@@ -117,7 +121,12 @@ unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     0
 }
 
-unsafe extern "C" fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, _access: c_int) -> *mut ibv_mr {
+unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    _access: c_int,
+) -> *mut ibv_mr {
     static NEXT_KEY: AtomicU32 = AtomicU32::new(0x1000);
     let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
     Box::into_raw(Box::new(ibv_mr {
@@ -289,7 +298,11 @@ unsafe extern "C" fn mlx5_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut 
 }
 
 /// `ops.post_recv`: receives need no modelling; accepted.
-unsafe extern "C" fn mlx5_post_recv(_qp: *mut ibv_qp, _wr: *mut c_void, _bad: *mut *mut c_void) -> c_int {
+unsafe extern "C" fn mlx5_post_recv(
+    _qp: *mut ibv_qp,
+    _wr: *mut c_void,
+    _bad: *mut *mut c_void,
+) -> c_int {
     0
 }
 

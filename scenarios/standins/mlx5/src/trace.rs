@@ -16,7 +16,11 @@ fn sink() -> Option<&'static Mutex<LineWriter<std::fs::File>>> {
     static SINK: OnceLock<Option<Mutex<LineWriter<std::fs::File>>>> = OnceLock::new();
     SINK.get_or_init(|| {
         let path = std::env::var_os(ENV)?;
-        let f = OpenOptions::new().create(true).append(true).open(path).ok()?;
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()?;
         Some(Mutex::new(LineWriter::new(f)))
     })
     .as_ref()

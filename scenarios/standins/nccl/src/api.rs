@@ -10,10 +10,7 @@ use std::{
     sync::Arc,
 };
 
-use slowrank_sim::{
-    abi::nccl::*,
-    cost::Kind,
-};
+use slowrank_sim::{abi::nccl::*, cost::Kind};
 
 use crate::{
     comm::{self, Comm},
@@ -189,7 +186,10 @@ pub unsafe extern "C" fn pncclCommUserRank(c: CommHandle, rank: *mut c_int) -> N
 
 /// `ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)`.
 #[no_mangle]
-pub unsafe extern "C" fn pncclCommGetAsyncError(_c: CommHandle, err: *mut NcclResult) -> NcclResult {
+pub unsafe extern "C" fn pncclCommGetAsyncError(
+    _c: CommHandle,
+    err: *mut NcclResult,
+) -> NcclResult {
     if err.is_null() {
         return NCCL_INVALID_ARGUMENT;
     }
@@ -215,7 +215,14 @@ pub unsafe extern "C" fn pncclGetErrorString(r: NcclResult) -> *const c_char {
     s.as_ptr()
 }
 
-fn collective(c: CommHandle, kind: Kind, count: usize, dtype: NcclDataType, whole: bool, stream: *mut c_void) -> NcclResult {
+fn collective(
+    c: CommHandle,
+    kind: Kind,
+    count: usize,
+    dtype: NcclDataType,
+    whole: bool,
+    stream: *mut c_void,
+) -> NcclResult {
     // SAFETY: caller's handle.
     let Some(comm) = (unsafe { comm_of(c) }) else {
         return NCCL_INVALID_ARGUMENT;
@@ -225,7 +232,11 @@ fn collective(c: CommHandle, kind: Kind, count: usize, dtype: NcclDataType, whol
     };
     // All-gather / reduce-scatter counts are per member.
     let per = count as u64 * size;
-    let bytes = if whole { per } else { per * u64::from(comm.nranks()) };
+    let bytes = if whole {
+        per
+    } else {
+        per * u64::from(comm.nranks())
+    };
     group::submit(stream, Part::collective(comm, kind, bytes))
 }
 
@@ -325,7 +336,14 @@ pub unsafe extern "C" fn pncclReduce(
     collective(c, Kind::Reduce, count, dtype, true, stream)
 }
 
-fn p2p(send: bool, count: usize, dtype: NcclDataType, peer: c_int, c: CommHandle, stream: *mut c_void) -> NcclResult {
+fn p2p(
+    send: bool,
+    count: usize,
+    dtype: NcclDataType,
+    peer: c_int,
+    c: CommHandle,
+    stream: *mut c_void,
+) -> NcclResult {
     // SAFETY: caller's handle.
     let Some(comm) = (unsafe { comm_of(c) }) else {
         return NCCL_INVALID_ARGUMENT;
@@ -336,7 +354,10 @@ fn p2p(send: bool, count: usize, dtype: NcclDataType, peer: c_int, c: CommHandle
     if peer < 0 || peer as u32 >= comm.nranks() || peer as u32 == comm.rank {
         return NCCL_INVALID_ARGUMENT;
     }
-    group::submit(stream, Part::p2p(comm, send, peer as u32, count as u64 * size))
+    group::submit(
+        stream,
+        Part::p2p(comm, send, peer as u32, count as u64 * size),
+    )
 }
 
 /// `ncclResult_t ncclSend(const void* sendbuff, size_t count,

@@ -124,7 +124,8 @@ fn finish(id: u64, rank: u32, members: Vec<Me>) -> Result<Comm, CommError> {
 /// unique id and learns the others.
 pub fn init(unique_id: &[u8], nranks: u32, rank: u32) -> Result<Comm, CommError> {
     let id = rng::fnv1a(unique_id);
-    let payloads = with_local(|c| c.exchange(&format!("init/{id:016x}"), nranks, rank, json!(me())))?;
+    let payloads =
+        with_local(|c| c.exchange(&format!("init/{id:016x}"), nranks, rank, json!(me())))?;
     let members = payloads
         .into_iter()
         .map(parse::<Me>)
@@ -170,10 +171,7 @@ pub fn split(parent: &Comm, color: i32, key: i32) -> Result<Option<Comm>, CommEr
         .iter()
         .position(|g| g.1 == parent.rank)
         .ok_or_else(|| CommError::Bad("split lost this member".into()))? as u32;
-    let members = group
-        .iter()
-        .map(|g| parent.members[g.1 as usize])
-        .collect();
+    let members = group.iter().map(|g| parent.members[g.1 as usize]).collect();
     let id = rng::hash(&[parent.id, k, color as u64]);
     finish(id, rank, members).map(Some)
 }

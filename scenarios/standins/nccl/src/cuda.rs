@@ -13,7 +13,10 @@ pub fn launch_host_func() -> Option<LaunchHostFunc> {
     let addr = (*F.get_or_init(|| {
         // SAFETY: dlopen/dlsym with valid C strings; handle kept for ever.
         unsafe {
-            let h = libc::dlopen(c"libcudart.so.12".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            let h = libc::dlopen(
+                c"libcudart.so.12".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            );
             if h.is_null() {
                 return None;
             }

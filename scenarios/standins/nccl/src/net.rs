@@ -12,11 +12,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use slowrank_sim::{
-    abi::verbs::*,
-    control::MAX_LOCAL,
-    hub::client::with_local,
-};
+use slowrank_sim::{abi::verbs::*, control::MAX_LOCAL, hub::client::with_local};
 
 use crate::comm::Me;
 
@@ -55,7 +51,10 @@ fn open() -> Result<Net, String> {
     // SAFETY: plain C calls into the verbs library with valid arguments; the
     // objects live for the whole process, like NCCL's.
     unsafe {
-        let h = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        let h = libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        );
         if h.is_null() {
             return Err("cannot dlopen libibverbs.so.1".into());
         }
@@ -65,7 +64,8 @@ fn open() -> Result<Net, String> {
             sym(h, c"ibv_open_device")?;
         let query_port: unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int =
             sym(h, c"ibv_query_port")?;
-        let alloc_pd: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd = sym(h, c"ibv_alloc_pd")?;
+        let alloc_pd: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd =
+            sym(h, c"ibv_alloc_pd")?;
         let reg_mr: unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr =
             sym(h, c"ibv_reg_mr")?;
         let create_cq: unsafe extern "C" fn(
@@ -167,7 +167,10 @@ impl Net {
             ..Default::default()
         };
         let steps = [
-            (IBV_QPS_INIT, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+            (
+                IBV_QPS_INIT,
+                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+            ),
             (
                 IBV_QPS_RTR,
                 IBV_QP_STATE

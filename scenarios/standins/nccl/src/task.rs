@@ -21,9 +21,9 @@ use slowrank_sim::{
 
 use crate::{
     comm::Comm,
-    trace,
     cuda, net,
     proxy::{self, NetOp},
+    trace,
 };
 
 pub fn model() -> &'static Model {
@@ -66,7 +66,11 @@ impl Part {
 
     /// A send to, or receive from, member `peer`.
     pub fn p2p(comm: Arc<Comm>, send: bool, peer: u32, bytes: u64) -> Part {
-        let (from, to) = if send { (comm.rank, peer) } else { (peer, comm.rank) };
+        let (from, to) = if send {
+            (comm.rank, peer)
+        } else {
+            (peer, comm.rank)
+        };
         let k = comm.next_p2p(from, to);
         Part {
             key: format!("p/{:016x}/{from}-{to}/{k}", comm.id),
@@ -129,7 +133,9 @@ impl Part {
     fn transfer_ns(&self, arrivals: &[Arrival]) -> u64 {
         let members = self.members(arrivals);
         match self.kind {
-            PartKind::Coll(kind) => cost::collective_ns(model(), kind, self.bytes, &members, self.noise),
+            PartKind::Coll(kind) => {
+                cost::collective_ns(model(), kind, self.bytes, &members, self.noise)
+            }
             _ => cost::p2p_ns(model(), self.bytes, &members[0], &members[1], self.noise),
         }
     }
