@@ -113,7 +113,7 @@ dp = {dp}
 [step]
 forward_kernels = 20
 backward_kernels = 40
-kernel_us = 250
+kernel_us = 500
 grad_buckets = 4
 bucket_bytes = 4194304
 jitter = 0.02
