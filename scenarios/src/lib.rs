@@ -1,1 +1,20 @@
 //! Simulated training jobs for testing slowrank without GPUs.
+//!
+//! - [`spec`]: scenario TOML (layout, modelled step, faults, clocks).
+//! - [`libs`]: the ABI-true stand-in libraries laid out under real names.
+//! - [`run`]: the launcher (torchrun-like), writing [`truth`] and [`steps`].
+//! - [`orchestrate`]: where agents and the coordinator join a run.
+//! - [`trainer`]: the PyTorch-like job each rank process runs.
+//! - [`layout`]: ranks, hosts and parallel groups.
+
+pub mod children;
+pub mod layout;
+pub mod libs;
+pub mod orchestrate;
+pub mod run;
+pub mod spec;
+pub mod steps;
+pub mod trainer;
+pub mod truth;
+
+pub use slowrank_sim as sim;

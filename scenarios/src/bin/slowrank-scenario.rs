@@ -1,0 +1,144 @@
+//! `slowrank-scenario`: runs simulated training jobs with injected faults.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use slowrank_scenarios::{
+    orchestrate::Mode,
+    run::{run, RunOptions},
+    spec::Spec,
+    truth::Outcome,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "slowrank-scenario",
+    about = "Run simulated multi-rank GPU training jobs with injected faults and ground truth",
+    long_about = "Runs a scenario (a TOML spec: layout, modelled step, faults) as N rank processes \
+started like torchrun, over ABI-true stand-ins of libnccl.so.2, libcudart.so.12, libibverbs.so.1 \
+and an mlx5 provider, and writes the ground truth (truth.json) and per-rank step times (steps.csv)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a scenario and write DIR/truth.json, DIR/steps.csv and DIR/logs/.
+    Run {
+        /// Scenario spec (TOML), e.g. scenarios/specs/dp8-compute-slow.toml.
+        spec: PathBuf,
+        /// Output directory (created; existing files are overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// Run the job alone, without coordinator and agents.
+        #[arg(long)]
+        no_agent: bool,
+        /// Stop the run after this many seconds (overrides run.timeout_s).
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// Run at most this many iterations (overrides `iterations`; faults
+        /// past the end are dropped).
+        #[arg(long)]
+        iterations: Option<u64>,
+        /// Trainer binary (default: slowrank-trainer next to this binary).
+        #[arg(long)]
+        trainer: Option<PathBuf>,
+        /// Log every NIC completion and NCCL operation to DIR/sim/.
+        #[arg(long)]
+        trace: bool,
+    },
+    /// Parse and validate specs, printing a one-line summary of each.
+    Check {
+        /// Spec files.
+        #[arg(required = true)]
+        specs: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .init();
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<ExitCode> {
+    match Cli::parse().cmd {
+        Cmd::Check { specs } => {
+            for p in specs {
+                let s = Spec::load(&p)?;
+                println!(
+                    "{}: {} ranks ({}x{}), tp={} pp={} dp={}, {} iterations, {} fault(s)",
+                    s.name,
+                    s.world_size(),
+                    s.hosts,
+                    s.ranks_per_host,
+                    s.parallel.tp,
+                    s.parallel.pp,
+                    s.parallel.dp,
+                    s.iterations,
+                    s.faults.len()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run {
+            spec,
+            out,
+            no_agent,
+            timeout,
+            iterations,
+            trainer,
+            trace,
+        } => {
+            let mut s = Spec::load(&spec)?;
+            if let Some(n) = iterations {
+                s.iterations = n;
+                s.faults.retain(|f| f.start_iteration < n);
+                s.validate()?;
+            }
+            let opts = RunOptions {
+                out,
+                mode: if no_agent {
+                    Mode::JobOnly
+                } else {
+                    Mode::WithAgents
+                },
+                trainer,
+                timeout: timeout.map(Duration::from_secs_f64),
+                progress: true,
+                trace,
+            };
+            let summary = run(&s, &opts).with_context(|| format!("scenario {}", s.name))?;
+            let t = &summary.truth;
+            println!(
+                "{}: {:?} ({}) after {:.1} s, {}/{} iterations; truth: {}, steps: {}",
+                t.scenario,
+                t.outcome,
+                t.reason,
+                summary.wall.as_secs_f64(),
+                t.iterations_completed,
+                t.iterations,
+                summary.out.join("truth.json").display(),
+                summary.out.join("steps.csv").display()
+            );
+            Ok(match t.outcome {
+                Outcome::Completed | Outcome::Hang => ExitCode::SUCCESS,
+                _ => ExitCode::FAILURE,
+            })
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The fault injector. Not part of the modelled job: at the start of every
+//! iteration it turns this rank's faults on or off — GPU speed, NIC and link
+//! knobs in the control block the stand-ins read, host-side delays and CPU
+//! contention in this process, or a hang — and reports each change to the
+//! launcher for the ground truth.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use slowrank_sim::{
+    clock,
+    control::{lid_of, Control},
+    hub::HubClient,
+    report::Report,
+};
+
+use super::TrainerError;
+use crate::{
+    layout::Layout,
+    spec::{Fault, FaultKind, HostMode, Spec},
+};
+
+/// Busy threads pinned to the rank's CPU.
+struct Hog {
+    stop: Arc<AtomicBool>,
+    saved_mask: libc::cpu_set_t,
+}
+
+pub struct Injector {
+    rank: u32,
+    layout: Layout,
+    /// (index in the spec, fault) for faults on this rank.
+    faults: Vec<(usize, Fault)>,
+    active: Vec<bool>,
+    ctl: &'static Control,
+    hog: Option<Hog>,
+}
+
+/// Host-side effect of the active faults on one named function.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostEffect {
+    pub factor: f64,
+    pub delay: Duration,
+    /// Burn the CPU instead of sleeping (so contention has an effect).
+    pub spin: bool,
+}
+
+fn set_affinity(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: plain sched_{get,set}affinity on the calling thread.
+    unsafe {
+        let mut saved: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut saved);
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        saved
+    }
+}
+
+impl Injector {
+    pub fn new(spec: &Spec, rank: u32) -> Self {
+        let faults: Vec<(usize, Fault)> = spec
+            .faults
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.targets().contains(&rank))
+            .map(|(i, f)| (i, f.clone()))
+            .collect();
+        Self {
+            rank,
+            layout: spec.layout(),
+            active: vec![false; faults.len()],
+            faults,
+            ctl: Control::current(),
+            hog: None,
+        }
+    }
+
+    fn active(&self) -> impl Iterator<Item = &Fault> {
+        self.faults
+            .iter()
+            .zip(&self.active)
+            .filter(|(_, a)| **a)
+            .map(|((_, f), _)| f)
+    }
+
+    /// Applies the faults of `iteration`; never returns if a hang starts.
+    pub fn begin_iteration(
+        &mut self,
+        iteration: u64,
+        hub: &mut HubClient,
+    ) -> Result<(), TrainerError> {
+        let mut changed = false;
+        for (k, (idx, f)) in self.faults.iter().enumerate() {
+            let on = f.active_at(iteration);
+            if on != self.active[k] {
+                self.active[k] = on;
+                changed = true;
+                hub.report(Report::Fault {
+                    fault: *idx,
+                    rank: self.rank,
+                    active: on,
+                    iteration,
+                    mono_ns: clock::mono_ns(),
+                    wall_ns: clock::wall_ns(),
+                })?;
+            }
+        }
+        if !changed {
+            return Ok(());
+        }
+        self.apply_gpu_and_network();
+        self.apply_contention();
+        if self.active().any(|f| f.kind == FaultKind::Hang) {
+            hang_forever();
+        }
+        Ok(())
+    }
+
+    fn apply_gpu_and_network(&self) {
+        let compute: f64 = self
+            .active()
+            .filter(|f| f.kind == FaultKind::Compute)
+            .map(Fault::slowdown)
+            .product();
+        self.ctl.set_compute_factor(compute);
+        let (mut lat, mut bw) = (0u64, 1f64);
+        for f in self.active().filter(|f| f.kind == FaultKind::Communication) {
+            let (l, b) = f.network();
+            lat += l;
+            bw = bw.min(b);
+        }
+        self.ctl.set_nic(lat, bw);
+        // Every link fault's peer: reset, then apply the active ones.
+        let peer_lid = |f: &Fault| {
+            let peer = f.targets().into_iter().find(|r| *r != self.rank)?;
+            Some(lid_of(
+                self.layout.host_of(peer),
+                self.layout.local_of(peer),
+            ))
+        };
+        for (_, f) in self
+            .faults
+            .iter()
+            .filter(|(_, f)| f.kind == FaultKind::Link)
+        {
+            if let Some(lid) = peer_lid(f) {
+                self.ctl.set_link(lid, 0, 1.0);
+            }
+        }
+        for f in self.active().filter(|f| f.kind == FaultKind::Link) {
+            if let Some(lid) = peer_lid(f) {
+                let (l0, b0) = self.ctl.link(lid);
+                let (l, b) = f.network();
+                self.ctl.set_link(lid, l0 + l, b0.min(b));
+            }
+        }
+    }
+
+    fn contention(&self) -> Option<&Fault> {
+        self.active()
+            .find(|f| f.kind == FaultKind::Host && f.mode == Some(HostMode::Contention))
+    }
+
+    fn apply_contention(&mut self) {
+        let threads = self.contention().map(|f| f.threads.unwrap_or(2));
+        match (threads, self.hog.is_some()) {
+            (Some(n), false) => {
+                // SAFETY: sysconf is always safe.
+                let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+                let cpu = self.rank as usize % cpus;
+                let saved_mask = set_affinity(cpu);
+                let stop = Arc::new(AtomicBool::new(false));
+                for _ in 0..n {
+                    let stop = stop.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("noisy-neighbour".into())
+                        .spawn(move || {
+                            set_affinity(cpu);
+                            while !stop.load(Ordering::Relaxed) {
+                                std::hint::spin_loop();
+                            }
+                        });
+                }
+                self.hog = Some(Hog { stop, saved_mask });
+            }
+            (None, true) => {
+                if let Some(h) = self.hog.take() {
+                    h.stop.store(true, Ordering::Relaxed);
+                    // SAFETY: restoring this thread's own mask.
+                    unsafe {
+                        libc::sched_setaffinity(
+                            0,
+                            std::mem::size_of::<libc::cpu_set_t>(),
+                            &h.saved_mask,
+                        )
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// How active host faults change the host time of `function`.
+    pub fn host_effect(&self, function: &str) -> HostEffect {
+        let mut e = HostEffect {
+            factor: 1.0,
+            delay: Duration::ZERO,
+            spin: self.hog.is_some(),
+        };
+        for f in self
+            .active()
+            .filter(|f| f.kind == FaultKind::Host && f.host_function() == function)
+        {
+            if f.mode != Some(HostMode::Contention) {
+                match f.delay_us {
+                    Some(d) => e.delay += Duration::from_secs_f64(d / 1e6),
+                    None => e.factor *= f.slowdown(),
+                }
+            }
+        }
+        e
+    }
+}
+
+/// A rank that stopped issuing collectives: stuck here for ever.
+#[inline(never)]
+pub fn hang_forever() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,40 @@
+//! The simulated NIC: a send takes its wire time on the port (sends
+//! serialise) plus the hop latency, both from the hardware model and this
+//! rank's live fault knobs (NIC-wide and per destination link).
+
+use std::sync::Mutex;
+
+use slowrank_sim::{clock, control::Control, model::Model};
+
+pub struct Nic {
+    pub lid: u16,
+    model: Model,
+    ctl: &'static Control,
+    /// When the port finishes serialising what was posted so far.
+    busy_until: Mutex<u64>,
+}
+
+impl Nic {
+    pub fn new(lid: u16) -> Self {
+        Self {
+            lid,
+            model: Model::from_env(),
+            ctl: Control::current(),
+            busy_until: Mutex::new(0),
+        }
+    }
+
+    /// Posts `bytes` to the NIC with LID `dlid` now; returns when the
+    /// completion becomes visible (monotonic ns).
+    pub fn send(&self, bytes: u64, dlid: u16) -> u64 {
+        let (link_lat, link_bw) = self.ctl.link(dlid);
+        let lat =
+            self.model.nic_latency_us * 1e3 + (self.ctl.nic_extra_latency_ns() + link_lat) as f64;
+        let bw = self.model.nic_gbps * self.ctl.nic_bw_factor() * link_bw;
+        let wire = Model::wire_ns(bytes, bw) as u64;
+        let mut busy = self.busy_until.lock().unwrap_or_else(|p| p.into_inner());
+        let start = (*busy).max(clock::mono_ns());
+        *busy = start + wire;
+        start + wire + lat as u64
+    }
+}

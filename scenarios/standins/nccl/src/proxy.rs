@@ -1,0 +1,215 @@
+//! The proxy thread: the only code that touches the verbs data path. When a
+//! member's GPU reaches a collective with a peer on another host, the proxy
+//! posts the first chunk right away (so the first `post_send` of an instance
+//! marks the GPU's arrival, as with real NCCL), then paces the remaining
+//! chunks over the transfer window once every member has arrived (the
+//! credits a real receiver would return), and polls the completion queue —
+//! sleeping between polls instead of spinning, since this machine has two
+//! cores.
+//!
+//! `post_send` and `poll_cq` are called exactly as the `static inline`
+//! wrappers in `verbs.h` do: through `qp->context->ops`.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc::{self, Receiver, Sender},
+        Arc, Condvar, Mutex, OnceLock,
+    },
+    time::Duration,
+};
+
+use slowrank_sim::{abi::verbs::*, clock, model::Model};
+
+/// One member's network share of one collective or send.
+pub struct NetOp {
+    id: u64,
+    qp: usize,
+    cq: usize,
+    lkey: u32,
+    addr: u64,
+    chunks: u32,
+    chunk_bytes: u32,
+    /// (all members arrived, transfer done), monotonic ns.
+    plan: Mutex<Option<(u64, u64)>>,
+    st: Mutex<(u32, u32, bool)>, // posted, completed, done
+    cv: Condvar,
+}
+
+impl NetOp {
+    pub fn new(qp: usize, cq: usize, lkey: u32, addr: u64, bytes: u64, model: &Model) -> Arc<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let chunks = bytes
+            .div_ceil(model.chunk_bytes.max(1))
+            .clamp(1, u64::from(model.max_chunks.max(1))) as u32;
+        Arc::new(Self {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            qp,
+            cq,
+            lkey,
+            addr,
+            chunks,
+            chunk_bytes: (bytes / u64::from(chunks)).clamp(1, u64::from(u32::MAX)) as u32,
+            plan: Mutex::new(None),
+            st: Mutex::new((0, 0, false)),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Lets the proxy post the rest of the data.
+    pub fn set_plan(&self, release_ns: u64, done_ns: u64) {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some((release_ns, done_ns));
+    }
+
+    /// Blocks until every chunk was posted and its completion polled.
+    pub fn wait(&self) {
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        while !st.2 {
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn post(&self, k: u32) -> bool {
+        let mut sge = ibv_sge {
+            addr: self.addr + u64::from(k) * u64::from(self.chunk_bytes),
+            length: self.chunk_bytes,
+            lkey: self.lkey,
+        };
+        let mut wr = ibv_send_wr {
+            wr_id: (self.id << 16) | u64::from(k),
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
+            send_flags: IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        let qp = self.qp as *mut ibv_qp;
+        // SAFETY: a connected QP of ours; `ibv_post_send` inline semantics.
+        unsafe {
+            match (*(*qp).context).ops.post_send {
+                Some(post_send) => post_send(qp, &mut wr, &mut bad) == 0,
+                None => false,
+            }
+        }
+    }
+
+    /// Posts what is due; returns false if posting failed.
+    fn advance(&self, now: u64) -> bool {
+        let plan = *self.plan.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        if st.0 == 0 {
+            if !self.post(0) {
+                return false;
+            }
+            st.0 = 1;
+        }
+        if let Some((rel, done)) = plan {
+            let span = done.saturating_sub(rel);
+            while st.0 < self.chunks {
+                let due = rel + span * u64::from(st.0) / u64::from(self.chunks);
+                if due > now {
+                    break;
+                }
+                if !self.post(st.0) {
+                    return false;
+                }
+                st.0 += 1;
+            }
+        }
+        true
+    }
+
+    fn complete_one(&self) {
+        self.st.lock().unwrap_or_else(|p| p.into_inner()).1 += 1;
+    }
+
+    /// Marks the op done when all chunks completed, or on failure.
+    fn finish_if_complete(&self, failed: bool) -> bool {
+        let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        if failed || (st.0 == self.chunks && st.1 >= self.chunks) {
+            st.2 = true;
+            self.cv.notify_all();
+            return true;
+        }
+        false
+    }
+}
+
+fn sender() -> &'static Mutex<Sender<Arc<NetOp>>> {
+    static TX: OnceLock<Mutex<Sender<Arc<NetOp>>>> = OnceLock::new();
+    TX.get_or_init(|| {
+        let (tx, rx) = mpsc::channel();
+        let interval = Duration::from_micros(Model::from_env().poll_interval_us.max(1));
+        std::thread::Builder::new()
+            .name("nccl-proxy".into())
+            .stack_size(512 * 1024)
+            .spawn(move || run(rx, interval))
+            .expect("cannot spawn the NCCL proxy thread");
+        Mutex::new(tx)
+    })
+}
+
+/// Hands `op` to the proxy, which posts its first chunk at once.
+pub fn submit(op: Arc<NetOp>) {
+    let _ = sender().lock().unwrap_or_else(|p| p.into_inner()).send(op);
+}
+
+fn poll(cq: usize, active: &HashMap<u64, Arc<NetOp>>) {
+    let cq = cq as *mut ibv_cq;
+    let mut wcs = [ibv_wc::default(); 16];
+    loop {
+        // SAFETY: our CQ; `ibv_poll_cq` inline semantics.
+        let n = unsafe {
+            match (*(*cq).context).ops.poll_cq {
+                Some(poll_cq) => poll_cq(cq, wcs.len() as i32, wcs.as_mut_ptr()),
+                None => 0,
+            }
+        };
+        for wc in &wcs[..n.max(0) as usize] {
+            if let Some(op) = active.get(&(wc.wr_id >> 16)) {
+                op.complete_one();
+            }
+        }
+        if n < wcs.len() as i32 {
+            break;
+        }
+    }
+}
+
+fn run(rx: Receiver<Arc<NetOp>>, interval: Duration) {
+    clock::precise_sleeps();
+    let mut active: HashMap<u64, Arc<NetOp>> = HashMap::new();
+    loop {
+        if active.is_empty() {
+            match rx.recv() {
+                Ok(op) => {
+                    active.insert(op.id, op);
+                }
+                Err(_) => return,
+            }
+        }
+        while let Ok(op) = rx.try_recv() {
+            active.insert(op.id, op);
+        }
+        let now = clock::mono_ns();
+        let mut failed = Vec::new();
+        let mut cqs: Vec<usize> = Vec::new();
+        for op in active.values() {
+            if !op.advance(now) {
+                failed.push(op.id);
+            }
+            if !cqs.contains(&op.cq) {
+                cqs.push(op.cq);
+            }
+        }
+        for cq in cqs {
+            poll(cq, &active);
+        }
+        active.retain(|id, op| !op.finish_if_complete(failed.contains(id)));
+        if !active.is_empty() {
+            std::thread::sleep(interval);
+        }
+    }
+}
