@@ -1,2 +1,16 @@
 //! The slowrank coordinator as a library: ingest → clock → join → graph →
 //! verdict → report. The `slowrank` binary wires these together.
+//!
+//! Data flows one way: [`clock`] aligns agent times, [`join`] gathers the
+//! members of each collective instance, [`iteration`] counts training steps,
+//! [`stats`] turns instances into per-rank lateness and waits, [`graph`] finds
+//! where waiting starts and what it costs, [`classify`] says why, [`verdict`]
+//! opens and closes verdicts with hysteresis, and [`report`] / [`trace`]
+//! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
+//! generates synthetic jobs with ground truth.
+
+pub mod clock;
+pub mod iteration;
+pub mod join;
+pub mod synth;
+pub mod validate;
