@@ -9,8 +9,22 @@
 //! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
 //! generates synthetic jobs with ground truth.
 
+pub mod analyzer;
+pub mod classify;
 pub mod clock;
+pub mod graph;
+pub mod intervals;
 pub mod iteration;
 pub mod join;
+pub mod links;
+pub mod report;
+pub mod stats;
 pub mod synth;
+pub mod trace;
 pub mod validate;
+pub mod verdict;
+
+pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics};
+pub use clock::{ClockSample, CoordNs};
+pub use report::{render_human, render_json, Report};
+pub use verdict::{EventKind, Verdict, VerdictEvent};
