@@ -648,7 +648,7 @@ impl Analyzer {
             .duration_of(k)
             .or_else(|| core.iteration.step_ns())
             .unwrap_or(f64::INFINITY);
-        let scores = core.stats.score(k, bucket, step);
+        let mut scores = core.stats.score(k, bucket, step);
         let world = self
             .ranks
             .iter()
@@ -671,9 +671,17 @@ impl Analyzer {
             pass.insert(Node::Rank(s.rank), p);
         }
         let blame = graph.blame(&pass, 6);
+        let mut rank_blame: HashMap<u32, f64> = HashMap::new();
         for (n, b) in &blame {
             if let Node::Rank(r) = n {
                 *core.lost_by_root.entry(*r).or_default() += b;
+                rank_blame.insert(*r, *b);
+            }
+        }
+        core.stats.judge_blame(&mut scores, &rank_blame);
+        if std::env::var_os("SLOWRANK_DEBUG_SCORES").is_some() {
+            for s in scores.iter().filter(|s| k % 20 == 5) {
+                eprintln!("{s:?}");
             }
         }
         let (from, to) = (

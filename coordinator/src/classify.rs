@@ -69,14 +69,13 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
     let n = window.len().max(1) as f64;
     let late = mean(window.iter().map(|s| s.late_ns));
     let unexplained = mean(window.iter().map(|s| s.unexplained_ns));
-    let host_late = mean(window.iter().map(|s| s.host_late_ns));
     let gpu_known = window.iter().filter(|s| s.gpu_late_ns.is_some()).count() as f64 >= n / 2.0;
-    let gpu_late = mean(window.iter().filter_map(|s| s.gpu_late_ns));
     let sync_excess = mean(window.iter().map(|s| s.sync_excess_ns));
     let step = mean(window.iter().map(|s| s.step_ns));
     let last_frac = mean(window.iter().map(|s| s.last_frac));
     let pos = mean(window.iter().map(|s| s.mean_pos));
     let inflicted = mean(window.iter().map(|s| s.inflicted_ns));
+    let blame_excess = mean(window.iter().map(|s| s.blame_excess_ns));
     let err = window.iter().map(|s| s.err_ns).fold(0.0, f64::max);
     let peers = window.last().map_or(0, |s| s.peers);
     let first = window.first().map_or(0, |s| s.iteration);
@@ -97,6 +96,12 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
     if inflicted > 0.0 {
         ev.push(format!("others waited {} per iteration in instances it arrived last", fmt_ns(inflicted)));
     }
+    if blame_excess > 0.05 * step {
+        ev.push(format!(
+            "the wait graph puts {} of GPU waiting per iteration on it beyond its peers (through tensor, pipeline and data-parallel waits)",
+            fmt_ns(blame_excess)
+        ));
+    }
     if let Some(rho) = persistence {
         ev.push(format!(
             "lateness order persists across consecutive instances (Spearman ρ {rho:.2}): a persistent straggler, not jitter"
@@ -109,38 +114,43 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
         ));
     }
 
-    let (kind, clarity) = if gpu_known {
-        let share = if gpu_late > 0.0 { (host_late / gpu_late).clamp(0.0, 1.5) } else { 1.0 };
+    // Per-instance means: a late start of the step shows in every instance
+    // of the iteration, a longer sync wait once per iteration.
+    let host_mean = mean(window.iter().map(|s| s.host_late_ns / s.ref_n.max(1) as f64));
+    let gpu_mean = mean(window.iter().filter(|s| s.gpu_n > 0).map(|s| s.gpu_late_ns.unwrap_or(0.0) / s.gpu_n as f64));
+    // A host-slow rank's GPU drains while its host is late, so it waits
+    // *less* in GPU syncs than its peers by about its lateness. A compute-slow
+    // rank's host may start late too (it waited for its own GPU at the end of
+    // the previous step) but its sync waits do not shrink.
+    let drained = if host_mean > 0.0 { (-sync_excess).max(0.0) / host_mean } else { 0.0 };
+    let (kind, clarity) = if gpu_known && host_mean < 0.5 * gpu_mean {
         ev.push(format!(
-            "GPU-side lateness {} vs host-side {}",
-            fmt_ns(gpu_late),
-            fmt_ns(host_late)
+            "GPU-side lateness {} per collective vs host-side {}",
+            fmt_ns(gpu_mean),
+            fmt_ns(host_mean)
         ));
-        if share >= 0.5 {
-            ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
-            (Kind::Host, share.min(1.0))
-        } else {
-            ev.push("the host enqueued on time but the GPU reached the collectives late".into());
-            (Kind::Compute, 1.0 - share)
-        }
-    } else if host_late > 0.0 && sync_excess >= 0.5 * host_late {
+        ev.push("the host enqueued on time but the GPU reached the collectives late".into());
+        (Kind::Compute, 1.0 - host_mean / gpu_mean.max(1.0))
+    } else if host_mean > 0.0 && drained >= 0.5 {
         ev.push(format!(
-            "host entered late after waiting {} per iteration longer than its peers in GPU syncs: its GPU is slow",
-            fmt_ns(sync_excess)
+            "host-side lateness {} per collective{}; its GPU had drained: sync waits {} shorter than its peers'",
+            fmt_ns(host_mean),
+            if gpu_known { format!(" (GPU-side {})", fmt_ns(gpu_mean)) } else { String::new() },
+            fmt_ns(-sync_excess)
         ));
-        (Kind::Compute, (sync_excess / host_late).min(1.0) * 0.8)
+        ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
+        (Kind::Host, drained.min(1.0) * if gpu_known { 1.0 } else { 0.8 })
     } else {
         ev.push(format!(
-            "host-side lateness {} with sync waits {} vs peers: its GPU had drained",
-            fmt_ns(host_late),
+            "host-side lateness {} per collective{} but its sync waits did not shrink ({} vs peers): its GPU is the bottleneck",
+            fmt_ns(host_mean),
+            if gpu_known { format!(", GPU-side {}", fmt_ns(gpu_mean)) } else { String::new() },
             fmt_ns(sync_excess)
         ));
-        (Kind::Host, 0.7)
+        ev.push("the host starts each step late only because it waited for its own slow GPU".into());
+        (Kind::Compute, (1.0 - drained).clamp(0.0, 1.0) * if gpu_known { 0.9 } else { 0.7 })
     };
     if kind == Kind::Host {
-        if sync_excess < 0.0 {
-            ev.push(format!("sync waits {} shorter than its peers'", fmt_ns(-sync_excess)));
-        }
         if let Some(c) = cpu {
             if c.runq_frac > c.runq_frac_peers + 0.01 {
                 ev.push(format!(
@@ -167,7 +177,8 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
         ev.push(format!("its host waits {} per iteration longer than peers in GPU syncs", fmt_ns(sync_excess)));
     }
     ev.push(format!("clock error bound {} at decision", fmt_ns(err)));
-    let strength = ((unexplained / step.max(1.0)) / (4.0 * min_step_fraction)).clamp(0.0, 1.0);
+    let own = unexplained.max(blame_excess / 2.0);
+    let strength = ((own / step.max(1.0)) / (4.0 * min_step_fraction)).clamp(0.0, 1.0);
     let order = last_frac.clamp(0.0, 1.0).max(pos.clamp(0.0, 1.0));
     let mut confidence = 0.35 + 0.25 * strength + 0.2 * order + 0.2 * clarity.clamp(0.0, 1.0);
     if !gpu_known {
@@ -234,12 +245,16 @@ mod tests {
             late_ns: 4e6,
             host_late_ns: host_late,
             gpu_late_ns: gpu_late,
+            gpu_n: if gpu_late.is_some() { 4 } else { 0 },
             excess_wait_ns: 0.0,
             unexplained_ns: 4e6,
             sync_excess_ns: sync_excess,
             last_frac: 1.0,
             mean_pos: 1.0,
             inflicted_ns: 2e7,
+            blame_ns: 2e7,
+            blame_excess_ns: 1.8e7,
+            blame_z: 9.0,
             err_ns: 30e3,
             step_ns: 30e6,
             peers: 8,
@@ -264,6 +279,7 @@ mod tests {
     #[test]
     fn host_only_long_sync_is_compute_short_sync_is_host() {
         assert_eq!(classify_straggler(&[score(4e6, None, 3e6)], None, None, 0.04).kind, Kind::Compute);
+        assert_eq!(classify_straggler(&[score(4e6, None, 0.0)], None, None, 0.04).kind, Kind::Compute);
         let h = classify_straggler(&[score(4e6, None, -2e6)], None, None, 0.04);
         assert_eq!(h.kind, Kind::Host);
         assert!(h.confidence <= 0.8);

@@ -210,12 +210,20 @@ pub struct RankScore {
     pub late_ns: f64,
     pub host_late_ns: f64,
     pub gpu_late_ns: Option<f64>,
+    /// Reference instances with GPU-side lateness.
+    pub gpu_n: u32,
     pub excess_wait_ns: f64,
     pub unexplained_ns: f64,
     pub sync_excess_ns: f64,
     pub last_frac: f64,
     pub mean_pos: f64,
     pub inflicted_ns: f64,
+    /// Waiting attributed to this rank as a root by the wait graph (ns).
+    pub blame_ns: f64,
+    /// Blame above the median of its reference peers (ns).
+    pub blame_excess_ns: f64,
+    /// Robust z-score of that excess.
+    pub blame_z: f64,
     pub err_ns: f64,
     pub step_ns: f64,
     pub peers: usize,
@@ -405,46 +413,58 @@ impl Stats {
     pub fn score(&self, it: u64, bucket: &IterBucket, step_ns: f64) -> Vec<RankScore> {
         let mut out = Vec::with_capacity(bucket.ranks.len());
         // Per reference communicator, the peers' medians.
-        let mut peer_cache: HashMap<u64, (f64, f64, f64, f64)> = HashMap::new();
+        let mut peer_cache: HashMap<u64, PeerCenter> = HashMap::new();
         for (&rank, acc) in &bucket.ranks {
             if acc.ref_n == 0 {
                 continue;
             }
             let Some(&(_, comm)) = self.rank_ref.get(&rank) else { continue };
             let peers = self.peers(rank);
-            let (wait_med, sync_med, unexpl_med, unexpl_mad) = *peer_cache.entry(comm).or_insert_with(|| {
+            let c = *peer_cache.entry(comm).or_insert_with(|| {
                 let accs: Vec<&RankIter> = peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
                 let mut w: Vec<f64> = accs.iter().map(|a| a.wait_nonref).collect();
                 let mut s: Vec<f64> = accs.iter().map(|a| a.sync_wait).collect();
                 let wm = median(&mut w).unwrap_or(0.0);
-                let mut u: Vec<f64> = accs
+                let u: Vec<f64> = accs
                     .iter()
                     .map(|a| a.late_sum - (a.wait_nonref - wm).max(0.0))
                     .collect();
-                // With fewer than four peers a median and MAD say nothing:
-                // compare against the best peer and the MAD floor instead.
-                if u.len() < 4 {
-                    let lo = u.iter().copied().fold(f64::INFINITY, f64::min);
-                    return (wm, median(&mut s).unwrap_or(0.0), lo.min(0.0), 0.0);
+                let h: Vec<f64> = accs.iter().map(|a| a.host_late_sum).collect();
+                let (um, umad) = center_spread(&u);
+                let (hm, hmad) = center_spread(&h);
+                PeerCenter {
+                    wait_med: wm,
+                    sync_med: median(&mut s).unwrap_or(0.0),
+                    unexpl_med: um,
+                    unexpl_mad: umad,
+                    host_med: hm,
+                    host_mad: hmad,
                 }
-                let um = median(&mut u.clone()).unwrap_or(0.0);
-                for x in &mut u {
-                    *x = (*x - um).abs();
-                }
-                let mad = median(&mut u).unwrap_or(0.0);
-                (wm, median(&mut s).unwrap_or(0.0), um, mad)
             });
+            let (wait_med, sync_med, unexpl_med, unexpl_mad) = (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
             let excess_wait = acc.wait_nonref - wait_med;
             let unexplained = acc.late_sum - excess_wait.max(0.0);
             let mad_floor = (0.005 * step_ns).max(10_000.0);
             let z = (unexplained - unexpl_med) / (1.4826 * unexpl_mad.max(mad_floor));
             let err_floor = acc.err_max * acc.ref_n as f64;
-            let suspicious = step_ns.is_finite()
-                && unexplained >= self.cfg.min_step_fraction * step_ns
-                && unexplained >= self.cfg.min_late_ns
-                && unexplained > err_floor
-                && z >= self.cfg.min_robust_z
-                && peers.len() >= 2;
+            let significant = |x: f64, z: f64| {
+                step_ns.is_finite()
+                    && x >= self.cfg.min_step_fraction * step_ns
+                    && x >= self.cfg.min_late_ns
+                    && x > err_floor
+                    && z >= self.cfg.min_robust_z
+                    && peers.len() >= 2
+            };
+            // A host-bound root: when replicas re-synchronise every step
+            // (pipelines coupled through later stages' DP groups, end-of-step
+            // syncs), the slow host sets everyone's pace and its GPU is not
+            // late among its peers — but its host is, and its GPU drained
+            // while the peers' hosts waited in syncs for theirs.
+            let sync_excess = acc.sync_wait - sync_med;
+            let host_mean = acc.host_late_sum / acc.ref_n.max(1) as f64;
+            let host_z = (acc.host_late_sum - c.host_med) / (1.4826 * c.host_mad.max(mad_floor));
+            let host_root = significant(acc.host_late_sum, host_z) && -sync_excess >= 0.5 * host_mean;
+            let suspicious = significant(unexplained, z) || host_root;
             out.push(RankScore {
                 rank,
                 iteration: it,
@@ -452,12 +472,16 @@ impl Stats {
                 late_ns: acc.late_sum,
                 host_late_ns: acc.host_late_sum,
                 gpu_late_ns: (acc.gpu_n > 0).then_some(acc.gpu_late_sum),
+                gpu_n: acc.gpu_n,
                 excess_wait_ns: excess_wait,
                 unexplained_ns: unexplained,
-                sync_excess_ns: acc.sync_wait - sync_med,
+                sync_excess_ns: sync_excess,
                 last_frac: acc.last_n as f64 / acc.ref_n as f64,
                 mean_pos: acc.pos_sum / acc.ref_n as f64,
                 inflicted_ns: acc.inflicted,
+                blame_ns: 0.0,
+                blame_excess_ns: 0.0,
+                blame_z: 0.0,
                 err_ns: acc.err_max,
                 step_ns,
                 peers: peers.len(),
@@ -468,6 +492,73 @@ impl Stats {
         out.sort_by_key(|s| s.rank);
         out
     }
+}
+
+impl Stats {
+    /// Fills in the wait graph's blame and its excess over the reference
+    /// peers' median (pipeline bubbles rest equally on every replica of a
+    /// stage, so they cancel). Evidence and cost only: as a trigger it is
+    /// not yet robust in pipelines, where blame can rest on conduits.
+    pub fn judge_blame(&self, scores: &mut [RankScore], blame: &HashMap<u32, f64>) {
+        let by_rank: HashMap<u32, usize> = scores.iter().enumerate().map(|(i, s)| (s.rank, i)).collect();
+        let mut excess = vec![0.0; scores.len()];
+        let mut z = vec![0.0; scores.len()];
+        for (i, s) in scores.iter().enumerate() {
+            let peers = self.peers(s.rank);
+            let mut b: Vec<f64> = peers
+                .iter()
+                .filter(|p| by_rank.contains_key(p))
+                .map(|p| blame.get(p).copied().unwrap_or(0.0))
+                .collect();
+            if b.len() < 2 {
+                continue;
+            }
+            let mine = blame.get(&s.rank).copied().unwrap_or(0.0);
+            let floor = (0.005 * s.step_ns).max(10_000.0);
+            let (center, spread) = if b.len() < 4 {
+                let others: Vec<f64> = peers
+                    .iter()
+                    .filter(|p| **p != s.rank)
+                    .map(|p| blame.get(p).copied().unwrap_or(0.0))
+                    .collect();
+                (others.iter().copied().fold(f64::NEG_INFINITY, f64::max).max(0.0), floor)
+            } else {
+                let m = median(&mut b.clone()).unwrap_or(0.0);
+                let mut d: Vec<f64> = b.iter().map(|x| (x - m).abs()).collect();
+                (m, median(&mut d).unwrap_or(0.0).max(floor))
+            };
+            excess[i] = mine - center;
+            z[i] = excess[i] / (1.4826 * spread);
+        }
+        for (i, s) in scores.iter_mut().enumerate() {
+            s.blame_ns = blame.get(&s.rank).copied().unwrap_or(0.0);
+            s.blame_excess_ns = excess[i];
+            s.blame_z = z[i];
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PeerCenter {
+    wait_med: f64,
+    sync_med: f64,
+    unexpl_med: f64,
+    unexpl_mad: f64,
+    host_med: f64,
+    host_mad: f64,
+}
+
+/// Centre and spread of a peer group's values. With fewer than four peers a
+/// median and MAD say nothing: the centre is the lowest value (capped at 0)
+/// and the spread is left to the caller's floor.
+fn center_spread(v: &[f64]) -> (f64, f64) {
+    if v.len() < 4 {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        return (if lo.is_finite() { lo.min(0.0) } else { 0.0 }, 0.0);
+    }
+    let m = median(&mut v.to_vec()).unwrap_or(0.0);
+    let mut d: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
+    (m, median(&mut d).unwrap_or(0.0))
 }
 
 /// Spearman rank correlation of two equally long vectors.

@@ -435,22 +435,42 @@ impl Generator {
                 }
             }
         }
-        // Verbs peers: ring neighbours (±1, ±2) on other hosts in each
-        // communicator that carries traffic.
+        // Verbs peers, rail-optimised like NCCL's channels: a rank at local
+        // index j sends to the member at local index j+1 on the next host of
+        // its communicator (so each rank has one QP out and one in per
+        // multi-host communicator); pipeline neighbours on other hosts too.
         let mut link_peers: Vec<Vec<u32>> = vec![Vec::new(); n];
-        for (r, rc) in rank_comms.iter().enumerate() {
-            for &(ci, kind, pos) in rc {
-                if kind == CommKind::World && !dp_only {
-                    continue;
-                }
-                let m = &comms[ci].members;
-                let len = m.len() as i64;
-                let offs: &[i64] = if kind == CommKind::Pp { &[1, -1] } else { &[1, 2, -1, -2] };
-                for off in offs {
-                    let q = m[((pos as i64 + off).rem_euclid(len)) as usize];
-                    if q as usize != r && spec.host_of(q) != spec.host_of(r as u32) && !link_peers[r].contains(&q) {
-                        link_peers[r].push(q);
+        let rph = spec.ranks_per_host;
+        for (ci, c) in comms.iter().enumerate() {
+            if !c.spans_hosts {
+                continue;
+            }
+            let kind = rank_comms[c.members[0] as usize].iter().find(|x| x.0 == ci).map(|x| x.1);
+            if kind == Some(CommKind::World) && !dp_only {
+                continue;
+            }
+            let mut hosts: Vec<usize> = c.members.iter().map(|r| spec.host_of(*r)).collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            for (i, &r) in c.members.iter().enumerate() {
+                let q = if kind == Some(CommKind::Pp) {
+                    match c.members.get(i + 1) {
+                        Some(q) => *q,
+                        None => continue,
                     }
+                } else {
+                    let h = spec.host_of(r);
+                    let hi = hosts.iter().position(|x| *x == h).unwrap_or(0);
+                    let next = hosts[(hi + 1) % hosts.len()];
+                    let want = (r as usize % rph + 1) % rph;
+                    let on_next: Vec<u32> = c.members.iter().copied().filter(|m| spec.host_of(*m) == next).collect();
+                    match on_next.iter().find(|m| **m as usize % rph == want).or(on_next.first()) {
+                        Some(q) => *q,
+                        None => continue,
+                    }
+                };
+                if spec.host_of(q) != spec.host_of(r) && !link_peers[r as usize].contains(&q) {
+                    link_peers[r as usize].push(q);
                 }
             }
         }
