@@ -615,7 +615,7 @@ impl Analyzer {
                 c.key.display_seq(),
                 c.present_ranks.len(),
                 c.present_ranks.len() + c.missing.len(),
-                classify::fmt_ns((now - c.entered_at) as f64),
+                classify::fmt_ns(now.saturating_sub(c.entered_at) as f64),
                 missing.join(", "),
                 if exited.is_empty() { String::new() } else { format!(" — exited: {exited:?}") }
             );

@@ -179,7 +179,7 @@ impl IterationClock {
             .skip(n.saturating_sub(9))
             .zip(self.ends.iter().skip(n.saturating_sub(9) + 1))
             .filter(|(a, b)| b.0 == a.0 + 1)
-            .map(|(a, b)| (b.1 - a.1) as f64)
+            .map(|(a, b)| b.1.saturating_sub(a.1) as f64)
             .collect();
         crate::clock::median(&mut d)
     }
@@ -188,7 +188,7 @@ impl IterationClock {
     pub fn duration_of(&self, k: u64) -> Option<f64> {
         let end = self.end_of(k)?;
         let prev = self.end_of(k.checked_sub(1)?)?;
-        Some((end - prev) as f64)
+        Some(end.saturating_sub(prev) as f64)
     }
 
     pub fn end_of(&self, k: u64) -> Option<CoordNs> {
@@ -209,7 +209,7 @@ impl IterationClock {
         }
         let step = self.step_ns().unwrap_or(f64::INFINITY);
         let extra = if step.is_finite() && step > 0.0 {
-            ((t - last_end) as f64 / step).floor() as u64
+            (t.saturating_sub(last_end) as f64 / step).floor() as u64
         } else {
             0
         };
@@ -227,7 +227,7 @@ impl IterationClock {
 fn detect_period(run: &[(u64, CoordNs, CoordNs)]) -> (u64, u64) {
     let gaps: Vec<(u64, f64)> = run
         .windows(2)
-        .map(|w| (w[1].0, (w[1].1 - w[0].1) as f64))
+        .map(|w| (w[1].0, w[1].1.saturating_sub(w[0].1) as f64))
         .collect();
     let n = gaps.len();
     if n < 4 {

@@ -499,7 +499,7 @@ impl Joiner {
             let due: Vec<InstanceKey> = st
                 .open
                 .iter()
-                .filter(|(_, o)| now - to_coord(&o.first_host, o.first_agent_ns) > self.cfg.hang_timeout_ns)
+                .filter(|(_, o)| now.saturating_sub(to_coord(&o.first_host, o.first_agent_ns)) > self.cfg.hang_timeout_ns)
                 .map(|(k, _)| *k)
                 .collect();
             for key in due {
