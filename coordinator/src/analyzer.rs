@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use dashmap::DashMap;
 use slowrank_shared::wire::{Batch, CollOp, LinkRecord, RankInterval};
 
-use crate::classify::{self, Kind};
+use crate::classify;
 use crate::clock::{median, ClockConfig, ClockError, ClockEstimator, ClockSample, CoordNs};
 use crate::graph::{Node, WaitGraph};
 use crate::intervals::{IntervalObs, IntervalStore};
@@ -256,7 +256,11 @@ impl Analyzer {
                 sum.duplicate_batch = true;
                 return sum;
             }
-            let missing = if a.last_seq != 0 { b.seq - a.last_seq - 1 } else { 0 };
+            let missing = if a.last_seq != 0 {
+                b.seq - a.last_seq - 1
+            } else {
+                0
+            };
             let (rd, sd) = (
                 b.ringbuf_drops.saturating_sub(a.ringbuf_drops),
                 b.spool_drops.saturating_sub(a.spool_drops),
@@ -312,7 +316,10 @@ impl Analyzer {
             sum.accepted += 1;
         }
         for c in &b.comms {
-            if let Err(e) = self.check_rank(c.rank).and_then(|_| self.joiner.register_comm(&host, c)) {
+            if let Err(e) = self
+                .check_rank(c.rank)
+                .and_then(|_| self.joiner.register_comm(&host, c))
+            {
                 self.reject(e);
                 sum.rejected += 1;
             } else {
@@ -335,7 +342,11 @@ impl Analyzer {
                     match o {
                         Offer::Completed(i) => completed.push(i),
                         Offer::Duplicate => sum.duplicates += 1,
-                        Offer::HangProgress { comm_id, key, resolved } => progress.push((comm_id, key, resolved)),
+                        Offer::HangProgress {
+                            comm_id,
+                            key,
+                            resolved,
+                        } => progress.push((comm_id, key, resolved)),
                         Offer::Pending | Offer::Merged => {}
                     }
                     sum.accepted += 1;
@@ -350,7 +361,10 @@ impl Analyzer {
         {
             let mut q = lock(&self.raw_intervals);
             for i in &b.intervals {
-                match self.check_rank(i.rank).and_then(|_| validate::check_interval(i, b.mono_ns, slack)) {
+                match self
+                    .check_rank(i.rank)
+                    .and_then(|_| validate::check_interval(i, b.mono_ns, slack))
+                {
                     Ok(()) if q.len() < cap => {
                         q.push((b.host.clone(), i.clone()));
                         sum.accepted += 1;
@@ -370,7 +384,9 @@ impl Analyzer {
             let mut q = lock(&self.raw_links);
             for l in &b.links {
                 let peer_ok = l.peer_rank >= 0 && l.peer_rank <= u32::MAX as i64;
-                let res = self.check_rank(l.rank).and_then(|_| validate::check_link(l, b.mono_ns, slack));
+                let res = self
+                    .check_rank(l.rank)
+                    .and_then(|_| validate::check_link(l, b.mono_ns, slack));
                 match res {
                     Ok(()) if peer_ok && q.len() < cap => {
                         q.push((b.host.clone(), l.clone()));
@@ -406,7 +422,10 @@ impl Analyzer {
         // World size from any identity seen; unknown → cannot check.
         if let Some(ws) = self.ranks.iter().next().map(|r| r.world_size) {
             if ws != 0 && rank >= ws {
-                return Err(RecordError::RankOutOfRange { rank, world_size: ws });
+                return Err(RecordError::RankOutOfRange {
+                    rank,
+                    world_size: ws,
+                });
             }
         }
         Ok(())
@@ -418,7 +437,9 @@ impl Analyzer {
     }
 
     fn host_of(&self, rank: u32) -> String {
-        self.ranks.get(&rank).map_or_else(|| "?".into(), |r| r.host.clone())
+        self.ranks
+            .get(&rank)
+            .map_or_else(|| "?".into(), |r| r.host.clone())
     }
 
     /// Advances the reasoning to coordinator time `now`; returns verdict and
@@ -433,7 +454,8 @@ impl Analyzer {
         let mut core = lock(&self.core);
         let core = &mut *core;
 
-        let mut aligned: Vec<AlignedInstance> = completed.iter().map(|i| align(i, &clock)).collect();
+        let mut aligned: Vec<AlignedInstance> =
+            completed.iter().map(|i| align(i, &clock)).collect();
         aligned.sort_by_key(|a| a.start);
         for (ji, a) in completed.iter().zip(&aligned) {
             self.completion_check(core, ji, a);
@@ -443,7 +465,8 @@ impl Analyzer {
             core.last_t = Some(core.last_t.map_or(a.end, |t| t.max(a.end)));
             if !a.members.is_empty() && !matches!(a.op, CollOp::Send | CollOp::Recv) {
                 if let crate::join::InstanceKey::Coll(seq) = a.key {
-                    core.iteration.observe(a.comm_id, a.comm_nranks, seq, a.start, a.end);
+                    core.iteration
+                        .observe(a.comm_id, a.comm_nranks, seq, a.start, a.end);
                 }
             }
             core.pending.push_back(a);
@@ -565,13 +588,22 @@ impl Analyzer {
         }
     }
 
-    fn hang_events(&self, core: &mut Core, now: CoordNs, progress: Vec<(u64, crate::join::InstanceKey, bool)>) -> Vec<VerdictEvent> {
+    fn hang_events(
+        &self,
+        core: &mut Core,
+        now: CoordNs,
+        progress: Vec<(u64, crate::join::InstanceKey, bool)>,
+    ) -> Vec<VerdictEvent> {
         let mut events = Vec::new();
         for (comm, key, resolved) in progress {
             if !resolved {
                 continue;
             }
-            for h in core.hangs.iter_mut().filter(|h| h.active && h.candidate.comm_id == comm && h.candidate.key == key) {
+            for h in core
+                .hangs
+                .iter_mut()
+                .filter(|h| h.active && h.candidate.comm_id == comm && h.candidate.key == key)
+            {
                 h.active = false;
                 events.push(VerdictEvent {
                     event: EventKind::HangResolved,
@@ -593,7 +625,11 @@ impl Analyzer {
             let exited: Vec<u32> = c
                 .missing
                 .iter()
-                .filter(|m| self.ranks.get(&m.rank).is_some_and(|r| r.exited_at.is_some()))
+                .filter(|m| {
+                    self.ranks
+                        .get(&m.rank)
+                        .is_some_and(|r| r.exited_at.is_some())
+                })
                 .map(|m| m.rank)
                 .collect();
             let missing: Vec<String> = c
@@ -604,7 +640,8 @@ impl Analyzer {
                         "rank {} on {} (last completed instance {})",
                         m.rank,
                         if m.host.is_empty() { "?" } else { &m.host },
-                        m.last_completed_seq.map_or_else(|| "none".into(), |s| s.to_string())
+                        m.last_completed_seq
+                            .map_or_else(|| "none".into(), |s| s.to_string())
                     )
                 })
                 .collect();
@@ -679,13 +716,10 @@ impl Analyzer {
             }
         }
         core.stats.judge_blame(&mut scores, &rank_blame);
-        if std::env::var_os("SLOWRANK_DEBUG_SCORES").is_some() {
-            for s in scores.iter().filter(|s| k % 20 == 5) {
-                eprintln!("{s:?}");
-            }
-        }
         let (from, to) = (
-            k.checked_sub(1).and_then(|p| core.iteration.end_of(p)).unwrap_or(CoordNs::MIN),
+            k.checked_sub(1)
+                .and_then(|p| core.iteration.end_of(p))
+                .unwrap_or(CoordNs::MIN),
             core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
         );
         let min_frac = core.stats.config().min_step_fraction;
@@ -778,7 +812,13 @@ impl Analyzer {
         let events = core.lifecycle.step(k, obs);
         for e in &events {
             if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
-                self.snapshot(core, v.id, v.first_seen_iteration, v.link.as_ref().map(|l| l.ranks), v.rank);
+                self.snapshot(
+                    core,
+                    v.id,
+                    v.first_seen_iteration,
+                    v.link.as_ref().map(|l| l.ranks),
+                    v.rank,
+                );
             }
         }
         events
@@ -787,7 +827,9 @@ impl Analyzer {
     fn snapshot(&self, core: &mut Core, id: u64, first_it: u64, link: Option<[u32; 2]>, rank: u32) {
         let lo = first_it.saturating_sub(1);
         let involves = |a: &AlignedInstance| match link {
-            Some([x, y]) => a.members.iter().any(|m| m.rank == x) && a.members.iter().any(|m| m.rank == y),
+            Some([x, y]) => {
+                a.members.iter().any(|m| m.rank == x) && a.members.iter().any(|m| m.rank == y)
+            }
             None => a.members.iter().any(|m| m.rank == rank),
         };
         let snap: Vec<(u64, AlignedInstance)> = core
@@ -814,7 +856,8 @@ impl Analyzer {
     /// The cluster report (`report.json` / the human table).
     pub fn report(&self) -> Report {
         let core = lock(&self.core);
-        let mut hosts: Vec<crate::clock::HostClock> = self.clocks.iter().map(|c| c.summary(c.key())).collect();
+        let mut hosts: Vec<crate::clock::HostClock> =
+            self.clocks.iter().map(|c| c.summary(c.key())).collect();
         hosts.sort_by(|a, b| a.host.cmp(&b.host));
         let ranks: Vec<RankInfo> = {
             let mut v: Vec<RankInfo> = self.ranks.iter().map(|r| r.clone()).collect();
@@ -826,15 +869,23 @@ impl Analyzer {
             (Some(a), Some(b)) => (b - a) as f64 / 1e9,
             _ => 0.0,
         };
-        let mut verdicts: Vec<crate::verdict::Verdict> = core.lifecycle.verdicts().cloned().collect();
-        verdicts.sort_by(|a, b| b.active.cmp(&a.active).then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds)));
+        let mut verdicts: Vec<crate::verdict::Verdict> =
+            core.lifecycle.verdicts().cloned().collect();
+        verdicts.sort_by(|a, b| {
+            b.active
+                .cmp(&a.active)
+                .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
+        });
         let counters = lock(&self.counters).clone();
         let join = self.joiner.counters();
         report::Report {
             schema: report::SCHEMA.into(),
             generated_at: Utc::now(),
             job: report::JobInfo {
-                job_id: ranks.iter().map(|r| r.job_id.clone()).find(|j| !j.is_empty()),
+                job_id: ranks
+                    .iter()
+                    .map(|r| r.job_id.clone())
+                    .find(|j| !j.is_empty()),
                 world_size: ranks.first().map_or(0, |r| r.world_size),
                 ranks_seen: ranks.len(),
                 hosts: hosts.len(),
@@ -847,7 +898,10 @@ impl Analyzer {
             },
             clock: report::ClockInfo {
                 max_error_us: {
-                    let e = hosts.iter().filter_map(|h| h.error_bound_us).fold(0.0, f64::max);
+                    let e = hosts
+                        .iter()
+                        .filter_map(|h| h.error_bound_us)
+                        .fold(0.0, f64::max);
                     if hosts.iter().any(|h| h.error_bound_us.is_none()) {
                         None
                     } else {
@@ -909,17 +963,31 @@ impl Analyzer {
             sections.push(crate::trace::Section {
                 title: "recent collectives".into(),
                 focus: Vec::new(),
-                instances: core.recent.iter().skip(n.saturating_sub(256)).map(|x| &x.1).collect(),
+                instances: core
+                    .recent
+                    .iter()
+                    .skip(n.saturating_sub(256))
+                    .map(|x| &x.1)
+                    .collect(),
             });
         }
-        let hosts: HashMap<u32, String> = self.ranks.iter().map(|r| (r.rank, r.host.clone())).collect();
+        let hosts: HashMap<u32, String> = self
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.host.clone()))
+            .collect();
         crate::trace::render(&sections, &hosts)
     }
 
     /// Gauges and counters for `/metrics`.
     pub fn metrics(&self) -> Metrics {
         let core = lock(&self.core);
-        let mut lateness: Vec<(u32, f64)> = core.stats.lateness_gauge().iter().map(|(r, l)| (*r, *l)).collect();
+        let mut lateness: Vec<(u32, f64)> = core
+            .stats
+            .lateness_gauge()
+            .iter()
+            .map(|(r, l)| (*r, *l))
+            .collect();
         lateness.sort_by_key(|x| x.0);
         let mut clock: Vec<(String, f64)> = self
             .clocks
@@ -927,7 +995,11 @@ impl Analyzer {
             .map(|c| (c.key().clone(), c.error_bound_ns()))
             .collect();
         clock.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut lost: Vec<(u32, f64)> = core.lost_by_root.iter().map(|(r, l)| (*r, *l / 1e9)).collect();
+        let mut lost: Vec<(u32, f64)> = core
+            .lost_by_root
+            .iter()
+            .map(|(r, l)| (*r, *l / 1e9))
+            .collect();
         lost.sort_by_key(|x| x.0);
         Metrics {
             rank_lateness_ns: lateness,
@@ -996,16 +1068,34 @@ impl Metrics {
         gauge(
             "slowrank_rank_lateness_seconds",
             "EWMA of the rank's lateness vs the median arrival on its reference communicator",
-            self.rank_lateness_ns.iter().map(|(r, l)| (format!("{{rank=\"{r}\"}}"), l / 1e9)).collect(),
+            self.rank_lateness_ns
+                .iter()
+                .map(|(r, l)| (format!("{{rank=\"{r}\"}}"), l / 1e9))
+                .collect(),
         );
         gauge(
             "slowrank_rank_attributed_wait_gpu_seconds",
             "GPU time others spent waiting, attributed to this rank as a root",
-            self.rank_wait_attributed_gpu_seconds.iter().map(|(r, l)| (format!("{{rank=\"{r}\"}}"), *l)).collect(),
+            self.rank_wait_attributed_gpu_seconds
+                .iter()
+                .map(|(r, l)| (format!("{{rank=\"{r}\"}}"), *l))
+                .collect(),
         );
-        gauge("slowrank_verdicts_active", "Open verdicts", vec![(String::new(), self.verdicts_active as f64)]);
-        gauge("slowrank_verdicts_total", "Verdicts ever opened", vec![(String::new(), self.verdicts_total as f64)]);
-        gauge("slowrank_hangs_active", "Hung collective instances", vec![(String::new(), self.hangs_active as f64)]);
+        gauge(
+            "slowrank_verdicts_active",
+            "Open verdicts",
+            vec![(String::new(), self.verdicts_active as f64)],
+        );
+        gauge(
+            "slowrank_verdicts_total",
+            "Verdicts ever opened",
+            vec![(String::new(), self.verdicts_total as f64)],
+        );
+        gauge(
+            "slowrank_hangs_active",
+            "Hung collective instances",
+            vec![(String::new(), self.hangs_active as f64)],
+        );
         gauge(
             "slowrank_clock_error_seconds",
             "Clock error bound per host",
@@ -1015,8 +1105,16 @@ impl Metrics {
                 .map(|(h, e)| (format!("{{host=\"{h}\"}}"), e / 1e9))
                 .collect(),
         );
-        gauge("slowrank_open_instances", "Collective instances waiting for members", vec![(String::new(), self.open_instances as f64)]);
-        gauge("slowrank_iterations_sealed", "Iterations analysed", vec![(String::new(), self.iterations_sealed as f64)]);
+        gauge(
+            "slowrank_open_instances",
+            "Collective instances waiting for members",
+            vec![(String::new(), self.open_instances as f64)],
+        );
+        gauge(
+            "slowrank_iterations_sealed",
+            "Iterations analysed",
+            vec![(String::new(), self.iterations_sealed as f64)],
+        );
         let mut rows = vec![
             ("batches", self.ingest.batches),
             ("duplicate_batches", self.ingest.duplicate_batches),
@@ -1028,7 +1126,10 @@ impl Metrics {
             ("evicted_instances", self.evicted_instances),
         ];
         rows.sort();
-        let _ = writeln!(s, "# HELP slowrank_ingest_total Ingest counters\n# TYPE slowrank_ingest_total counter");
+        let _ = writeln!(
+            s,
+            "# HELP slowrank_ingest_total Ingest counters\n# TYPE slowrank_ingest_total counter"
+        );
         for (k, v) in rows {
             let _ = writeln!(s, "slowrank_ingest_total{{what=\"{k}\"}} {v}");
         }
@@ -1038,9 +1139,4 @@ impl Metrics {
         }
         s
     }
-}
-
-/// Verdict kinds as the report names them.
-pub fn kind_name(k: Kind) -> &'static str {
-    k.as_str()
 }

@@ -65,7 +65,12 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
 /// Classifies a straggler from its suspicious iterations (`window`, not empty)
 /// and corroborating evidence. `persistence` is the Spearman ρ of lateness
 /// order across consecutive instances on its reference communicator.
-pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persistence: Option<f64>, min_step_fraction: f64) -> Classification {
+pub fn classify_straggler(
+    window: &[RankScore],
+    cpu: Option<&CpuEvidence>,
+    persistence: Option<f64>,
+    min_step_fraction: f64,
+) -> Classification {
     let n = window.len().max(1) as f64;
     let late = mean(window.iter().map(|s| s.late_ns));
     let unexplained = mean(window.iter().map(|s| s.unexplained_ns));
@@ -94,7 +99,10 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
         pos
     ));
     if inflicted > 0.0 {
-        ev.push(format!("others waited {} per iteration in instances it arrived last", fmt_ns(inflicted)));
+        ev.push(format!(
+            "others waited {} per iteration in instances it arrived last",
+            fmt_ns(inflicted)
+        ));
     }
     if blame_excess > 0.05 * step {
         ev.push(format!(
@@ -116,13 +124,26 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
 
     // Per-instance means: a late start of the step shows in every instance
     // of the iteration, a longer sync wait once per iteration.
-    let host_mean = mean(window.iter().map(|s| s.host_late_ns / s.ref_n.max(1) as f64));
-    let gpu_mean = mean(window.iter().filter(|s| s.gpu_n > 0).map(|s| s.gpu_late_ns.unwrap_or(0.0) / s.gpu_n as f64));
+    let host_mean = mean(
+        window
+            .iter()
+            .map(|s| s.host_late_ns / s.ref_n.max(1) as f64),
+    );
+    let gpu_mean = mean(
+        window
+            .iter()
+            .filter(|s| s.gpu_n > 0)
+            .map(|s| s.gpu_late_ns.unwrap_or(0.0) / s.gpu_n as f64),
+    );
     // A host-slow rank's GPU drains while its host is late, so it waits
     // *less* in GPU syncs than its peers by about its lateness. A compute-slow
     // rank's host may start late too (it waited for its own GPU at the end of
     // the previous step) but its sync waits do not shrink.
-    let drained = if host_mean > 0.0 { (-sync_excess).max(0.0) / host_mean } else { 0.0 };
+    let drained = if host_mean > 0.0 {
+        (-sync_excess).max(0.0) / host_mean
+    } else {
+        0.0
+    };
     let (kind, clarity) = if gpu_known && host_mean < 0.5 * gpu_mean {
         ev.push(format!(
             "GPU-side lateness {} per collective vs host-side {}",
@@ -139,7 +160,10 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
             fmt_ns(-sync_excess)
         ));
         ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
-        (Kind::Host, drained.min(1.0) * if gpu_known { 1.0 } else { 0.8 })
+        (
+            Kind::Host,
+            drained.min(1.0) * if gpu_known { 1.0 } else { 0.8 },
+        )
     } else {
         ev.push(format!(
             "host-side lateness {} per collective{} but its sync waits did not shrink ({} vs peers): its GPU is the bottleneck",
@@ -147,8 +171,13 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
             if gpu_known { format!(", GPU-side {}", fmt_ns(gpu_mean)) } else { String::new() },
             fmt_ns(sync_excess)
         ));
-        ev.push("the host starts each step late only because it waited for its own slow GPU".into());
-        (Kind::Compute, (1.0 - drained).clamp(0.0, 1.0) * if gpu_known { 0.9 } else { 0.7 })
+        ev.push(
+            "the host starts each step late only because it waited for its own slow GPU".into(),
+        );
+        (
+            Kind::Compute,
+            (1.0 - drained).clamp(0.0, 1.0) * if gpu_known { 0.9 } else { 0.7 },
+        )
     };
     if kind == Kind::Host {
         if let Some(c) = cpu {
@@ -174,7 +203,10 @@ pub fn classify_straggler(window: &[RankScore], cpu: Option<&CpuEvidence>, persi
             }
         }
     } else if sync_excess > 0.0 {
-        ev.push(format!("its host waits {} per iteration longer than peers in GPU syncs", fmt_ns(sync_excess)));
+        ev.push(format!(
+            "its host waits {} per iteration longer than peers in GPU syncs",
+            fmt_ns(sync_excess)
+        ));
     }
     ev.push(format!("clock error bound {} at decision", fmt_ns(err)));
     let own = unexplained.max(blame_excess / 2.0);
@@ -205,7 +237,9 @@ pub fn classify_nic(n: &SlowNic, median_ns: f64, transfer_ratio: Option<f64>) ->
         "its arrivals are on time: the time goes into transfers".into(),
     ];
     if let Some(r) = transfer_ratio {
-        ev.push(format!("collectives it takes part in transfer {r:.2}× longer than others"));
+        ev.push(format!(
+            "collectives it takes part in transfer {r:.2}× longer than others"
+        ));
     }
     let share = n.slow_peers.len() as f64 / n.peers.max(1) as f64;
     Classification {
@@ -278,8 +312,14 @@ mod tests {
 
     #[test]
     fn host_only_long_sync_is_compute_short_sync_is_host() {
-        assert_eq!(classify_straggler(&[score(4e6, None, 3e6)], None, None, 0.04).kind, Kind::Compute);
-        assert_eq!(classify_straggler(&[score(4e6, None, 0.0)], None, None, 0.04).kind, Kind::Compute);
+        assert_eq!(
+            classify_straggler(&[score(4e6, None, 3e6)], None, None, 0.04).kind,
+            Kind::Compute
+        );
+        assert_eq!(
+            classify_straggler(&[score(4e6, None, 0.0)], None, None, 0.04).kind,
+            Kind::Compute
+        );
         let h = classify_straggler(&[score(4e6, None, -2e6)], None, None, 0.04);
         assert_eq!(h.kind, Kind::Host);
         assert!(h.confidence <= 0.8);

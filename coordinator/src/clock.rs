@@ -175,7 +175,10 @@ impl ClockEstimator {
         self.fit = fit_line(&pts).and_then(|first| {
             // One pass of outlier rejection: a bucket whose best probe was
             // still queued (all probes of that second delayed) bends the line.
-            let resid: Vec<f64> = pts.iter().map(|k| (k.theta - eval(&first, k.agent_ns)).abs()).collect();
+            let resid: Vec<f64> = pts
+                .iter()
+                .map(|k| (k.theta - eval(&first, k.agent_ns)).abs())
+                .collect();
             let mad = median(&mut resid.clone()).unwrap_or(0.0);
             let limit = (4.0 * 1.4826 * mad).max(20_000.0);
             let inliers: Vec<Kept> = pts
@@ -414,8 +417,14 @@ mod tests {
             }
             let summary = est.summary("h");
             let drift = summary.drift_ppm.unwrap();
-            assert!((drift - truth.drift_ppm).abs() < 2.0, "host {h}: drift {drift}");
-            assert!(summary.error_bound_us.unwrap() < 60.0, "host {h}: {summary:?}");
+            assert!(
+                (drift - truth.drift_ppm).abs() < 2.0,
+                "host {h}: drift {drift}"
+            );
+            assert!(
+                summary.error_bound_us.unwrap() < 60.0,
+                "host {h}: {summary:?}"
+            );
         }
     }
 
@@ -448,7 +457,8 @@ mod tests {
         let mut rng = Rng::new(3);
         let mut est = ClockEstimator::new(ClockConfig::default());
         for i in 0..100u64 {
-            est.add_sample(truth.probe(i * 100_000_000, &mut rng)).unwrap();
+            est.add_sample(truth.probe(i * 100_000_000, &mut rng))
+                .unwrap();
         }
         let bound = est.error_bound_ns();
         let before = est.to_coord(5_000_000_000);

@@ -72,14 +72,20 @@ impl WaitGraph {
     /// Total wait others spent on `n` directly (ns).
     pub fn inflicted(&self, n: Node) -> f64 {
         self.idx.get(&n).map_or(0.0, |i| {
-            self.g.edges_directed(*i, Direction::Incoming).map(|e| *e.weight()).sum()
+            self.g
+                .edges_directed(*i, Direction::Incoming)
+                .map(|e| *e.weight())
+                .sum()
         })
     }
 
     /// Total wait `n` spent on others (ns).
     pub fn suffered(&self, n: Node) -> f64 {
         self.idx.get(&n).map_or(0.0, |i| {
-            self.g.edges_directed(*i, Direction::Outgoing).map(|e| *e.weight()).sum()
+            self.g
+                .edges_directed(*i, Direction::Outgoing)
+                .map(|e| *e.weight())
+                .sum()
         })
     }
 
@@ -100,8 +106,16 @@ impl WaitGraph {
                 if f <= 0.0 {
                     continue;
                 }
-                let p = pass_through.get(&self.g[i]).copied().unwrap_or(0.0).clamp(0.0, 1.0);
-                let out: f64 = self.g.edges_directed(i, Direction::Outgoing).map(|e| *e.weight()).sum();
+                let p = pass_through
+                    .get(&self.g[i])
+                    .copied()
+                    .unwrap_or(0.0)
+                    .clamp(0.0, 1.0);
+                let out: f64 = self
+                    .g
+                    .edges_directed(i, Direction::Outgoing)
+                    .map(|e| *e.weight())
+                    .sum();
                 if p <= 0.0 || out <= 0.0 {
                     rest[i.index()] += f;
                     continue;

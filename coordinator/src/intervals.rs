@@ -57,7 +57,13 @@ impl IntervalStore {
         (dur > 0.0).then(|| (runq / dur, off / dur, launches / dur * 1e9))
     }
 
-    pub fn evidence(&self, rank: u32, peers: &[u32], from: CoordNs, to: CoordNs) -> Option<CpuEvidence> {
+    pub fn evidence(
+        &self,
+        rank: u32,
+        peers: &[u32],
+        from: CoordNs,
+        to: CoordNs,
+    ) -> Option<CpuEvidence> {
         let (r, o, l) = self.fractions(rank, from, to)?;
         let others: Vec<(f64, f64, f64)> = peers
             .iter()
@@ -67,7 +73,9 @@ impl IntervalStore {
         if others.is_empty() {
             return None;
         }
-        let m = |f: fn(&(f64, f64, f64)) -> f64| median(&mut others.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0);
+        let m = |f: fn(&(f64, f64, f64)) -> f64| {
+            median(&mut others.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0)
+        };
         Some(CpuEvidence {
             runq_frac: r,
             runq_frac_peers: m(|x| x.0),

@@ -108,7 +108,9 @@ impl IterationClock {
     }
 
     fn try_lock(&mut self) {
-        let Some((nranks, comm_id)) = self.candidate else { return };
+        let Some((nranks, comm_id)) = self.candidate else {
+            return;
+        };
         // Longest run of consecutive sequence numbers from the lowest one.
         let mut run: Vec<(u64, CoordNs, CoordNs)> = Vec::new();
         for (&s, &(a, b)) in &self.pending {
@@ -266,10 +268,7 @@ fn detect_period(run: &[(u64, CoordNs, CoordNs)]) -> (u64, u64) {
     if top < 0.5 {
         return (1, 0);
     }
-    let p = best
-        .iter()
-        .find(|b| b.1 >= top - 0.05)
-        .map_or(1, |b| b.0);
+    let p = best.iter().find(|b| b.1 >= top - 0.05).map_or(1, |b| b.0);
     // The residue after the longest mean gap starts a step.
     let mut sum = vec![0.0; p as usize];
     let mut cnt = vec![0usize; p as usize];

@@ -163,7 +163,10 @@ pub enum Expired {
     Hang(HangCandidate),
     /// Incomplete, but every missing member was heard from later: records
     /// were lost, nothing hung.
-    Incomplete { comm_id: u64, key: InstanceKey },
+    Incomplete {
+        comm_id: u64,
+        key: InstanceKey,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -321,7 +324,9 @@ impl Joiner {
         self.comms.get(&comm_id).map(|st| CommInfo {
             comm_id,
             nranks: st.nranks,
-            ranks: (0..st.nranks).map(|p| st.slots.get(&p).map(|s| s.rank)).collect(),
+            ranks: (0..st.nranks)
+                .map(|p| st.slots.get(&p).map(|s| s.rank))
+                .collect(),
         })
     }
 
@@ -499,7 +504,10 @@ impl Joiner {
             let due: Vec<InstanceKey> = st
                 .open
                 .iter()
-                .filter(|(_, o)| now.saturating_sub(to_coord(&o.first_host, o.first_agent_ns)) > self.cfg.hang_timeout_ns)
+                .filter(|(_, o)| {
+                    now.saturating_sub(to_coord(&o.first_host, o.first_agent_ns))
+                        > self.cfg.hang_timeout_ns
+                })
                 .map(|(k, _)| *k)
                 .collect();
             for key in due {
@@ -612,11 +620,17 @@ mod tests {
         assert!(matches!(j.offer(&h, rec(2, 0, 5)).unwrap(), Offer::Pending));
         assert!(matches!(j.offer(&h, rec(0, 1, 9)).unwrap(), Offer::Pending));
         assert!(matches!(j.offer(&h, rec(0, 0, 4)).unwrap(), Offer::Pending));
-        assert!(matches!(j.offer(&h, rec(2, 0, 5)).unwrap(), Offer::Duplicate));
+        assert!(matches!(
+            j.offer(&h, rec(2, 0, 5)).unwrap(),
+            Offer::Duplicate
+        ));
         match j.offer(&h, rec(1, 0, 6)).unwrap() {
             Offer::Completed(i) => {
                 assert_eq!(i.key, InstanceKey::Coll(0));
-                assert_eq!(i.members.iter().map(|m| m.rank).collect::<Vec<_>>(), vec![0, 1, 2]);
+                assert_eq!(
+                    i.members.iter().map(|m| m.rank).collect::<Vec<_>>(),
+                    vec![0, 1, 2]
+                );
             }
             o => panic!("{o:?}"),
         }
@@ -631,8 +645,14 @@ mod tests {
         let (j, h) = joiner(2);
         let mut r = rec(0, 0, 1);
         r.comm_id = 99;
-        assert!(matches!(j.offer(&h, r), Err(RecordError::UnknownCommunicator { .. })));
-        assert!(matches!(j.offer(&h, rec(5, 0, 1)), Err(RecordError::NotAMember { .. })));
+        assert!(matches!(
+            j.offer(&h, r),
+            Err(RecordError::UnknownCommunicator { .. })
+        ));
+        assert!(matches!(
+            j.offer(&h, rec(5, 0, 1)),
+            Err(RecordError::NotAMember { .. })
+        ));
         assert!(matches!(
             j.register_comm(&h, &comm(9, 0, 3)),
             Err(RecordError::CommSizeConflict { .. })
@@ -648,7 +668,10 @@ mod tests {
         assert!(j.open_instances() <= 8);
         assert_eq!(j.counters().evicted, 92);
         // Rank 1's record for an evicted instance is late, not a new instance.
-        assert!(matches!(j.offer(&h, rec(1, 3, 13)), Err(RecordError::Late { .. })));
+        assert!(matches!(
+            j.offer(&h, rec(1, 3, 13)),
+            Err(RecordError::Late { .. })
+        ));
     }
 
     #[test]
@@ -665,7 +688,9 @@ mod tests {
         assert!(j.expire(1_000, |_, t| t as i64).is_empty());
         let exp = j.expire(1_300, |_, t| t as i64);
         assert_eq!(exp.len(), 1);
-        let Expired::Hang(hc) = &exp[0] else { panic!("{exp:?}") };
+        let Expired::Hang(hc) = &exp[0] else {
+            panic!("{exp:?}")
+        };
         assert_eq!(hc.key, InstanceKey::Coll(5));
         assert_eq!(hc.present_ranks, vec![0, 2]);
         assert_eq!(hc.missing.len(), 1);
@@ -685,7 +710,10 @@ mod tests {
         j.offer(&h, rec(0, 1, 20)).unwrap();
         j.offer(&h, rec(1, 1, 21)).unwrap();
         let exp = j.expire(5_000, |_, t| t as i64);
-        assert!(matches!(exp.as_slice(), [Expired::Incomplete { .. }]), "{exp:?}");
+        assert!(
+            matches!(exp.as_slice(), [Expired::Incomplete { .. }]),
+            "{exp:?}"
+        );
     }
 
     #[test]

@@ -113,7 +113,12 @@ impl LinkStats {
 
     /// Mean latency per pair over `[from, to]`; a pair with nothing in the
     /// window uses its latest interval if it ended less than `stale_ns` ago.
-    fn latencies(&self, from: CoordNs, to: CoordNs, stale_ns: i64) -> HashMap<(u32, u32), (f64, u64)> {
+    fn latencies(
+        &self,
+        from: CoordNs,
+        to: CoordNs,
+        stale_ns: i64,
+    ) -> HashMap<(u32, u32), (f64, u64)> {
         let mut out = HashMap::new();
         for (k, q) in &self.pairs {
             let (mut lat, mut n) = (0u64, 0u64);
@@ -122,7 +127,11 @@ impl LinkStats {
                 n += o.completions;
             }
             if n == 0 {
-                if let Some(o) = q.iter().rev().find(|o| o.end <= to && to - o.end <= stale_ns) {
+                if let Some(o) = q
+                    .iter()
+                    .rev()
+                    .find(|o| o.end <= to && to - o.end <= stale_ns)
+                {
                     lat = o.latency_sum_ns;
                     n = o.completions;
                 }

@@ -89,7 +89,9 @@ pub fn render_human(r: &Report) -> String {
         r.job.world_size,
         r.job.hosts,
         r.job.iterations_observed,
-        r.job.step_time_ms.map_or(String::new(), |t| format!(" · step {t:.1} ms"))
+        r.job
+            .step_time_ms
+            .map_or(String::new(), |t| format!(" · step {t:.1} ms"))
     );
     let _ = writeln!(s);
     if r.verdicts.is_empty() && r.hangs.is_empty() {
@@ -109,14 +111,19 @@ pub fn render_human(r: &Report) -> String {
         let _ = writeln!(s, "NOW   {}", v.headline());
     }
     for v in r.verdicts.iter().filter(|v| !v.active) {
-        let _ = writeln!(s, "WAS   {} (cleared at iteration {})", v.headline(), v.closed_iteration.map_or("?".into(), |i| i.to_string()));
+        let _ = writeln!(
+            s,
+            "WAS   {} (cleared at iteration {})",
+            v.headline(),
+            v.closed_iteration.map_or("?".into(), |i| i.to_string())
+        );
     }
     if !r.verdicts.is_empty() {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>10}  {}",
-            "rank", "host", "kind", "conf", "since iter", "active", "lost GPU-s", "link"
+            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>10}  link",
+            "rank", "host", "kind", "conf", "since iter", "active", "lost GPU-s"
         );
         for v in &r.verdicts {
             let _ = writeln!(
@@ -129,7 +136,9 @@ pub fn render_human(r: &Report) -> String {
                 v.first_seen_iteration,
                 if v.active { "yes" } else { "no" },
                 v.lost_gpu_seconds,
-                v.link.as_ref().map_or(String::new(), |l| format!("{}↔{}", l.ranks[0], l.ranks[1]))
+                v.link
+                    .as_ref()
+                    .map_or(String::new(), |l| format!("{}↔{}", l.ranks[0], l.ranks[1]))
             );
         }
         for v in &r.verdicts {
@@ -142,7 +151,14 @@ pub fn render_human(r: &Report) -> String {
     }
     for h in &r.hangs {
         let _ = writeln!(s);
-        let _ = writeln!(s, "hang on {} ({} #{}), {}:", h.communicator, h.op, h.sequence, if h.active { "active" } else { "resolved" });
+        let _ = writeln!(
+            s,
+            "hang on {} ({} #{}), {}:",
+            h.communicator,
+            h.op,
+            h.sequence,
+            if h.active { "active" } else { "resolved" }
+        );
         let _ = writeln!(s, "  - arrived: {}", fmt_ranks(&h.present_ranks));
         for m in &h.missing {
             let _ = writeln!(
@@ -151,7 +167,8 @@ pub fn render_human(r: &Report) -> String {
                 m.rank,
                 m.host,
                 m.last_seq_seen.map_or("none".into(), |x| x.to_string()),
-                m.last_completed_seq.map_or("none".into(), |x| x.to_string())
+                m.last_completed_seq
+                    .map_or("none".into(), |x| x.to_string())
             );
         }
         if !h.exited_ranks.is_empty() {
@@ -162,14 +179,20 @@ pub fn render_human(r: &Report) -> String {
     let _ = writeln!(
         s,
         "clock: max error {} over {} hosts",
-        r.clock.max_error_us.map_or("unknown".into(), |e| format!("{e:.0} µs")),
+        r.clock
+            .max_error_us
+            .map_or("unknown".into(), |e| format!("{e:.0} µs")),
         r.clock.hosts.len()
     );
     let rejected: u64 = r.ingest.counters.records_rejected.values().sum();
     let _ = writeln!(
         s,
         "ingest: {} batches, {} records, {} rejected, {} batches missing, {} ring-buffer drops",
-        r.ingest.counters.batches, r.ingest.counters.records_accepted, rejected, r.ingest.counters.missing_batches, r.ingest.counters.ringbuf_drops
+        r.ingest.counters.batches,
+        r.ingest.counters.records_accepted,
+        rejected,
+        r.ingest.counters.missing_batches,
+        r.ingest.counters.ringbuf_drops
     );
     s
 }
@@ -177,6 +200,12 @@ pub fn render_human(r: &Report) -> String {
 fn fmt_ranks(r: &[u32]) -> String {
     match r {
         [one] => format!("rank {one}"),
-        _ => format!("ranks {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "ranks {}",
+            r.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }

@@ -81,7 +81,10 @@ fn dead_zone(x: f64, err: f64) -> f64 {
 }
 
 /// Aligns an instance; `clock(host, agent_ns)` gives `(coordinator ns, error bound ns)`.
-pub fn align(inst: &JoinedInstance, clock: &impl Fn(&str, u64) -> (CoordNs, f64)) -> AlignedInstance {
+pub fn align(
+    inst: &JoinedInstance,
+    clock: &impl Fn(&str, u64) -> (CoordNs, f64),
+) -> AlignedInstance {
     let mut hosts_err: HashMap<&str, f64> = HashMap::new();
     let members: Vec<AlignedMember> = inst
         .members
@@ -115,7 +118,10 @@ pub fn align(inst: &JoinedInstance, clock: &impl Fn(&str, u64) -> (CoordNs, f64)
     let basis = if all_gpu { Basis::Gpu } else { Basis::Host };
     let host_arr: Vec<CoordNs> = members.iter().map(|m| m.host_entry).collect();
     let arrival: Vec<CoordNs> = match basis {
-        Basis::Gpu => members.iter().map(|m| m.gpu_arrive.unwrap_or(m.host_entry)).collect(),
+        Basis::Gpu => members
+            .iter()
+            .map(|m| m.gpu_arrive.unwrap_or(m.host_entry))
+            .collect(),
         Basis::Host => host_arr.clone(),
     };
     let med = med_i(&arrival);
@@ -124,8 +130,14 @@ pub fn align(inst: &JoinedInstance, clock: &impl Fn(&str, u64) -> (CoordNs, f64)
     let gpu_med = (gpus.len() >= 2).then(|| med_i(&gpus));
     let last_arrival = *arrival.iter().max().unwrap_or(&0);
     let last = arrival.iter().position(|a| *a == last_arrival).unwrap_or(0);
-    let lateness = arrival.iter().map(|a| dead_zone(*a as f64 - med, err_ns)).collect();
-    let host_lateness = host_arr.iter().map(|a| dead_zone(*a as f64 - host_med, err_ns)).collect();
+    let lateness = arrival
+        .iter()
+        .map(|a| dead_zone(*a as f64 - med, err_ns))
+        .collect();
+    let host_lateness = host_arr
+        .iter()
+        .map(|a| dead_zone(*a as f64 - host_med, err_ns))
+        .collect();
     let gpu_lateness = members
         .iter()
         .map(|m| match (m.gpu_arrive, gpu_med) {
@@ -330,16 +342,21 @@ impl Stats {
         if !p2p {
             let n = inst.members.len() as u32;
             let ranks: Vec<u32> = inst.members.iter().map(|m| m.rank).collect();
-            self.comm_members.entry(inst.comm_id).or_insert_with(|| ranks.clone());
+            self.comm_members
+                .entry(inst.comm_id)
+                .or_insert_with(|| ranks.clone());
             for r in &ranks {
                 let e = self.rank_ref.entry(*r).or_insert((n, inst.comm_id));
                 if n > e.0 || (n == e.0 && inst.comm_id < e.1) {
                     *e = (n, inst.comm_id);
                 }
             }
-            if n >= 3 && n <= 4096 {
+            if (3..=4096).contains(&n) {
                 let cur: Vec<f64> = inst.arrival.iter().map(|a| *a as f64).collect();
-                let entry = self.spearman.entry(inst.comm_id).or_insert((Vec::new(), None));
+                let entry = self
+                    .spearman
+                    .entry(inst.comm_id)
+                    .or_insert((Vec::new(), None));
                 if entry.0.len() == cur.len() {
                     let rho = spearman(&entry.0, &cur);
                     entry.1 = Some(entry.1.map_or(rho, |o| 0.9 * o + 0.1 * rho));
@@ -360,14 +377,21 @@ impl Stats {
         let last_rank = inst.members[inst.last].rank;
         let inflicted: f64 = inst.wait.iter().sum();
         for (i, m) in inst.members.iter().enumerate() {
-            let is_ref = !p2p && self.rank_ref.get(&m.rank).is_some_and(|r| r.1 == inst.comm_id);
+            let is_ref = !p2p
+                && self
+                    .rank_ref
+                    .get(&m.rank)
+                    .is_some_and(|r| r.1 == inst.comm_id);
             let acc = bucket.ranks.entry(m.rank).or_default();
             acc.coll_n += 1;
             acc.sync_wait += m.sync_wait_ns as f64;
             acc.launches += m.launches as u64;
             acc.wait_all += inst.wait[i];
             acc.err_max = acc.err_max.max(inst.err_ns);
-            acc.first_t = Some(acc.first_t.map_or(inst.arrival[i], |t| t.min(inst.arrival[i])));
+            acc.first_t = Some(
+                acc.first_t
+                    .map_or(inst.arrival[i], |t| t.min(inst.arrival[i])),
+            );
             if m.ret != 0 {
                 acc.nccl_errors += 1;
             }
@@ -389,7 +413,11 @@ impl Stats {
                 if i == inst.last {
                     acc.last_n += 1;
                 }
-                acc.pos_sum += if n > 1 { pos[i] as f64 / (n - 1) as f64 } else { 0.0 };
+                acc.pos_sum += if n > 1 {
+                    pos[i] as f64 / (n - 1) as f64
+                } else {
+                    0.0
+                };
                 let g = self.lateness_gauge.entry(m.rank).or_insert(0.0);
                 *g += self.cfg.ewma_alpha * (inst.lateness[i] - *g);
             } else {
@@ -418,10 +446,13 @@ impl Stats {
             if acc.ref_n == 0 {
                 continue;
             }
-            let Some(&(_, comm)) = self.rank_ref.get(&rank) else { continue };
+            let Some(&(_, comm)) = self.rank_ref.get(&rank) else {
+                continue;
+            };
             let peers = self.peers(rank);
             let c = *peer_cache.entry(comm).or_insert_with(|| {
-                let accs: Vec<&RankIter> = peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
+                let accs: Vec<&RankIter> =
+                    peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
                 let mut w: Vec<f64> = accs.iter().map(|a| a.wait_nonref).collect();
                 let mut s: Vec<f64> = accs.iter().map(|a| a.sync_wait).collect();
                 let wm = median(&mut w).unwrap_or(0.0);
@@ -441,7 +472,8 @@ impl Stats {
                     host_mad: hmad,
                 }
             });
-            let (wait_med, sync_med, unexpl_med, unexpl_mad) = (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
+            let (wait_med, sync_med, unexpl_med, unexpl_mad) =
+                (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
             let excess_wait = acc.wait_nonref - wait_med;
             let unexplained = acc.late_sum - excess_wait.max(0.0);
             let mad_floor = (0.005 * step_ns).max(10_000.0);
@@ -463,7 +495,8 @@ impl Stats {
             let sync_excess = acc.sync_wait - sync_med;
             let host_mean = acc.host_late_sum / acc.ref_n.max(1) as f64;
             let host_z = (acc.host_late_sum - c.host_med) / (1.4826 * c.host_mad.max(mad_floor));
-            let host_root = significant(acc.host_late_sum, host_z) && -sync_excess >= 0.5 * host_mean;
+            let host_root =
+                significant(acc.host_late_sum, host_z) && -sync_excess >= 0.5 * host_mean;
             let suspicious = significant(unexplained, z) || host_root;
             out.push(RankScore {
                 rank,
@@ -500,12 +533,16 @@ impl Stats {
     /// stage, so they cancel). Evidence and cost only: as a trigger it is
     /// not yet robust in pipelines, where blame can rest on conduits.
     pub fn judge_blame(&self, scores: &mut [RankScore], blame: &HashMap<u32, f64>) {
-        let by_rank: HashMap<u32, usize> = scores.iter().enumerate().map(|(i, s)| (s.rank, i)).collect();
+        let by_rank: HashMap<u32, usize> = scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.rank, i))
+            .collect();
         let mut excess = vec![0.0; scores.len()];
         let mut z = vec![0.0; scores.len()];
         for (i, s) in scores.iter().enumerate() {
             let peers = self.peers(s.rank);
-            let mut b: Vec<f64> = peers
+            let b: Vec<f64> = peers
                 .iter()
                 .filter(|p| by_rank.contains_key(p))
                 .map(|p| blame.get(p).copied().unwrap_or(0.0))
@@ -521,7 +558,14 @@ impl Stats {
                     .filter(|p| **p != s.rank)
                     .map(|p| blame.get(p).copied().unwrap_or(0.0))
                     .collect();
-                (others.iter().copied().fold(f64::NEG_INFINITY, f64::max).max(0.0), floor)
+                (
+                    others
+                        .iter()
+                        .copied()
+                        .fold(f64::NEG_INFINITY, f64::max)
+                        .max(0.0),
+                    floor,
+                )
             } else {
                 let m = median(&mut b.clone()).unwrap_or(0.0);
                 let mut d: Vec<f64> = b.iter().map(|x| (x - m).abs()).collect();

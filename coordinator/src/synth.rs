@@ -72,7 +72,8 @@ impl ClockTruth {
     }
     /// The host's monotonic reading at true (coordinator) time `t`.
     pub fn agent_ns(&self, t: u64) -> u64 {
-        let v = t as f64 * (1.0 + self.drift_ppm * 1e-6) + self.epoch_ns as f64 + self.offset_ns as f64;
+        let v =
+            t as f64 * (1.0 + self.drift_ppm * 1e-6) + self.epoch_ns as f64 + self.offset_ns as f64;
         v.round().max(1.0) as u64
     }
     /// A probe sent at true time `t`: 25 µs each way plus asymmetric queueing
@@ -238,7 +239,9 @@ impl SynthSpec {
             dp,
             microbatches: 4,
             layers: 2,
-            fwd_kernel_ns_per_layer: 1_000_000,
+            // Compute-heavy like the scenario's 3-D specs: pipeline bubbles
+            // would otherwise dominate the step.
+            fwd_kernel_ns_per_layer: 4_000_000,
             ..Self::dp(hosts, n / hosts)
         }
     }
@@ -258,7 +261,11 @@ impl SynthSpec {
     /// (pp, dp, tp) coordinates: `rank = pp*(dp*tp) + dp*tp + tp`.
     pub fn coords(&self, rank: u32) -> (usize, usize, usize) {
         let r = rank as usize;
-        (r / (self.dp * self.tp), (r / self.tp) % self.dp, r % self.tp)
+        (
+            r / (self.dp * self.tp),
+            (r / self.tp) % self.dp,
+            r % self.tp,
+        )
     }
 
     pub fn rank_of(&self, pp: usize, dp: usize, tp: usize) -> u32 {
@@ -391,13 +398,18 @@ fn comm_hash(kind: CommKind, idx: usize, seed: u64) -> u64 {
 
 impl Generator {
     pub fn new(spec: SynthSpec) -> Self {
-        assert_eq!(spec.tp * spec.pp * spec.dp, spec.world(), "tp*pp*dp must equal the world size");
+        assert_eq!(
+            spec.tp * spec.pp * spec.dp,
+            spec.world(),
+            "tp*pp*dp must equal the world size"
+        );
         assert!(spec.clocks.len() >= spec.hosts, "one clock per host");
         let n = spec.world();
         let mut comms = Vec::new();
         let mut rank_comms = vec![Vec::new(); n];
         let mut add = |kind: CommKind, idx: usize, members: Vec<u32>, comms: &mut Vec<Comm>| {
-            let hosts: std::collections::HashSet<usize> = members.iter().map(|r| spec.host_of(*r)).collect();
+            let hosts: std::collections::HashSet<usize> =
+                members.iter().map(|r| spec.host_of(*r)).collect();
             let ci = comms.len();
             for (pos, r) in members.iter().enumerate() {
                 rank_comms[*r as usize].push((ci, kind, pos as u32));
@@ -445,7 +457,10 @@ impl Generator {
             if !c.spans_hosts {
                 continue;
             }
-            let kind = rank_comms[c.members[0] as usize].iter().find(|x| x.0 == ci).map(|x| x.1);
+            let kind = rank_comms[c.members[0] as usize]
+                .iter()
+                .find(|x| x.0 == ci)
+                .map(|x| x.1);
             if kind == Some(CommKind::World) && !dp_only {
                 continue;
             }
@@ -463,8 +478,17 @@ impl Generator {
                     let hi = hosts.iter().position(|x| *x == h).unwrap_or(0);
                     let next = hosts[(hi + 1) % hosts.len()];
                     let want = (r as usize % rph + 1) % rph;
-                    let on_next: Vec<u32> = c.members.iter().copied().filter(|m| spec.host_of(*m) == next).collect();
-                    match on_next.iter().find(|m| **m as usize % rph == want).or(on_next.first()) {
+                    let on_next: Vec<u32> = c
+                        .members
+                        .iter()
+                        .copied()
+                        .filter(|m| spec.host_of(*m) == next)
+                        .collect();
+                    match on_next
+                        .iter()
+                        .find(|m| **m as usize % rph == want)
+                        .or(on_next.first())
+                    {
                         Some(q) => *q,
                         None => continue,
                     }
@@ -516,7 +540,10 @@ impl Generator {
 
     /// Communicator ids: (kind, members). For tests that want to name them.
     pub fn comm_ids(&self) -> Vec<(u64, Vec<u32>)> {
-        self.comms.iter().map(|c| (c.id, c.members.clone())).collect()
+        self.comms
+            .iter()
+            .map(|c| (c.id, c.members.clone()))
+            .collect()
     }
 
     fn jit(&mut self, ns: u64) -> u64 {
@@ -538,50 +565,99 @@ impl Generator {
         let rc = &self.rank_comms[rank as usize];
         let find = |k: CommKind| rc.iter().find(|c| c.1 == k).map(|c| (c.0, c.2));
         let dp_only = s.tp == 1 && s.pp == 1;
-        let dp = if dp_only { find(CommKind::World) } else { find(CommKind::Dp) };
+        let dp = if dp_only {
+            find(CommKind::World)
+        } else {
+            find(CommKind::Dp)
+        };
         let tp = find(CommKind::Tp);
         let pp = find(CommKind::Pp);
         let l = s.layers;
         let fwd = s.fwd_kernel_ns_per_layer / s.microbatches as u64;
         let k = s.kernels_per_layer;
-        let mut ops = vec![Op::Host(s.data_loader_ns, HostPhase::LoadBatch), Op::Gpu(200_000, 1)];
+        let mut ops = vec![
+            Op::Host(s.data_loader_ns, HostPhase::LoadBatch),
+            Op::Gpu(200_000, 1),
+        ];
         let act = 4 << 20;
         for _mb in 0..s.microbatches {
             if let (Some((c, _)), true) = (pp, p > 0) {
-                ops.push(Op::Coll { comm: c, op: CollOp::Recv, bytes: act, peer: Some(p as u32 - 1), xfer: s.p2p_xfer_ns });
+                ops.push(Op::Coll {
+                    comm: c,
+                    op: CollOp::Recv,
+                    bytes: act,
+                    peer: Some(p as u32 - 1),
+                    xfer: s.p2p_xfer_ns,
+                });
             }
             for _ in 0..l {
                 ops.push(Op::Host(s.host_ns_per_layer, HostPhase::Layers));
                 ops.push(Op::Gpu(fwd, k));
                 if let Some((c, _)) = tp {
-                    ops.push(Op::Coll { comm: c, op: CollOp::AllReduce, bytes: act, peer: None, xfer: s.tp_xfer_ns });
+                    ops.push(Op::Coll {
+                        comm: c,
+                        op: CollOp::AllReduce,
+                        bytes: act,
+                        peer: None,
+                        xfer: s.tp_xfer_ns,
+                    });
                 }
             }
             if let (Some((c, _)), true) = (pp, p + 1 < s.pp) {
-                ops.push(Op::Coll { comm: c, op: CollOp::Send, bytes: act, peer: Some(p as u32 + 1), xfer: s.p2p_xfer_ns });
+                ops.push(Op::Coll {
+                    comm: c,
+                    op: CollOp::Send,
+                    bytes: act,
+                    peer: Some(p as u32 + 1),
+                    xfer: s.p2p_xfer_ns,
+                });
             }
         }
         let b = s.grad_buckets;
         for mb in (0..s.microbatches).rev() {
             if let (Some((c, _)), true) = (pp, p + 1 < s.pp) {
-                ops.push(Op::Coll { comm: c, op: CollOp::Recv, bytes: act, peer: Some(p as u32 + 1), xfer: s.p2p_xfer_ns });
+                ops.push(Op::Coll {
+                    comm: c,
+                    op: CollOp::Recv,
+                    bytes: act,
+                    peer: Some(p as u32 + 1),
+                    xfer: s.p2p_xfer_ns,
+                });
             }
             for li in 0..l {
                 ops.push(Op::Host(s.host_ns_per_layer, HostPhase::Layers));
                 ops.push(Op::Gpu(2 * fwd, 2 * k));
                 if let Some((c, _)) = tp {
-                    ops.push(Op::Coll { comm: c, op: CollOp::AllReduce, bytes: act, peer: None, xfer: s.tp_xfer_ns });
+                    ops.push(Op::Coll {
+                        comm: c,
+                        op: CollOp::AllReduce,
+                        bytes: act,
+                        peer: None,
+                        xfer: s.tp_xfer_ns,
+                    });
                 }
                 if mb == 0 {
                     if let Some((c, _)) = dp {
                         for _ in (li * b / l)..((li + 1) * b / l) {
-                            ops.push(Op::Coll { comm: c, op: CollOp::AllReduce, bytes: 25 << 20, peer: None, xfer: s.bucket_xfer_ns });
+                            ops.push(Op::Coll {
+                                comm: c,
+                                op: CollOp::AllReduce,
+                                bytes: 25 << 20,
+                                peer: None,
+                                xfer: s.bucket_xfer_ns,
+                            });
                         }
                     }
                 }
             }
             if let (Some((c, _)), true) = (pp, p > 0) {
-                ops.push(Op::Coll { comm: c, op: CollOp::Send, bytes: act, peer: Some(p as u32 - 1), xfer: s.p2p_xfer_ns });
+                ops.push(Op::Coll {
+                    comm: c,
+                    op: CollOp::Send,
+                    bytes: act,
+                    peer: Some(p as u32 - 1),
+                    xfer: s.p2p_xfer_ns,
+                });
             }
         }
         ops.push(Op::Host(s.host_ns_per_layer, HostPhase::Layers));
@@ -670,7 +746,9 @@ impl Generator {
             let mut pc = vec![0usize; n];
             let mut blocked = vec![false; n];
             let mut pending: HashMap<InstKey, Vec<Arrival>> = HashMap::new();
-            let mut work: VecDeque<u32> = (0..n as u32).filter(|r| !self.ranks[*r as usize].hung).collect();
+            let mut work: VecDeque<u32> = (0..n as u32)
+                .filter(|r| !self.ranks[*r as usize].hung)
+                .collect();
             while let Some(r) = work.pop_front() {
                 let ri = r as usize;
                 if blocked[ri] {
@@ -678,10 +756,14 @@ impl Generator {
                 }
                 let host = s.host_of(r);
                 let compute = self
-                    .fault_active(it, |k| matches!(k, FaultKind::Compute { rank, .. } if *rank == r).then(|| match k {
-                        FaultKind::Compute { factor, .. } => *factor,
-                        _ => 1.0,
-                    }))
+                    .fault_active(it, |k| {
+                        matches!(k, FaultKind::Compute { rank, .. } if *rank == r).then(
+                            || match k {
+                                FaultKind::Compute { factor, .. } => *factor,
+                                _ => 1.0,
+                            },
+                        )
+                    })
                     .unwrap_or(1.0);
                 while pc[ri] < programs[ri].len() {
                     let op = programs[ri][pc[ri]];
@@ -689,9 +771,17 @@ impl Generator {
                         Op::Host(ns, phase) => {
                             let mut d = self.jit(ns);
                             for f in s.faults.iter().filter(|f| f.active(it)) {
-                                if let FaultKind::Host { rank, phase: fp, factor, delay_ns, contention } = f.kind {
+                                if let FaultKind::Host {
+                                    rank,
+                                    phase: fp,
+                                    factor,
+                                    delay_ns,
+                                    contention,
+                                } = f.kind
+                                {
                                     if rank == r && (fp == phase || fp == HostPhase::All) {
-                                        let extra = (d as f64 * (factor - 1.0)).max(0.0) as u64 + delay_ns;
+                                        let extra =
+                                            (d as f64 * (factor - 1.0)).max(0.0) as u64 + delay_ns;
                                         d += extra;
                                         if contention {
                                             self.ranks[ri].iter_runq += extra;
@@ -719,8 +809,17 @@ impl Generator {
                             st.iter_sync_calls += 1;
                             st.host_t = st.host_t.max(st.gpu_t) + 20_000;
                         }
-                        Op::Coll { comm, op, bytes, peer, xfer } => {
-                            let my_pos = self.rank_comms[ri].iter().find(|c| c.0 == comm).map_or(0, |c| c.2);
+                        Op::Coll {
+                            comm,
+                            op,
+                            bytes,
+                            peer,
+                            xfer,
+                        } => {
+                            let my_pos = self.rank_comms[ri]
+                                .iter()
+                                .find(|c| c.0 == comm)
+                                .map_or(0, |c| c.2);
                             let st = &mut self.ranks[ri];
                             let seq = *st.seq.entry(comm).and_modify(|v| *v += 1).or_insert(0);
                             let key = match peer {
@@ -759,7 +858,11 @@ impl Generator {
                                 gpu_arrive,
                             });
                             pc[ri] += 1;
-                            let need = if peer.is_some() { 2 } else { self.comms[comm].members.len() };
+                            let need = if peer.is_some() {
+                                2
+                            } else {
+                                self.comms[comm].members.len()
+                            };
                             if arr.len() == need {
                                 let arr = pending.remove(&key).expect("present");
                                 let start = arr.iter().map(|a| a.gpu_arrive).max().unwrap_or(0);
@@ -787,7 +890,10 @@ impl Generator {
                 }
             }
             // Anything still pending is stuck behind a hung rank.
-            if let Some((key, arr)) = pending.iter().min_by_key(|(_, a)| a.iter().map(|x| x.gpu_arrive).min()) {
+            if let Some((key, arr)) = pending
+                .iter()
+                .min_by_key(|(_, a)| a.iter().map(|x| x.gpu_arrive).min())
+            {
                 self.stalled = true;
                 let (comm, seq) = match key {
                     InstKey::Coll(c, s) => (*c, *s),
@@ -804,9 +910,21 @@ impl Generator {
             }
         }
         // Convert to each host's clock; GPU-side fields per the probe set.
-        let mut end = self.ranks.iter().map(|r| r.host_t.max(r.gpu_t)).max().unwrap_or(0);
+        let mut end = self
+            .ranks
+            .iter()
+            .map(|r| r.host_t.max(r.gpu_t))
+            .max()
+            .unwrap_or(0);
         if self.stalled {
-            end = end.max(self.truth.iteration_end_ns.last().copied().unwrap_or(s.start_ns) + 30_000_000);
+            end = end.max(
+                self.truth
+                    .iteration_end_ns
+                    .last()
+                    .copied()
+                    .unwrap_or(s.start_ns)
+                    + 30_000_000,
+            );
             for r in &mut self.ranks {
                 r.host_t = r.host_t.max(end);
                 r.gpu_t = r.gpu_t.max(end);
@@ -820,7 +938,11 @@ impl Generator {
         for (h, mut host_recs) in recs.into_iter().enumerate() {
             let clk = s.clocks[h];
             for rec in &mut host_recs {
-                let spans = self.comms.iter().find(|c| c.id == rec.comm_id).is_some_and(|c| c.spans_hosts);
+                let spans = self
+                    .comms
+                    .iter()
+                    .find(|c| c.id == rec.comm_id)
+                    .is_some_and(|c| c.spans_hosts);
                 let keep_gpu = match s.gpu_timing {
                     GpuTiming::All => true,
                     GpuTiming::InterHostOnly => spans && rec.op != CollOp::Recv,
@@ -828,8 +950,16 @@ impl Generator {
                 };
                 rec.host_entry_ns = clk.agent_ns(rec.host_entry_ns);
                 rec.host_exit_ns = clk.agent_ns(rec.host_exit_ns);
-                rec.gpu_arrive_ns = if keep_gpu { clk.agent_ns(rec.gpu_arrive_ns) } else { 0 };
-                rec.gpu_done_ns = if keep_gpu && rec.gpu_done_ns != 0 { clk.agent_ns(rec.gpu_done_ns) } else { 0 };
+                rec.gpu_arrive_ns = if keep_gpu {
+                    clk.agent_ns(rec.gpu_arrive_ns)
+                } else {
+                    0
+                };
+                rec.gpu_done_ns = if keep_gpu && rec.gpu_done_ns != 0 {
+                    clk.agent_ns(rec.gpu_done_ns)
+                } else {
+                    0
+                };
             }
             let mut intervals = Vec::new();
             let mut links = Vec::new();
@@ -839,7 +969,10 @@ impl Generator {
                 if st.hung && self.stalled {
                     continue;
                 }
-                let (a, b) = (iter_start[r as usize], st.host_t.max(iter_start[r as usize] + 1));
+                let (a, b) = (
+                    iter_start[r as usize],
+                    st.host_t.max(iter_start[r as usize] + 1),
+                );
                 if s.intervals {
                     let dur = b - a;
                     intervals.push(RankInterval {
@@ -880,7 +1013,11 @@ impl Generator {
                     }
                 }
             }
-            let (ranks, comms) = if !self.sent_identity { self.identity_records(h) } else { (Vec::new(), Vec::new()) };
+            let (ranks, comms) = if !self.sent_identity {
+                self.identity_records(h)
+            } else {
+                (Vec::new(), Vec::new())
+            };
             self.batch_seq[h] += 1;
             batches.push((
                 cut + 2_000_000,
@@ -917,7 +1054,11 @@ impl Generator {
         let hosts_differ = |a: u32, b: u32| s.host_of(a) != s.host_of(b);
         self.fault_active(it, |k| match k {
             FaultKind::Communication { rank, factor } if members.contains(rank) => Some(*factor),
-            FaultKind::Link { a, b, factor } if members.contains(a) && members.contains(b) && hosts_differ(*a, *b) => Some(*factor),
+            FaultKind::Link { a, b, factor }
+                if members.contains(a) && members.contains(b) && hosts_differ(*a, *b) =>
+            {
+                Some(*factor)
+            }
             _ => None,
         })
         .unwrap_or(1.0)
@@ -926,7 +1067,9 @@ impl Generator {
     fn link_factor(&self, it: u64, r: u32, q: u32) -> f64 {
         self.fault_active(it, |k| match k {
             FaultKind::Communication { rank, factor } if *rank == r || *rank == q => Some(*factor),
-            FaultKind::Link { a, b, factor } if (*a == r && *b == q) || (*a == q && *b == r) => Some(*factor),
+            FaultKind::Link { a, b, factor } if (*a == r && *b == q) || (*a == q && *b == r) => {
+                Some(*factor)
+            }
             _ => None,
         })
         .unwrap_or(1.0)
@@ -942,10 +1085,16 @@ mod tests {
         let mut g = Generator::new(SynthSpec::dp(2, 4));
         let out = g.next_iteration();
         assert_eq!(out.batches.len(), 2);
-        let all: Vec<&CollectiveRecord> = out.batches.iter().flat_map(|b| b.1.collectives.iter()).collect();
+        let all: Vec<&CollectiveRecord> = out
+            .batches
+            .iter()
+            .flat_map(|b| b.1.collectives.iter())
+            .collect();
         // 8 ranks × 4 buckets, all complete.
         assert_eq!(all.len(), 32);
-        assert!(all.iter().all(|r| r.gpu_done_ns >= r.gpu_arrive_ns && r.gpu_arrive_ns >= r.host_entry_ns));
+        assert!(all
+            .iter()
+            .all(|r| r.gpu_done_ns >= r.gpu_arrive_ns && r.gpu_arrive_ns >= r.host_entry_ns));
         assert!(out.batches[0].1.comms.len() == 4 && !out.batches[0].1.links.is_empty());
     }
 
@@ -953,7 +1102,13 @@ mod tests {
     fn compute_fault_makes_gpu_late_host_on_time() {
         let mut spec = SynthSpec::dp(1, 4);
         spec.jitter = 0.0;
-        spec.faults.push(Fault::persistent(FaultKind::Compute { rank: 2, factor: 1.3 }, 0));
+        spec.faults.push(Fault::persistent(
+            FaultKind::Compute {
+                rank: 2,
+                factor: 1.3,
+            },
+            0,
+        ));
         let mut g = Generator::new(spec);
         let out = g.next_iteration();
         let recs = &out.batches[0].1.collectives;
@@ -967,7 +1122,8 @@ mod tests {
     #[test]
     fn three_d_layout_runs_and_hang_stalls() {
         let mut spec = SynthSpec::three_d(2, 2, 4, 4);
-        spec.faults.push(Fault::persistent(FaultKind::Hang { rank: 9 }, 3));
+        spec.faults
+            .push(Fault::persistent(FaultKind::Hang { rank: 9 }, 3));
         let mut g = Generator::new(spec);
         for _ in 0..3 {
             let out = g.next_iteration();

@@ -26,9 +26,18 @@ pub fn render(sections: &[Section<'_>], hosts: &HashMap<u32, String>) -> Value {
     for (pid, s) in sections.iter().enumerate() {
         let pid = pid + 1;
         ev.push(json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": s.title}}));
-        let t0 = s.instances.iter().map(|i| i.arrival.iter().min().copied().unwrap_or(i.start)).min().unwrap_or(0);
+        let t0 = s
+            .instances
+            .iter()
+            .map(|i| i.arrival.iter().min().copied().unwrap_or(i.start))
+            .min()
+            .unwrap_or(0);
         let us = |t: i64| (t - t0) as f64 / 1e3;
-        let ranks: BTreeSet<u32> = s.instances.iter().flat_map(|i| i.members.iter().map(|m| m.rank)).collect();
+        let ranks: BTreeSet<u32> = s
+            .instances
+            .iter()
+            .flat_map(|i| i.members.iter().map(|m| m.rank))
+            .collect();
         for r in &ranks {
             let host = hosts.get(r).map_or("?", |h| h.as_str());
             let mark = if s.focus.contains(r) { " ◀" } else { "" };

@@ -83,7 +83,12 @@ impl RecordError {
 /// Largest communicator accepted (bounds per-instance memory).
 pub const MAX_COMM_RANKS: u32 = 1 << 20;
 
-fn not_future(field: &'static str, value: u64, batch_ns: u64, slack: u64) -> Result<(), RecordError> {
+fn not_future(
+    field: &'static str,
+    value: u64,
+    batch_ns: u64,
+    slack: u64,
+) -> Result<(), RecordError> {
     if value > batch_ns.saturating_add(slack) {
         return Err(RecordError::TimeInFuture {
             field,
@@ -96,7 +101,11 @@ fn not_future(field: &'static str, value: u64, batch_ns: u64, slack: u64) -> Res
 
 /// Checks one collective record against the clock of the batch carrying it.
 /// `slack_ns` tolerates records folded a little after the batch timestamp.
-pub fn check_collective(r: &CollectiveRecord, batch_ns: u64, slack_ns: u64) -> Result<(), RecordError> {
+pub fn check_collective(
+    r: &CollectiveRecord,
+    batch_ns: u64,
+    slack_ns: u64,
+) -> Result<(), RecordError> {
     if r.host_entry_ns == 0 {
         return Err(RecordError::MissingTimestamp("host_entry_ns"));
     }
@@ -117,7 +126,11 @@ pub fn check_collective(r: &CollectiveRecord, batch_ns: u64, slack_ns: u64) -> R
         let floor = r.gpu_arrive_ns.max(r.host_entry_ns);
         if r.gpu_done_ns < floor {
             return Err(RecordError::TimeOrder {
-                earlier: if r.gpu_arrive_ns != 0 { "gpu_arrive_ns" } else { "host_entry_ns" },
+                earlier: if r.gpu_arrive_ns != 0 {
+                    "gpu_arrive_ns"
+                } else {
+                    "host_entry_ns"
+                },
                 later: "gpu_done_ns",
             });
         }

@@ -174,7 +174,12 @@ impl Lifecycle {
     /// Feeds one sealed iteration's observations; subjects not mentioned were clean.
     pub fn step(&mut self, it: u64, mut obs: BTreeMap<Subject, Observation>) -> Vec<VerdictEvent> {
         let mut events = Vec::new();
-        let subjects: Vec<Subject> = self.trackers.keys().copied().chain(obs.keys().copied()).collect();
+        let subjects: Vec<Subject> = self
+            .trackers
+            .keys()
+            .copied()
+            .chain(obs.keys().copied())
+            .collect();
         let mut seen = std::collections::BTreeSet::new();
         for s in subjects {
             if !seen.insert(s) {
@@ -186,11 +191,12 @@ impl Lifecycle {
             }
         }
         // Forget subjects with nothing going on.
-        self.trackers.retain(|_, t| {
-            t.verdict.is_some() || t.hist.iter().any(|h| h.1.is_some())
-        });
+        self.trackers
+            .retain(|_, t| t.verdict.is_some() || t.hist.iter().any(|h| h.1.is_some()));
         while self.verdicts.len() > self.cfg.max_verdicts {
-            let Some(old) = self.verdicts.values().find(|v| !v.active).map(|v| v.id) else { break };
+            let Some(old) = self.verdicts.values().find(|v| !v.active).map(|v| v.id) else {
+                break;
+            };
             self.verdicts.remove(&old);
             for t in self.trackers.values_mut() {
                 if t.verdict == Some(old) {
@@ -208,7 +214,10 @@ impl Lifecycle {
             t.hist.pop_front();
         }
         t.clean_streak = if o.is_some() { 0 } else { t.clean_streak + 1 };
-        let active = t.verdict.and_then(|id| self.verdicts.get(&id)).is_some_and(|v| v.active);
+        let active = t
+            .verdict
+            .and_then(|id| self.verdicts.get(&id))
+            .is_some_and(|v| v.active);
         if active {
             let v = self.verdicts.get_mut(&t.verdict.expect("active"))?;
             if let Some(o) = o {
@@ -220,7 +229,8 @@ impl Lifecycle {
                 v.clock_error_us = o.clock_error_ns / 1e3;
                 // The class may only change when the whole window agrees.
                 let all_same = t.hist.iter().all(|h| {
-                    h.1.as_ref().is_some_and(|x| x.classification.kind == o.classification.kind)
+                    h.1.as_ref()
+                        .is_some_and(|x| x.classification.kind == o.classification.kind)
                 });
                 if all_same || o.classification.kind == v.kind {
                     v.kind = o.classification.kind;
@@ -263,7 +273,11 @@ impl Lifecycle {
             .expect("hits");
         let lost: f64 = hits.iter().map(|h| h.lost_ns).sum::<f64>() / 1e9;
         let exposure: f64 = hits.iter().map(|h| h.exposure_ns).sum();
-        let conf = hits.iter().map(|h| h.classification.confidence).sum::<f64>() / hits.len() as f64;
+        let conf = hits
+            .iter()
+            .map(|h| h.classification.confidence)
+            .sum::<f64>()
+            / hits.len() as f64;
         let (id, event) = match t.verdict.and_then(|id| self.verdicts.get_mut(&id)) {
             Some(v) => {
                 v.active = true;
@@ -317,11 +331,19 @@ impl Lifecycle {
             iteration: Some(it),
             line: format!(
                 "{} {} (confidence {:.2}, since iteration {}{})",
-                if event == EventKind::Opened { "OPEN" } else { "REOPEN" },
+                if event == EventKind::Opened {
+                    "OPEN"
+                } else {
+                    "REOPEN"
+                },
                 v.headline(),
                 v.confidence,
                 v.first_seen_iteration,
-                if v.episodes > 1 { format!(", episode {}", v.episodes) } else { String::new() }
+                if v.episodes > 1 {
+                    format!(", episode {}", v.episodes)
+                } else {
+                    String::new()
+                }
             ),
             verdict: Some(v),
             hang: None,
@@ -387,7 +409,9 @@ mod tests {
         let v = l.verdicts().next().unwrap();
         assert_eq!(v.first_seen_iteration, 104);
         assert!((v.cost_fraction - 0.1).abs() < 1e-9);
-        assert!(v.headline().contains("rank 5 on node-1 is compute-slow, costing 10% of the job"));
+        assert!(v
+            .headline()
+            .contains("rank 5 on node-1 is compute-slow, costing 10% of the job"));
     }
 
     #[test]
@@ -407,7 +431,11 @@ mod tests {
         let ev = run(&mut l, "xxxx........xxxx", 0);
         assert_eq!(
             ev,
-            vec![(3, EventKind::Opened), (11, EventKind::Closed), (15, EventKind::Reopened)]
+            vec![
+                (3, EventKind::Opened),
+                (11, EventKind::Closed),
+                (15, EventKind::Reopened)
+            ]
         );
         assert_eq!(l.verdicts().count(), 1);
         assert_eq!(l.verdicts().next().unwrap().episodes, 2);

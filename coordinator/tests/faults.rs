@@ -8,7 +8,12 @@ use slowrank_coordinator::synth::{Fault, FaultKind, GpuTiming, HostPhase, SynthS
 use slowrank_coordinator::{AnalyzerConfig, EventKind, Verdict};
 
 fn only(rep: &slowrank_coordinator::Report) -> &Verdict {
-    assert_eq!(rep.verdicts.len(), 1, "expected one verdict: {}", slowrank_coordinator::render_human(rep));
+    assert_eq!(
+        rep.verdicts.len(),
+        1,
+        "expected one verdict: {}",
+        slowrank_coordinator::render_human(rep)
+    );
     &rep.verdicts[0]
 }
 
@@ -24,14 +29,26 @@ fn within_10(v: &Verdict, onset: u64) {
 fn dp8_compute_slow_1_3x() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 7;
-    spec.faults.push(Fault::persistent(FaultKind::Compute { rank: 5, factor: 1.3 }, 40));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        40,
+    ));
     let r = common::run(spec, 80);
     let rep = r.report();
     let v = only(&rep);
-    assert_eq!((v.rank, v.kind, v.host.as_str()), (5, Kind::Compute, "node-1"));
+    assert_eq!(
+        (v.rank, v.kind, v.host.as_str()),
+        (5, Kind::Compute, "node-1")
+    );
     within_10(v, 40);
     assert!(v.active && v.confidence > 0.7, "{v:?}");
-    assert!(v.lost_gpu_seconds > 0.5 && v.cost_fraction > 0.05 && v.cost_fraction < 0.5, "{v:?}");
+    assert!(
+        v.lost_gpu_seconds > 0.5 && v.cost_fraction > 0.05 && v.cost_fraction < 0.5,
+        "{v:?}"
+    );
     assert!(v.clock_error_us > 0.0);
     // The alert fired within 10 iterations of onset plus the sealing lag.
     let open = r.opened()[0].iteration.unwrap();
@@ -46,9 +63,21 @@ fn dp8_compute_slow_host_times_only_is_not_misclassified() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.gpu_timing = GpuTiming::None;
     spec.links = false;
-    spec.faults.push(Fault::persistent(FaultKind::Compute { rank: 5, factor: 1.3 }, 40));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        40,
+    ));
     let rep = common::run(spec, 80).report();
-    assert!(rep.verdicts.iter().all(|v| v.kind == Kind::Compute && v.rank == 5), "{:#?}", rep.verdicts);
+    assert!(
+        rep.verdicts
+            .iter()
+            .all(|v| v.kind == Kind::Compute && v.rank == 5),
+        "{:#?}",
+        rep.verdicts
+    );
 }
 
 #[test]
@@ -69,7 +98,11 @@ fn dp8_host_slow_data_loader() {
     let v = only(&rep);
     assert_eq!((v.rank, v.kind), (2, Kind::Host), "{v:#?}");
     within_10(v, 30);
-    assert!(v.evidence.iter().any(|e| e.contains("off-CPU")), "{:#?}", v.evidence);
+    assert!(
+        v.evidence.iter().any(|e| e.contains("off-CPU")),
+        "{:#?}",
+        v.evidence
+    );
 }
 
 #[test]
@@ -92,7 +125,11 @@ fn host_slow_1_3x_with_cpu_contention() {
     let v = only(&rep);
     assert_eq!((v.rank, v.kind), (6, Kind::Host), "{v:#?}");
     within_10(v, 30);
-    assert!(v.evidence.iter().any(|e| e.contains("run-queue")), "{:#?}", v.evidence);
+    assert!(
+        v.evidence.iter().any(|e| e.contains("run-queue")),
+        "{:#?}",
+        v.evidence
+    );
 }
 
 #[test]
@@ -121,7 +158,13 @@ fn host_slow_with_host_times_only() {
 fn dp8_communication_slow_nic() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 23;
-    spec.faults.push(Fault::persistent(FaultKind::Communication { rank: 6, factor: 2.5 }, 30));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Communication {
+            rank: 6,
+            factor: 2.5,
+        },
+        30,
+    ));
     let rep = common::run(spec, 60).report();
     let v = only(&rep);
     assert_eq!((v.rank, v.kind), (6, Kind::Communication), "{v:#?}");
@@ -135,7 +178,14 @@ fn dp8_link_slow_names_the_pair() {
     spec.seed = 24;
     spec.faults.push(Fault {
         end_iteration: Some(60),
-        ..Fault::persistent(FaultKind::Link { a: 3, b: 4, factor: 3.0 }, 30)
+        ..Fault::persistent(
+            FaultKind::Link {
+                a: 3,
+                b: 4,
+                factor: 3.0,
+            },
+            30,
+        )
     });
     let r = common::run(spec, 90);
     let rep = r.report();
@@ -153,8 +203,12 @@ fn dp8_link_slow_names_the_pair() {
         .collect();
     assert_eq!(closes.len(), 1);
     assert!(closes[0] >= 60 && closes[0] <= 75, "{closes:?}");
-    let json: serde_json::Value = serde_json::from_str(&slowrank_coordinator::render_json(&rep).unwrap()).unwrap();
-    assert_eq!(json["verdicts"][0]["link"]["ranks"], serde_json::json!([3, 4]));
+    let json: serde_json::Value =
+        serde_json::from_str(&slowrank_coordinator::render_json(&rep).unwrap()).unwrap();
+    assert_eq!(
+        json["verdicts"][0]["link"]["ranks"],
+        serde_json::json!([3, 4])
+    );
 }
 
 #[test]
@@ -164,7 +218,13 @@ fn tp2_pp2_dp4_compute_root_not_victims() {
     // late in their own DP groups. Only 9 is the root.
     let mut spec = SynthSpec::three_d(2, 2, 4, 4);
     spec.seed = 12;
-    spec.faults.push(Fault::persistent(FaultKind::Compute { rank: 9, factor: 1.3 }, 30));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 9,
+            factor: 1.3,
+        },
+        30,
+    ));
     let rep = common::run(spec, 70).report();
     let v = only(&rep);
     assert_eq!((v.rank, v.kind), (9, Kind::Compute), "{v:#?}");
@@ -202,7 +262,8 @@ fn pp4_dp2_host_slow_stage_names_root() {
 fn dp8_hang_names_missing_rank_and_last_completed() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 25;
-    spec.faults.push(Fault::persistent(FaultKind::Hang { rank: 3 }, 30));
+    spec.faults
+        .push(Fault::persistent(FaultKind::Hang { rank: 3 }, 30));
     let mut cfg = AnalyzerConfig::default();
     cfg.join.hang_timeout_ns = 500_000_000;
     let r = common::run_with(spec, 60, cfg);
@@ -217,23 +278,59 @@ fn dp8_hang_names_missing_rank_and_last_completed() {
     assert_eq!(h.missing[0].last_completed_seq, Some(119));
     assert_eq!(h.missing[0].host, "node-0");
     assert_eq!(h.present_ranks, vec![0, 1, 2, 4, 5, 6, 7]);
-    let ev: Vec<_> = r.events.iter().filter(|e| e.event == EventKind::HangDetected).collect();
+    let ev: Vec<_> = r
+        .events
+        .iter()
+        .filter(|e| e.event == EventKind::HangDetected)
+        .collect();
     assert_eq!(ev.len(), 1);
-    assert!(ev[0].line.contains("rank 3 on node-0 (last completed instance 119)"), "{}", ev[0].line);
+    assert!(
+        ev[0]
+            .line
+            .contains("rank 3 on node-0 (last completed instance 119)"),
+        "{}",
+        ev[0].line
+    );
 }
 
 #[test]
 fn two_faults_at_once() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 27;
-    spec.faults.push(Fault::persistent(FaultKind::Compute { rank: 5, factor: 1.4 }, 25));
-    spec.faults.push(Fault::persistent(FaultKind::Link { a: 7, b: 0, factor: 3.0 }, 40));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.4,
+        },
+        25,
+    ));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Link {
+            a: 7,
+            b: 0,
+            factor: 3.0,
+        },
+        40,
+    ));
     let rep = common::run(spec, 80).report();
-    assert_eq!(rep.verdicts.len(), 2, "{}", slowrank_coordinator::render_human(&rep));
-    let c = rep.verdicts.iter().find(|v| v.kind == Kind::Compute).expect("compute");
+    assert_eq!(
+        rep.verdicts.len(),
+        2,
+        "{}",
+        slowrank_coordinator::render_human(&rep)
+    );
+    let c = rep
+        .verdicts
+        .iter()
+        .find(|v| v.kind == Kind::Compute)
+        .expect("compute");
     assert_eq!(c.rank, 5);
     within_10(c, 25);
-    let l = rep.verdicts.iter().find(|v| v.kind == Kind::Communication).expect("link");
+    let l = rep
+        .verdicts
+        .iter()
+        .find(|v| v.kind == Kind::Communication)
+        .expect("link");
     assert_eq!(l.link.as_ref().map(|l| l.ranks), Some([0, 7]));
     within_10(l, 40);
 }
@@ -244,7 +341,13 @@ fn intermittent_compute_is_one_verdict_with_episodes() {
     spec.seed = 26;
     spec.faults.push(Fault {
         period: Some((40, 12)),
-        ..Fault::persistent(FaultKind::Compute { rank: 1, factor: 1.5 }, 20)
+        ..Fault::persistent(
+            FaultKind::Compute {
+                rank: 1,
+                factor: 1.5,
+            },
+            20,
+        )
     });
     let r = common::run(spec, 130);
     let rep = r.report();
@@ -253,6 +356,10 @@ fn intermittent_compute_is_one_verdict_with_episodes() {
     within_10(v, 20);
     assert_eq!(v.episodes, 3, "{v:#?}");
     let opens = r.opened().len();
-    let closes = r.events.iter().filter(|e| e.event == EventKind::Closed).count();
+    let closes = r
+        .events
+        .iter()
+        .filter(|e| e.event == EventKind::Closed)
+        .count();
     assert_eq!((opens, closes), (3, 3));
 }

@@ -12,7 +12,11 @@ fn assert_quiet(spec: SynthSpec, iterations: u64) {
         "{}",
         slowrank_coordinator::render_human(&rep)
     );
-    assert!(rep.job.iterations_observed + 3 >= iterations, "{:?}", rep.job);
+    assert!(
+        rep.job.iterations_observed + 3 >= iterations,
+        "{:?}",
+        rep.job
+    );
 }
 
 #[test]
@@ -98,7 +102,10 @@ fn memory_stays_bounded_over_a_long_run() {
     spec.faults.push(slowrank_coordinator::synth::Fault {
         period: Some((30, 10)),
         ..slowrank_coordinator::synth::Fault::persistent(
-            slowrank_coordinator::synth::FaultKind::Compute { rank: 2, factor: 1.5 },
+            slowrank_coordinator::synth::FaultKind::Compute {
+                rank: 2,
+                factor: 1.5,
+            },
             10,
         )
     });

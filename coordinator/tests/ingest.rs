@@ -81,13 +81,21 @@ fn impossible_records_are_rejected_with_reasons() {
     again.comms.clear();
     again.ranks.clear();
     let sum = a.ingest(&again, *recv);
-    assert_eq!((sum.rejected, sum.duplicates as usize), (0, good.collectives.len()));
+    assert_eq!(
+        (sum.rejected, sum.duplicates as usize),
+        (0, good.collectives.len())
+    );
     // Once the other host completes them, a third copy is going backwards.
     let sum = a.ingest(&batches[1].1, batches[1].0);
     assert_eq!(sum.rejected, 0);
     again.seq += 1;
     let sum = a.ingest(&again, *recv);
-    assert_eq!(sum.rejected as usize, good.collectives.len(), "{:?}", a.report().ingest);
+    assert_eq!(
+        sum.rejected as usize,
+        good.collectives.len(),
+        "{:?}",
+        a.report().ingest
+    );
     assert!(a.report().ingest.counters.records_rejected["sequence_backwards"] > 0);
     // And nothing here panicked; the analyzer still reasons.
     a.tick(*recv as i64);
@@ -150,16 +158,33 @@ fn garbage_never_panics() {
 #[test]
 fn report_json_and_trace_have_the_stable_shape() {
     let mut spec = SynthSpec::dp(2, 4);
-    spec.faults.push(Fault::persistent(FaultKind::Compute { rank: 5, factor: 1.3 }, 30));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        30,
+    ));
     let r = common::run(spec, 60);
     let rep = r.report();
-    let v: serde_json::Value = serde_json::from_str(&slowrank_coordinator::render_json(&rep).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&slowrank_coordinator::render_json(&rep).unwrap()).unwrap();
     assert_eq!(v["schema"], "slowrank.report/v1");
     assert!(v["job"]["world_size"] == 8);
     assert!(v["clock"]["max_error_us"].as_f64().unwrap() > 0.0);
     assert!(v["clock"]["hosts"].as_array().unwrap().len() == 2);
     let verdict = &v["verdicts"][0];
-    for key in ["rank", "host", "kind", "confidence", "first_seen_iteration", "active", "lost_gpu_seconds", "link", "evidence"] {
+    for key in [
+        "rank",
+        "host",
+        "kind",
+        "confidence",
+        "first_seen_iteration",
+        "active",
+        "lost_gpu_seconds",
+        "link",
+        "evidence",
+    ] {
         assert!(verdict.get(key).is_some(), "verdict lacks {key}: {verdict}");
     }
     assert_eq!(verdict["kind"], "compute");
@@ -169,10 +194,19 @@ fn report_json_and_trace_have_the_stable_shape() {
     assert!(v["hangs"].as_array().unwrap().is_empty());
     let human = slowrank_coordinator::render_human(&rep);
     let first_finding = human.lines().find(|l| l.starts_with("NOW")).unwrap();
-    assert!(first_finding.contains("rank 5 on node-1 is compute-slow, costing"), "{human}");
+    assert!(
+        first_finding.contains("rank 5 on node-1 is compute-slow, costing"),
+        "{human}"
+    );
     // The opened event is the one-line alert.
     let open = r.opened();
-    assert!(open[0].line.starts_with("OPEN rank 5 on node-1 is compute-slow"), "{}", open[0].line);
+    assert!(
+        open[0]
+            .line
+            .starts_with("OPEN rank 5 on node-1 is compute-slow"),
+        "{}",
+        open[0].line
+    );
     // Trace: one track per rank, waits drawn for rank 5.
     let t = r.analyzer.trace_json();
     let ev = t["traceEvents"].as_array().unwrap();
@@ -182,5 +216,7 @@ fn report_json_and_trace_have_the_stable_shape() {
         .map(|e| e["tid"].as_u64().unwrap())
         .collect();
     assert_eq!(tracks.len(), 8);
-    assert!(ev.iter().any(|e| e["cat"] == "wait" && e["name"] == "wait for rank 5"));
+    assert!(ev
+        .iter()
+        .any(|e| e["cat"] == "wait" && e["name"] == "wait for rank 5"));
 }

@@ -38,7 +38,12 @@ pub fn run_with(spec: SynthSpec, iterations: u64, cfg: AnalyzerConfig) -> Run {
         }
         for (recv, b) in &out.batches {
             let sum = analyzer.ingest(b, *recv);
-            assert_eq!(sum.rejected, 0, "synthetic records rejected: {:?}", analyzer.report().ingest);
+            assert_eq!(
+                sum.rejected,
+                0,
+                "synthetic records rejected: {:?}",
+                analyzer.report().ingest
+            );
         }
         now = out.end_ns as i64 + 3_000_000;
         events.extend(analyzer.tick(now));
