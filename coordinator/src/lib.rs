@@ -1,4 +1,32 @@
 //! The slowrank coordinator as a library: ingest → clock → join → graph →
 //! verdict → report. The `slowrank` binary wires these together.
+//!
+//! Data flows one way: [`clock`] aligns agent times, [`join`] gathers the
+//! members of each collective instance, [`iteration`] counts training steps,
+//! [`stats`] turns instances into per-rank lateness and waits, [`graph`] finds
+//! where waiting starts and what it costs, [`classify`] says why, [`verdict`]
+//! opens and closes verdicts with hysteresis, and [`report`] / [`trace`]
+//! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
+//! generates synthetic jobs with ground truth.
+
+pub mod analyzer;
+pub mod classify;
+pub mod clock;
+pub mod graph;
 pub mod ingest;
+pub mod intervals;
+pub mod iteration;
+pub mod join;
+pub mod links;
+pub mod report;
+pub mod stats;
+pub mod synth;
 pub mod tls;
+pub mod trace;
+pub mod validate;
+pub mod verdict;
+
+pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics};
+pub use clock::{ClockSample, CoordNs};
+pub use report::{render_human, render_json, Report};
+pub use verdict::{EventKind, Verdict, VerdictEvent};

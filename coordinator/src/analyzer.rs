@@ -1,0 +1,1142 @@
+//! The facade the ingest path calls.
+//!
+//! ```text
+//! let a = Analyzer::new(AnalyzerConfig::default());      // Send + Sync: share in an Arc
+//! a.add_clock_sample("node-5", ClockSample { .. })?;     // from each QUIC clock probe
+//! a.ingest(&batch, coord_recv_ns);                       // every decoded Batch
+//! for e in a.tick(coord_now_ns) { println!("{}", e.line) } // e.g. every 100 ms
+//! let r = a.report(); report::render_json(&r); report::render_human(&r); a.trace_json();
+//! ```
+//!
+//! `ingest` is concurrent (per-communicator and per-host state lives in
+//! dashmaps); `tick` runs the reasoning under one lock. All coordinator times
+//! are the coordinator's monotonic clock in ns — the clock the probe samples
+//! use. Memory stays bounded: the join window, unsealed iterations, link and
+//! interval rings, pending instances and trace snapshots are all capped.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use dashmap::DashMap;
+use slowrank_shared::wire::{Batch, CollOp, LinkRecord, RankInterval};
+
+use crate::classify;
+use crate::clock::{median, ClockConfig, ClockError, ClockEstimator, ClockSample, CoordNs};
+use crate::graph::{Node, WaitGraph};
+use crate::intervals::{IntervalObs, IntervalStore};
+use crate::iteration::{IterationClock, IterationConfig};
+use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
+use crate::links::{LinkConfig, LinkObs, LinkStats};
+use crate::report::{self, Report};
+use crate::stats::{align, AlignedInstance, IterBucket, RankScore, Stats, StatsConfig};
+use crate::validate::{self, RecordError};
+use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AnalyzerConfig {
+    pub clock: ClockConfig,
+    pub join: JoinConfig,
+    pub iteration: IterationConfig,
+    pub stats: StatsConfig,
+    pub links: LinkConfig,
+    pub lifecycle: LifecycleConfig,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Limits {
+    /// How far after the batch timestamp a record time may lie (ns).
+    pub future_slack_ns: u64,
+    /// Completed instances waiting for the iteration period to be known.
+    pub max_pending_instances: usize,
+    /// Member entries kept in the recent-instance ring (trace).
+    pub recent_member_entries: usize,
+    /// Instances copied into a verdict's trace snapshot.
+    pub snapshot_instances: usize,
+    /// Verdict snapshots kept.
+    pub max_snapshots: usize,
+    /// Raw link / interval records queued between ticks.
+    pub max_queued_records: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            future_slack_ns: 1_000_000_000,
+            max_pending_instances: 100_000,
+            recent_member_entries: 400_000,
+            snapshot_instances: 256,
+            max_snapshots: 64,
+            max_queued_records: 1_000_000,
+        }
+    }
+}
+
+/// What one `ingest` call did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct IngestSummary {
+    pub accepted: u64,
+    pub rejected: u64,
+    pub duplicates: u64,
+    /// The whole batch was a resend of one already seen.
+    pub duplicate_batch: bool,
+}
+
+/// Ingest counters, for the report and `/metrics`.
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
+pub struct IngestCounters {
+    pub batches: u64,
+    pub duplicate_batches: u64,
+    pub missing_batches: u64,
+    pub records_accepted: u64,
+    pub records_rejected: BTreeMap<&'static str, u64>,
+    pub recent_rejections: Vec<String>,
+    pub ringbuf_drops: u64,
+    pub spool_drops: u64,
+    pub nccl_errors: u64,
+    pub clock_samples_refused: u64,
+}
+
+#[derive(Debug, Default)]
+struct AgentState {
+    last_seq: u64,
+    ringbuf_drops: u64,
+    spool_drops: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    pub world_size: u32,
+    pub job_id: String,
+    pub restart_count: u32,
+    pub exited_at: Option<CoordNs>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HangState {
+    pub candidate: HangCandidate,
+    pub iteration: Option<u64>,
+    pub detected_at: CoordNs,
+    pub wall: Option<DateTime<Utc>>,
+    pub active: bool,
+    /// Missing ranks that exited (crash) rather than stalled.
+    pub exited: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Core {
+    iteration: IterationClock,
+    stats: Stats,
+    links: LinkStats,
+    intervals: IntervalStore,
+    lifecycle: Lifecycle,
+    pending: VecDeque<AlignedInstance>,
+    pending_dropped: u64,
+    recent: VecDeque<(u64, AlignedInstance)>,
+    recent_entries: usize,
+    snapshots: BTreeMap<u64, Vec<(u64, AlignedInstance)>>,
+    score_hist: HashMap<u32, VecDeque<RankScore>>,
+    residuals: HashMap<String, VecDeque<f64>>,
+    hangs: Vec<HangState>,
+    first_t: Option<CoordNs>,
+    last_t: Option<CoordNs>,
+    last_sealed: Option<u64>,
+    lost_by_root: HashMap<u32, f64>,
+}
+
+/// The coordinator's reasoning core.
+#[derive(Debug)]
+pub struct Analyzer {
+    cfg: AnalyzerConfig,
+    clocks: DashMap<String, ClockEstimator>,
+    joiner: Joiner,
+    agents: DashMap<String, AgentState>,
+    ranks: DashMap<u32, RankInfo>,
+    counters: Mutex<IngestCounters>,
+    batches: AtomicU64,
+    accepted: AtomicU64,
+    completed: Mutex<Vec<JoinedInstance>>,
+    hang_progress: Mutex<Vec<(u64, crate::join::InstanceKey, bool)>>,
+    raw_links: Mutex<Vec<(String, LinkRecord)>>,
+    raw_intervals: Mutex<Vec<(String, RankInterval)>>,
+    wall_offset: Mutex<Option<i64>>,
+    core: Mutex<Core>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere must not take the coordinator down with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Analyzer {
+    pub fn new(cfg: AnalyzerConfig) -> Self {
+        let core = Core {
+            iteration: IterationClock::new(cfg.iteration.clone()),
+            stats: Stats::new(cfg.stats.clone()),
+            links: LinkStats::new(cfg.links.clone()),
+            intervals: IntervalStore::default(),
+            lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
+            pending: VecDeque::new(),
+            pending_dropped: 0,
+            recent: VecDeque::new(),
+            recent_entries: 0,
+            snapshots: BTreeMap::new(),
+            score_hist: HashMap::new(),
+            residuals: HashMap::new(),
+            hangs: Vec::new(),
+            first_t: None,
+            last_t: None,
+            last_sealed: None,
+            lost_by_root: HashMap::new(),
+        };
+        Self {
+            joiner: Joiner::new(cfg.join.clone()),
+            cfg,
+            clocks: DashMap::new(),
+            agents: DashMap::new(),
+            ranks: DashMap::new(),
+            counters: Mutex::new(IngestCounters::default()),
+            batches: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            completed: Mutex::new(Vec::new()),
+            hang_progress: Mutex::new(Vec::new()),
+            raw_links: Mutex::new(Vec::new()),
+            raw_intervals: Mutex::new(Vec::new()),
+            wall_offset: Mutex::new(None),
+            core: Mutex::new(core),
+        }
+    }
+
+    /// Feeds one round-trip clock probe of `host`'s agent.
+    pub fn add_clock_sample(&self, host: &str, sample: ClockSample) -> Result<(), ClockError> {
+        let r = self
+            .clocks
+            .entry(host.to_string())
+            .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()))
+            .add_sample(sample);
+        if r.is_err() {
+            lock(&self.counters).clock_samples_refused += 1;
+        }
+        r
+    }
+
+    /// Agent time of `host` on the coordinator clock, and its error bound (ns).
+    pub fn to_coord(&self, host: &str, agent_ns: u64) -> (CoordNs, f64) {
+        match self.clocks.get(host) {
+            Some(c) => (c.to_coord(agent_ns), c.error_bound_ns()),
+            None => (agent_ns as CoordNs, f64::INFINITY),
+        }
+    }
+
+    fn reject(&self, e: RecordError) {
+        let mut c = lock(&self.counters);
+        *c.records_rejected.entry(e.label()).or_default() += 1;
+        c.recent_rejections.push(e.to_string());
+        if c.recent_rejections.len() > 16 {
+            c.recent_rejections.remove(0);
+        }
+    }
+
+    /// Ingests one decoded batch received at coordinator time `recv_ns`.
+    /// Never panics on bad content: each impossible record is rejected,
+    /// counted with its reason, and the rest of the batch is used.
+    pub fn ingest(&self, b: &Batch, recv_ns: u64) -> IngestSummary {
+        let mut sum = IngestSummary::default();
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut a = self.agents.entry(b.agent_id.clone()).or_default();
+            if a.last_seq != 0 && b.seq <= a.last_seq {
+                drop(a);
+                lock(&self.counters).duplicate_batches += 1;
+                sum.duplicate_batch = true;
+                return sum;
+            }
+            let missing = if a.last_seq != 0 {
+                b.seq - a.last_seq - 1
+            } else {
+                0
+            };
+            let (rd, sd) = (
+                b.ringbuf_drops.saturating_sub(a.ringbuf_drops),
+                b.spool_drops.saturating_sub(a.spool_drops),
+            );
+            a.last_seq = b.seq;
+            a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
+            a.spool_drops = a.spool_drops.max(b.spool_drops);
+            drop(a);
+            let mut c = lock(&self.counters);
+            c.batches += 1;
+            c.missing_batches += missing;
+            c.ringbuf_drops += rd;
+            c.spool_drops += sd;
+        }
+        let host: Arc<str> = Arc::from(b.host.as_str());
+        self.clocks
+            .entry(b.host.clone())
+            .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()))
+            .observe_one_way(b.mono_ns, recv_ns);
+        if b.wall_ns != 0 {
+            let (c, _) = self.to_coord(&b.host, b.mono_ns);
+            *lock(&self.wall_offset) = Some(b.wall_ns as i64 - c);
+        }
+        let slack = self.cfg.limits.future_slack_ns;
+        for id in &b.ranks {
+            if id.world_size != 0 && id.rank >= id.world_size {
+                self.reject(RecordError::RankOutOfRange {
+                    rank: id.rank,
+                    world_size: id.world_size,
+                });
+                sum.rejected += 1;
+                continue;
+            }
+            self.ranks.insert(
+                id.rank,
+                RankInfo {
+                    rank: id.rank,
+                    host: b.host.clone(),
+                    pid: id.pid,
+                    world_size: id.world_size,
+                    job_id: id.job_id.clone(),
+                    restart_count: id.restart_count,
+                    exited_at: None,
+                },
+            );
+            sum.accepted += 1;
+        }
+        for e in &b.exits {
+            let t = self.to_coord(&b.host, e.exit_ns).0;
+            if let Some(mut r) = self.ranks.get_mut(&e.rank) {
+                r.exited_at = Some(t);
+            }
+            sum.accepted += 1;
+        }
+        for c in &b.comms {
+            if let Err(e) = self
+                .check_rank(c.rank)
+                .and_then(|_| self.joiner.register_comm(&host, c))
+            {
+                self.reject(e);
+                sum.rejected += 1;
+            } else {
+                sum.accepted += 1;
+            }
+        }
+        let mut completed = Vec::new();
+        let mut progress = Vec::new();
+        let mut nccl_errors = 0;
+        for r in &b.collectives {
+            let res = self
+                .check_rank(r.rank)
+                .and_then(|_| validate::check_collective(r, b.mono_ns, slack))
+                .and_then(|_| self.joiner.offer(&host, r.clone()));
+            match res {
+                Ok(o) => {
+                    if r.ret != 0 {
+                        nccl_errors += 1;
+                    }
+                    match o {
+                        Offer::Completed(i) => completed.push(i),
+                        Offer::Duplicate => sum.duplicates += 1,
+                        Offer::HangProgress {
+                            comm_id,
+                            key,
+                            resolved,
+                        } => progress.push((comm_id, key, resolved)),
+                        Offer::Pending | Offer::Merged => {}
+                    }
+                    sum.accepted += 1;
+                }
+                Err(e) => {
+                    self.reject(e);
+                    sum.rejected += 1;
+                }
+            }
+        }
+        let cap = self.cfg.limits.max_queued_records;
+        {
+            let mut q = lock(&self.raw_intervals);
+            for i in &b.intervals {
+                match self
+                    .check_rank(i.rank)
+                    .and_then(|_| validate::check_interval(i, b.mono_ns, slack))
+                {
+                    Ok(()) if q.len() < cap => {
+                        q.push((b.host.clone(), i.clone()));
+                        sum.accepted += 1;
+                    }
+                    Ok(()) => {
+                        drop_record(&self.counters, "queue_full");
+                        sum.rejected += 1;
+                    }
+                    Err(e) => {
+                        self.reject(e);
+                        sum.rejected += 1;
+                    }
+                }
+            }
+        }
+        {
+            let mut q = lock(&self.raw_links);
+            for l in &b.links {
+                let peer_ok = l.peer_rank >= 0 && l.peer_rank <= u32::MAX as i64;
+                let res = self
+                    .check_rank(l.rank)
+                    .and_then(|_| validate::check_link(l, b.mono_ns, slack));
+                match res {
+                    Ok(()) if peer_ok && q.len() < cap => {
+                        q.push((b.host.clone(), l.clone()));
+                        sum.accepted += 1;
+                    }
+                    // A QP not mapped to a peer cannot be judged as a link.
+                    Ok(()) if !peer_ok => sum.accepted += 1,
+                    Ok(()) => {
+                        drop_record(&self.counters, "queue_full");
+                        sum.rejected += 1;
+                    }
+                    Err(e) => {
+                        self.reject(e);
+                        sum.rejected += 1;
+                    }
+                }
+            }
+        }
+        if !completed.is_empty() {
+            lock(&self.completed).extend(completed);
+        }
+        if !progress.is_empty() {
+            lock(&self.hang_progress).extend(progress);
+        }
+        self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
+        let mut c = lock(&self.counters);
+        c.records_accepted += sum.accepted;
+        c.nccl_errors += nccl_errors;
+        sum
+    }
+
+    fn check_rank(&self, rank: u32) -> Result<(), RecordError> {
+        // World size from any identity seen; unknown → cannot check.
+        if let Some(ws) = self.ranks.iter().next().map(|r| r.world_size) {
+            if ws != 0 && rank >= ws {
+                return Err(RecordError::RankOutOfRange {
+                    rank,
+                    world_size: ws,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn wall(&self, t: CoordNs) -> Option<DateTime<Utc>> {
+        let off = (*lock(&self.wall_offset))?;
+        Some(DateTime::<Utc>::from_timestamp_nanos(t.saturating_add(off)))
+    }
+
+    fn host_of(&self, rank: u32) -> String {
+        self.ranks
+            .get(&rank)
+            .map_or_else(|| "?".into(), |r| r.host.clone())
+    }
+
+    /// Advances the reasoning to coordinator time `now`; returns verdict and
+    /// hang events (open, reopen, close) for alerts.
+    pub fn tick(&self, now: CoordNs) -> Vec<VerdictEvent> {
+        let mut events = Vec::new();
+        let completed = std::mem::take(&mut *lock(&self.completed));
+        let progress = std::mem::take(&mut *lock(&self.hang_progress));
+        let raw_links = std::mem::take(&mut *lock(&self.raw_links));
+        let raw_intervals = std::mem::take(&mut *lock(&self.raw_intervals));
+        let clock = |h: &str, t: u64| self.to_coord(h, t);
+        let mut core = lock(&self.core);
+        let core = &mut *core;
+
+        let mut aligned: Vec<AlignedInstance> =
+            completed.iter().map(|i| align(i, &clock)).collect();
+        aligned.sort_by_key(|a| a.start);
+        for (ji, a) in completed.iter().zip(&aligned) {
+            self.completion_check(core, ji, a);
+        }
+        for a in aligned {
+            core.first_t = Some(core.first_t.map_or(a.start, |t| t.min(a.start)));
+            core.last_t = Some(core.last_t.map_or(a.end, |t| t.max(a.end)));
+            if !a.members.is_empty() && !matches!(a.op, CollOp::Send | CollOp::Recv) {
+                if let crate::join::InstanceKey::Coll(seq) = a.key {
+                    core.iteration
+                        .observe(a.comm_id, a.comm_nranks, seq, a.start, a.end);
+                }
+            }
+            core.pending.push_back(a);
+            while core.pending.len() > self.cfg.limits.max_pending_instances {
+                core.pending.pop_front();
+                core.pending_dropped += 1;
+            }
+        }
+        if core.iteration.period().is_some() {
+            while let Some(a) = core.pending.pop_front() {
+                let it = self.iteration_of(core, &a);
+                core.stats.add(&a, it);
+                self.remember(core, it, a);
+            }
+        }
+        for (host, l) in raw_links {
+            let (start, _) = clock(&host, l.start_ns);
+            let (end, _) = clock(&host, l.end_ns);
+            core.links.add(LinkObs {
+                rank: l.rank,
+                peer: l.peer_rank as u32,
+                start,
+                end,
+                completions: l.completions,
+                latency_sum_ns: l.post_to_completion_ns,
+                bytes: l.bytes,
+            });
+        }
+        for (host, i) in raw_intervals {
+            core.intervals.add(
+                i.rank,
+                IntervalObs {
+                    start: clock(&host, i.start_ns).0,
+                    end: clock(&host, i.end_ns).0,
+                    launches: i.launches,
+                    sync_wait_ns: i.sync_wait_ns,
+                    runq_delay_ns: i.runq_delay_ns,
+                    offcpu_ns: i.offcpu_ns,
+                },
+            );
+        }
+        self.refine_clocks(core);
+        events.extend(self.hang_events(core, now, progress));
+        if let Some(through) = core.iteration.sealed_through() {
+            for (k, bucket) in core.stats.take_sealed(through) {
+                events.extend(self.evaluate(core, k, &bucket));
+                core.last_sealed = Some(k);
+            }
+        }
+        events
+    }
+
+    fn iteration_of(&self, core: &Core, a: &AlignedInstance) -> u64 {
+        let p = core.iteration.period().expect("checked");
+        match a.key {
+            crate::join::InstanceKey::Coll(seq) if a.comm_id == p.comm_id => {
+                core.iteration.iteration_of_seq(seq).unwrap_or(0)
+            }
+            _ => core.iteration.iteration_at(a.start).unwrap_or(0),
+        }
+    }
+
+    fn remember(&self, core: &mut Core, it: u64, a: AlignedInstance) {
+        core.recent_entries += a.members.len();
+        core.recent.push_back((it, a));
+        while core.recent_entries > self.cfg.limits.recent_member_entries {
+            match core.recent.pop_front() {
+                Some((_, old)) => core.recent_entries -= old.members.len(),
+                None => break,
+            }
+        }
+    }
+
+    /// Collective completions of all-reduce / all-gather across hosts should
+    /// coincide; the per-host offset from the cross-host median, on the
+    /// probe-only clock, is the completion residual.
+    fn completion_check(&self, core: &mut Core, ji: &JoinedInstance, a: &AlignedInstance) {
+        if !matches!(a.op, CollOp::AllReduce | CollOp::AllGather) {
+            return;
+        }
+        if ji.members.iter().any(|m| m.rec.gpu_done_ns == 0) {
+            return;
+        }
+        let mut per_host: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for m in &ji.members {
+            let t = match self.clocks.get(&*m.host) {
+                Some(c) => c.to_coord_probe_only(m.rec.gpu_done_ns),
+                None => return,
+            };
+            per_host.entry(&m.host).or_default().push(t as f64);
+        }
+        if per_host.len() < 2 {
+            return;
+        }
+        let meds: Vec<(&str, f64)> = per_host
+            .into_iter()
+            .map(|(h, mut v)| (h, median(&mut v).unwrap_or(0.0)))
+            .collect();
+        let mut all: Vec<f64> = meds.iter().map(|m| m.1).collect();
+        let center = median(&mut all).unwrap_or(0.0);
+        for (h, m) in meds {
+            let q = core.residuals.entry(h.to_string()).or_default();
+            q.push_back(m - center);
+            while q.len() > 64 {
+                q.pop_front();
+            }
+        }
+    }
+
+    fn refine_clocks(&self, core: &mut Core) {
+        for (h, q) in &core.residuals {
+            if q.len() < 16 {
+                continue;
+            }
+            let mut v: Vec<f64> = q.iter().copied().collect();
+            if let (Some(r), Some(mut c)) = (median(&mut v), self.clocks.get_mut(h)) {
+                c.apply_completion_residual(r);
+            }
+        }
+    }
+
+    fn hang_events(
+        &self,
+        core: &mut Core,
+        now: CoordNs,
+        progress: Vec<(u64, crate::join::InstanceKey, bool)>,
+    ) -> Vec<VerdictEvent> {
+        let mut events = Vec::new();
+        for (comm, key, resolved) in progress {
+            if !resolved {
+                continue;
+            }
+            for h in core
+                .hangs
+                .iter_mut()
+                .filter(|h| h.active && h.candidate.comm_id == comm && h.candidate.key == key)
+            {
+                h.active = false;
+                events.push(VerdictEvent {
+                    event: EventKind::HangResolved,
+                    iteration: h.iteration,
+                    verdict: None,
+                    hang: Some(h.candidate.clone()),
+                    line: format!(
+                        "RESOLVED hang on communicator {:#x} instance {}: every member arrived",
+                        comm,
+                        key.display_seq()
+                    ),
+                });
+            }
+        }
+        let clock = |h: &str, t: u64| self.to_coord(h, t).0;
+        for e in self.joiner.expire(now, clock) {
+            let Expired::Hang(c) = e else { continue };
+            let iteration = core.iteration.iteration_at(c.entered_at);
+            let exited: Vec<u32> = c
+                .missing
+                .iter()
+                .filter(|m| {
+                    self.ranks
+                        .get(&m.rank)
+                        .is_some_and(|r| r.exited_at.is_some())
+                })
+                .map(|m| m.rank)
+                .collect();
+            let missing: Vec<String> = c
+                .missing
+                .iter()
+                .map(|m| {
+                    format!(
+                        "rank {} on {} (last completed instance {})",
+                        m.rank,
+                        if m.host.is_empty() { "?" } else { &m.host },
+                        m.last_completed_seq
+                            .map_or_else(|| "none".into(), |s| s.to_string())
+                    )
+                })
+                .collect();
+            let line = format!(
+                "HANG on communicator {:#x} {} instance {}: {} of {} members entered {} ago; missing {}{}",
+                c.comm_id,
+                crate::join::op_name(c.op),
+                c.key.display_seq(),
+                c.present_ranks.len(),
+                c.present_ranks.len() + c.missing.len(),
+                classify::fmt_ns(now.saturating_sub(c.entered_at) as f64),
+                missing.join(", "),
+                if exited.is_empty() { String::new() } else { format!(" — exited: {exited:?}") }
+            );
+            let st = HangState {
+                wall: self.wall(c.entered_at),
+                candidate: c.clone(),
+                iteration,
+                detected_at: now,
+                active: true,
+                exited,
+            };
+            core.hangs.push(st);
+            if core.hangs.len() > 256 {
+                core.hangs.remove(0);
+            }
+            events.push(VerdictEvent {
+                event: EventKind::HangDetected,
+                iteration,
+                verdict: None,
+                hang: Some(c),
+                line,
+            });
+        }
+        events
+    }
+
+    fn evaluate(&self, core: &mut Core, k: u64, bucket: &IterBucket) -> Vec<VerdictEvent> {
+        let step = core
+            .iteration
+            .duration_of(k)
+            .or_else(|| core.iteration.step_ns())
+            .unwrap_or(f64::INFINITY);
+        let mut scores = core.stats.score(k, bucket, step);
+        let world = self
+            .ranks
+            .iter()
+            .next()
+            .map(|r| r.world_size as f64)
+            .filter(|w| *w > 0.0)
+            .unwrap_or(bucket.ranks.len() as f64);
+        let exposure = if step.is_finite() { world * step } else { 0.0 };
+        // Who waited for whom, and where the waiting comes to rest.
+        let graph = WaitGraph::from_edges(&bucket.edges);
+        let mut pass: HashMap<Node, f64> = HashMap::new();
+        for s in &scores {
+            let p = if s.late_ns > 0.0 {
+                (s.excess_wait_ns.max(0.0) / s.late_ns).clamp(0.0, 1.0)
+            } else if s.excess_wait_ns > 0.0 {
+                1.0
+            } else {
+                0.0
+            };
+            pass.insert(Node::Rank(s.rank), p);
+        }
+        let blame = graph.blame(&pass, 6);
+        let mut rank_blame: HashMap<u32, f64> = HashMap::new();
+        for (n, b) in &blame {
+            if let Node::Rank(r) = n {
+                *core.lost_by_root.entry(*r).or_default() += b;
+                rank_blame.insert(*r, *b);
+            }
+        }
+        core.stats.judge_blame(&mut scores, &rank_blame);
+        let (from, to) = (
+            k.checked_sub(1)
+                .and_then(|p| core.iteration.end_of(p))
+                .unwrap_or(CoordNs::MIN),
+            core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
+        );
+        let min_frac = core.stats.config().min_step_fraction;
+        let mut obs: BTreeMap<Subject, Observation> = BTreeMap::new();
+        for s in &scores {
+            let hist = core.score_hist.entry(s.rank).or_default();
+            if s.suspicious {
+                hist.push_back(s.clone());
+                while hist.len() > 5 {
+                    hist.pop_front();
+                }
+            } else {
+                hist.retain(|h| h.iteration + 5 > k);
+            }
+            if !s.suspicious {
+                continue;
+            }
+            let window: Vec<RankScore> = hist.iter().cloned().collect();
+            let peers = core.stats.peers(s.rank).to_vec();
+            let first_it = window.first().map_or(k, |w| w.iteration);
+            let cpu_from = core
+                .iteration
+                .end_of(first_it.saturating_sub(1))
+                .unwrap_or(from);
+            let cpu = core.intervals.evidence(s.rank, &peers, cpu_from, to);
+            let persistence = core
+                .stats
+                .reference_comm(s.rank)
+                .and_then(|c| core.stats.order_persistence(c));
+            let c = classify::classify_straggler(&window, cpu.as_ref(), persistence, min_frac);
+            let at = s.first_t.unwrap_or(from);
+            obs.insert(
+                Subject::Rank(s.rank),
+                Observation {
+                    classification: c,
+                    rank: s.rank,
+                    host: self.host_of(s.rank),
+                    link: None,
+                    clock_error_ns: s.err_ns,
+                    lost_ns: blame.get(&Node::Rank(s.rank)).copied().unwrap_or(0.0),
+                    exposure_ns: exposure,
+                    at,
+                    wall: self.wall(at),
+                },
+            );
+        }
+        core.score_hist.retain(|_, h| !h.is_empty());
+        // Communication: links judged over this iteration's window.
+        if from != CoordNs::MIN && to != CoordNs::MAX {
+            let f = core.links.evaluate(from, to);
+            let max_err = self.max_error_ns();
+            for n in &f.nics {
+                let acc = bucket.ranks.get(&n.rank);
+                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * (1.0 - 1.0 / n.ratio.max(1.0)));
+                let ratio = transfer_ratio(bucket, n.rank);
+                obs.insert(
+                    Subject::Nic(n.rank),
+                    Observation {
+                        classification: classify::classify_nic(n, f.median_latency_ns, ratio),
+                        rank: n.rank,
+                        host: self.host_of(n.rank),
+                        link: None,
+                        clock_error_ns: max_err,
+                        lost_ns: lost,
+                        exposure_ns: exposure,
+                        at: from,
+                        wall: self.wall(from),
+                    },
+                );
+            }
+            for l in &f.links {
+                let acc = bucket.ranks.get(&l.a);
+                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * (1.0 - 1.0 / l.ratio.max(1.0)));
+                obs.insert(
+                    Subject::Link(l.a, l.b),
+                    Observation {
+                        classification: classify::classify_link(l, f.median_latency_ns),
+                        rank: l.a,
+                        host: self.host_of(l.a),
+                        link: Some([l.a, l.b]),
+                        clock_error_ns: max_err,
+                        lost_ns: lost,
+                        exposure_ns: exposure,
+                        at: from,
+                        wall: self.wall(from),
+                    },
+                );
+            }
+        }
+        let events = core.lifecycle.step(k, obs);
+        for e in &events {
+            if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
+                self.snapshot(
+                    core,
+                    v.id,
+                    v.first_seen_iteration,
+                    v.link.as_ref().map(|l| l.ranks),
+                    v.rank,
+                );
+            }
+        }
+        events
+    }
+
+    fn snapshot(&self, core: &mut Core, id: u64, first_it: u64, link: Option<[u32; 2]>, rank: u32) {
+        let lo = first_it.saturating_sub(1);
+        let involves = |a: &AlignedInstance| match link {
+            Some([x, y]) => {
+                a.members.iter().any(|m| m.rank == x) && a.members.iter().any(|m| m.rank == y)
+            }
+            None => a.members.iter().any(|m| m.rank == rank),
+        };
+        let snap: Vec<(u64, AlignedInstance)> = core
+            .recent
+            .iter()
+            .filter(|(it, a)| *it >= lo && involves(a))
+            .take(self.cfg.limits.snapshot_instances)
+            .cloned()
+            .collect();
+        core.snapshots.insert(id, snap);
+        while core.snapshots.len() > self.cfg.limits.max_snapshots {
+            core.snapshots.pop_first();
+        }
+    }
+
+    fn max_error_ns(&self) -> f64 {
+        self.clocks
+            .iter()
+            .map(|c| c.error_bound_ns())
+            .filter(|e| e.is_finite())
+            .fold(0.0, f64::max)
+    }
+
+    /// The cluster report (`report.json` / the human table).
+    pub fn report(&self) -> Report {
+        let core = lock(&self.core);
+        let mut hosts: Vec<crate::clock::HostClock> =
+            self.clocks.iter().map(|c| c.summary(c.key())).collect();
+        hosts.sort_by(|a, b| a.host.cmp(&b.host));
+        let ranks: Vec<RankInfo> = {
+            let mut v: Vec<RankInfo> = self.ranks.iter().map(|r| r.clone()).collect();
+            v.sort_by_key(|r| r.rank);
+            v
+        };
+        let period = core.iteration.period();
+        let elapsed = match (core.first_t, core.last_t) {
+            (Some(a), Some(b)) => (b - a) as f64 / 1e9,
+            _ => 0.0,
+        };
+        let mut verdicts: Vec<crate::verdict::Verdict> =
+            core.lifecycle.verdicts().cloned().collect();
+        verdicts.sort_by(|a, b| {
+            b.active
+                .cmp(&a.active)
+                .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
+        });
+        let counters = lock(&self.counters).clone();
+        let join = self.joiner.counters();
+        report::Report {
+            schema: report::SCHEMA.into(),
+            generated_at: Utc::now(),
+            job: report::JobInfo {
+                job_id: ranks
+                    .iter()
+                    .map(|r| r.job_id.clone())
+                    .find(|j| !j.is_empty()),
+                world_size: ranks.first().map_or(0, |r| r.world_size),
+                ranks_seen: ranks.len(),
+                hosts: hosts.len(),
+                reference_communicator: period.map(|p| format!("{:#x}", p.comm_id)),
+                instances_per_iteration: period.map(|p| p.instances_per_iteration),
+                iterations_observed: core.last_sealed.map_or(0, |k| k + 1),
+                step_time_ms: core.iteration.step_ns().map(|s| s / 1e6),
+                observed_seconds: elapsed,
+                started: core.first_t.and_then(|t| self.wall(t)),
+            },
+            clock: report::ClockInfo {
+                max_error_us: {
+                    let e = hosts
+                        .iter()
+                        .filter_map(|h| h.error_bound_us)
+                        .fold(0.0, f64::max);
+                    if hosts.iter().any(|h| h.error_bound_us.is_none()) {
+                        None
+                    } else {
+                        Some(e)
+                    }
+                },
+                hosts,
+            },
+            verdicts,
+            hangs: core
+                .hangs
+                .iter()
+                .map(|h| report::HangReport {
+                    communicator: format!("{:#x}", h.candidate.comm_id),
+                    sequence: h.candidate.key.display_seq(),
+                    op: crate::join::op_name(h.candidate.op),
+                    missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
+                    missing: h.candidate.missing.clone(),
+                    present_ranks: h.candidate.present_ranks.clone(),
+                    iteration: h.iteration,
+                    first_seen: h.wall,
+                    active: h.active,
+                    exited_ranks: h.exited.clone(),
+                })
+                .collect(),
+            ingest: report::IngestInfo {
+                counters,
+                instances_completed: join.completed,
+                instances_evicted: join.evicted,
+                instances_incomplete: join.incomplete,
+                duplicate_records: join.duplicates,
+                merged_records: join.merged,
+                dropped_late_for_stats: core.stats.dropped_late,
+                dropped_overflow: core.stats.dropped_overflow + core.pending_dropped,
+                open_instances: self.joiner.open_instances(),
+            },
+        }
+    }
+
+    /// Chrome / Perfetto trace (`traceEvents`) of the aligned timeline around
+    /// each verdict (or the most recent instances when there is none).
+    pub fn trace_json(&self) -> serde_json::Value {
+        let core = lock(&self.core);
+        let mut sections: Vec<crate::trace::Section> = Vec::new();
+        for (id, snap) in &core.snapshots {
+            if let Some(v) = core.lifecycle.get(*id) {
+                sections.push(crate::trace::Section {
+                    title: v.headline(),
+                    focus: match &v.link {
+                        Some(l) => l.ranks.to_vec(),
+                        None => vec![v.rank],
+                    },
+                    instances: snap.iter().map(|x| &x.1).collect(),
+                });
+            }
+        }
+        if sections.is_empty() {
+            let n = core.recent.len();
+            sections.push(crate::trace::Section {
+                title: "recent collectives".into(),
+                focus: Vec::new(),
+                instances: core
+                    .recent
+                    .iter()
+                    .skip(n.saturating_sub(256))
+                    .map(|x| &x.1)
+                    .collect(),
+            });
+        }
+        let hosts: HashMap<u32, String> = self
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.host.clone()))
+            .collect();
+        crate::trace::render(&sections, &hosts)
+    }
+
+    /// Gauges and counters for `/metrics`.
+    pub fn metrics(&self) -> Metrics {
+        let core = lock(&self.core);
+        let mut lateness: Vec<(u32, f64)> = core
+            .stats
+            .lateness_gauge()
+            .iter()
+            .map(|(r, l)| (*r, *l))
+            .collect();
+        lateness.sort_by_key(|x| x.0);
+        let mut clock: Vec<(String, f64)> = self
+            .clocks
+            .iter()
+            .map(|c| (c.key().clone(), c.error_bound_ns()))
+            .collect();
+        clock.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut lost: Vec<(u32, f64)> = core
+            .lost_by_root
+            .iter()
+            .map(|(r, l)| (*r, *l / 1e9))
+            .collect();
+        lost.sort_by_key(|x| x.0);
+        Metrics {
+            rank_lateness_ns: lateness,
+            rank_wait_attributed_gpu_seconds: lost,
+            verdicts_active: core.lifecycle.verdicts().filter(|v| v.active).count(),
+            verdicts_total: core.lifecycle.verdicts().count(),
+            hangs_active: core.hangs.iter().filter(|h| h.active).count(),
+            clock_error_ns: clock,
+            ingest: lock(&self.counters).clone(),
+            open_instances: self.joiner.open_instances(),
+            evicted_instances: self.joiner.counters().evicted,
+            iterations_sealed: core.last_sealed.map_or(0, |k| k + 1),
+            verdict_trackers: core.lifecycle.trackers(),
+            pending_instances: core.pending.len(),
+            recent_instances: core.recent.len(),
+        }
+    }
+}
+
+fn drop_record(c: &Mutex<IngestCounters>, why: &'static str) {
+    *lock(c).records_rejected.entry(why).or_default() += 1;
+}
+
+/// Mean transfer of instances containing `rank` vs all instances, this iteration.
+fn transfer_ratio(bucket: &IterBucket, rank: u32) -> Option<f64> {
+    let mine = bucket.ranks.get(&rank).filter(|a| a.xfer_n > 0)?;
+    let mut others: Vec<f64> = bucket
+        .ranks
+        .iter()
+        .filter(|(r, a)| **r != rank && a.xfer_n > 0)
+        .map(|(_, a)| a.xfer_member_ns / a.xfer_n as f64)
+        .collect();
+    let m = median(&mut others)?;
+    (m > 0.0).then(|| (mine.xfer_member_ns / mine.xfer_n as f64) / m)
+}
+
+/// Snapshot for Prometheus.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Metrics {
+    pub rank_lateness_ns: Vec<(u32, f64)>,
+    pub rank_wait_attributed_gpu_seconds: Vec<(u32, f64)>,
+    pub verdicts_active: usize,
+    pub verdicts_total: usize,
+    pub hangs_active: usize,
+    pub clock_error_ns: Vec<(String, f64)>,
+    pub ingest: IngestCounters,
+    pub open_instances: usize,
+    pub evicted_instances: u64,
+    pub iterations_sealed: u64,
+    pub verdict_trackers: usize,
+    pub pending_instances: usize,
+    pub recent_instances: usize,
+}
+
+impl Metrics {
+    /// Prometheus text exposition format.
+    pub fn to_prometheus(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let mut gauge = |name: &str, help: &str, rows: Vec<(String, f64)>| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (labels, v) in rows {
+                let _ = writeln!(s, "{name}{labels} {v}");
+            }
+        };
+        gauge(
+            "slowrank_rank_lateness_seconds",
+            "EWMA of the rank's lateness vs the median arrival on its reference communicator",
+            self.rank_lateness_ns
+                .iter()
+                .map(|(r, l)| (format!("{{rank=\"{r}\"}}"), l / 1e9))
+                .collect(),
+        );
+        gauge(
+            "slowrank_rank_attributed_wait_gpu_seconds",
+            "GPU time others spent waiting, attributed to this rank as a root",
+            self.rank_wait_attributed_gpu_seconds
+                .iter()
+                .map(|(r, l)| (format!("{{rank=\"{r}\"}}"), *l))
+                .collect(),
+        );
+        gauge(
+            "slowrank_verdicts_active",
+            "Open verdicts",
+            vec![(String::new(), self.verdicts_active as f64)],
+        );
+        gauge(
+            "slowrank_verdicts_total",
+            "Verdicts ever opened",
+            vec![(String::new(), self.verdicts_total as f64)],
+        );
+        gauge(
+            "slowrank_hangs_active",
+            "Hung collective instances",
+            vec![(String::new(), self.hangs_active as f64)],
+        );
+        gauge(
+            "slowrank_clock_error_seconds",
+            "Clock error bound per host",
+            self.clock_error_ns
+                .iter()
+                .filter(|(_, e)| e.is_finite())
+                .map(|(h, e)| (format!("{{host=\"{h}\"}}"), e / 1e9))
+                .collect(),
+        );
+        gauge(
+            "slowrank_open_instances",
+            "Collective instances waiting for members",
+            vec![(String::new(), self.open_instances as f64)],
+        );
+        gauge(
+            "slowrank_iterations_sealed",
+            "Iterations analysed",
+            vec![(String::new(), self.iterations_sealed as f64)],
+        );
+        let mut rows = vec![
+            ("batches", self.ingest.batches),
+            ("duplicate_batches", self.ingest.duplicate_batches),
+            ("missing_batches", self.ingest.missing_batches),
+            ("records_accepted", self.ingest.records_accepted),
+            ("ringbuf_drops", self.ingest.ringbuf_drops),
+            ("spool_drops", self.ingest.spool_drops),
+            ("nccl_errors", self.ingest.nccl_errors),
+            ("evicted_instances", self.evicted_instances),
+        ];
+        rows.sort();
+        let _ = writeln!(
+            s,
+            "# HELP slowrank_ingest_total Ingest counters\n# TYPE slowrank_ingest_total counter"
+        );
+        for (k, v) in rows {
+            let _ = writeln!(s, "slowrank_ingest_total{{what=\"{k}\"}} {v}");
+        }
+        let _ = writeln!(s, "# HELP slowrank_records_rejected_total Rejected records by reason\n# TYPE slowrank_records_rejected_total counter");
+        for (k, v) in &self.ingest.records_rejected {
+            let _ = writeln!(s, "slowrank_records_rejected_total{{reason=\"{k}\"}} {v}");
+        }
+        s
+    }
+}

@@ -1,0 +1,327 @@
+//! Why a rank is slow: compute, host or communication (and hang).
+//!
+//! * **compute** — the host enqueued on time but the GPU reached the
+//!   collective late (GPU-side lateness without host-side lateness), or, with
+//!   host times only, the host entered late *because* it had been blocked in a
+//!   sync waiting for its own GPU (sync waits longer than its peers').
+//! * **host** — the host itself reached the collective late (host-side
+//!   lateness about as large as the GPU-side one) while its GPU had drained:
+//!   short sync waits; run-queue delay or off-CPU time corroborate.
+//! * **communication** — arrivals on time, but the rank's queue pairs (or
+//!   one pair: a link) complete slowly compared to the rest of the fabric.
+
+use crate::intervals::CpuEvidence;
+use crate::links::{SlowLink, SlowNic};
+use crate::stats::RankScore;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Compute,
+    Communication,
+    Host,
+    Hang,
+}
+
+impl Kind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Kind::Compute => "compute",
+            Kind::Communication => "communication",
+            Kind::Host => "host",
+            Kind::Hang => "hang",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Classification {
+    pub kind: Kind,
+    pub confidence: f64,
+    pub evidence: Vec<String>,
+}
+
+/// Human duration: "3.21 ms", "412 µs", "1.20 s".
+pub fn fmt_ns(ns: f64) -> String {
+    let a = ns.abs();
+    if a >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.0} µs", ns / 1e3)
+    }
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        s / n as f64
+    }
+}
+
+/// Classifies a straggler from its suspicious iterations (`window`, not empty)
+/// and corroborating evidence. `persistence` is the Spearman ρ of lateness
+/// order across consecutive instances on its reference communicator.
+pub fn classify_straggler(
+    window: &[RankScore],
+    cpu: Option<&CpuEvidence>,
+    persistence: Option<f64>,
+    min_step_fraction: f64,
+) -> Classification {
+    let n = window.len().max(1) as f64;
+    let late = mean(window.iter().map(|s| s.late_ns));
+    let unexplained = mean(window.iter().map(|s| s.unexplained_ns));
+    let gpu_known = window.iter().filter(|s| s.gpu_late_ns.is_some()).count() as f64 >= n / 2.0;
+    let sync_excess = mean(window.iter().map(|s| s.sync_excess_ns));
+    let step = mean(window.iter().map(|s| s.step_ns));
+    let last_frac = mean(window.iter().map(|s| s.last_frac));
+    let pos = mean(window.iter().map(|s| s.mean_pos));
+    let inflicted = mean(window.iter().map(|s| s.inflicted_ns));
+    let blame_excess = mean(window.iter().map(|s| s.blame_excess_ns));
+    let err = window.iter().map(|s| s.err_ns).fold(0.0, f64::max);
+    let peers = window.last().map_or(0, |s| s.peers);
+    let first = window.first().map_or(0, |s| s.iteration);
+    let last = window.last().map_or(0, |s| s.iteration);
+
+    let mut ev = vec![format!(
+        "arrives {} late per iteration on its {}-rank reference communicator ({:.0}% of a {} step), iterations {first}–{last}",
+        fmt_ns(unexplained),
+        peers,
+        100.0 * unexplained / step.max(1.0),
+        fmt_ns(step)
+    )];
+    ev.push(format!(
+        "last to arrive in {:.0}% of its reference collectives; mean arrival position {:.2} (0 first, 1 last)",
+        100.0 * last_frac,
+        pos
+    ));
+    if inflicted > 0.0 {
+        ev.push(format!(
+            "others waited {} per iteration in instances it arrived last",
+            fmt_ns(inflicted)
+        ));
+    }
+    if blame_excess > 0.05 * step {
+        ev.push(format!(
+            "the wait graph puts {} of GPU waiting per iteration on it beyond its peers (through tensor, pipeline and data-parallel waits)",
+            fmt_ns(blame_excess)
+        ));
+    }
+    if let Some(rho) = persistence {
+        ev.push(format!(
+            "lateness order persists across consecutive instances (Spearman ρ {rho:.2}): a persistent straggler, not jitter"
+        ));
+    }
+    if late - unexplained > 0.05 * late.abs() {
+        ev.push(format!(
+            "{} of its lateness is explained by waiting on other communicators; the rest is its own",
+            fmt_ns(late - unexplained)
+        ));
+    }
+
+    // Per-instance means: a late start of the step shows in every instance
+    // of the iteration, a longer sync wait once per iteration.
+    let host_mean = mean(
+        window
+            .iter()
+            .map(|s| s.host_late_ns / s.ref_n.max(1) as f64),
+    );
+    let gpu_mean = mean(
+        window
+            .iter()
+            .filter(|s| s.gpu_n > 0)
+            .map(|s| s.gpu_late_ns.unwrap_or(0.0) / s.gpu_n as f64),
+    );
+    // A host-slow rank's GPU drains while its host is late, so it waits
+    // *less* in GPU syncs than its peers by about its lateness. A compute-slow
+    // rank's host may start late too (it waited for its own GPU at the end of
+    // the previous step) but its sync waits do not shrink.
+    let drained = if host_mean > 0.0 {
+        (-sync_excess).max(0.0) / host_mean
+    } else {
+        0.0
+    };
+    let (kind, clarity) = if gpu_known && host_mean < 0.5 * gpu_mean {
+        ev.push(format!(
+            "GPU-side lateness {} per collective vs host-side {}",
+            fmt_ns(gpu_mean),
+            fmt_ns(host_mean)
+        ));
+        ev.push("the host enqueued on time but the GPU reached the collectives late".into());
+        (Kind::Compute, 1.0 - host_mean / gpu_mean.max(1.0))
+    } else if host_mean > 0.0 && drained >= 0.5 {
+        ev.push(format!(
+            "host-side lateness {} per collective{}; its GPU had drained: sync waits {} shorter than its peers'",
+            fmt_ns(host_mean),
+            if gpu_known { format!(" (GPU-side {})", fmt_ns(gpu_mean)) } else { String::new() },
+            fmt_ns(-sync_excess)
+        ));
+        ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
+        (
+            Kind::Host,
+            drained.min(1.0) * if gpu_known { 1.0 } else { 0.8 },
+        )
+    } else {
+        ev.push(format!(
+            "host-side lateness {} per collective{} but its sync waits did not shrink ({} vs peers): its GPU is the bottleneck",
+            fmt_ns(host_mean),
+            if gpu_known { format!(", GPU-side {}", fmt_ns(gpu_mean)) } else { String::new() },
+            fmt_ns(sync_excess)
+        ));
+        ev.push(
+            "the host starts each step late only because it waited for its own slow GPU".into(),
+        );
+        (
+            Kind::Compute,
+            (1.0 - drained).clamp(0.0, 1.0) * if gpu_known { 0.9 } else { 0.7 },
+        )
+    };
+    if kind == Kind::Host {
+        if let Some(c) = cpu {
+            if c.runq_frac > c.runq_frac_peers + 0.01 {
+                ev.push(format!(
+                    "run-queue delay {:.1}% of wall time vs {:.1}% on peers: CPU contention",
+                    100.0 * c.runq_frac,
+                    100.0 * c.runq_frac_peers
+                ));
+            }
+            if c.offcpu_frac > c.offcpu_frac_peers + 0.01 {
+                ev.push(format!(
+                    "off-CPU (outside GPU syncs) {:.1}% of wall time vs {:.1}% on peers",
+                    100.0 * c.offcpu_frac,
+                    100.0 * c.offcpu_frac_peers
+                ));
+            }
+            if c.launches_per_s_peers > 0.0 && c.launches_per_s < 0.9 * c.launches_per_s_peers {
+                ev.push(format!(
+                    "launch rate {:.0}/s vs {:.0}/s on peers",
+                    c.launches_per_s, c.launches_per_s_peers
+                ));
+            }
+        }
+    } else if sync_excess > 0.0 {
+        ev.push(format!(
+            "its host waits {} per iteration longer than peers in GPU syncs",
+            fmt_ns(sync_excess)
+        ));
+    }
+    ev.push(format!("clock error bound {} at decision", fmt_ns(err)));
+    let own = unexplained.max(blame_excess / 2.0);
+    let strength = ((own / step.max(1.0)) / (4.0 * min_step_fraction)).clamp(0.0, 1.0);
+    let order = last_frac.clamp(0.0, 1.0).max(pos.clamp(0.0, 1.0));
+    let mut confidence = 0.35 + 0.25 * strength + 0.2 * order + 0.2 * clarity.clamp(0.0, 1.0);
+    if !gpu_known {
+        confidence = confidence.min(0.8);
+    }
+    Classification {
+        kind,
+        confidence: confidence.clamp(0.0, 0.99),
+        evidence: ev,
+    }
+}
+
+pub fn classify_nic(n: &SlowNic, median_ns: f64, transfer_ratio: Option<f64>) -> Classification {
+    let mut ev = vec![
+        format!(
+            "{} of its {} verbs peers complete slowly: post→completion {} vs fabric median {} ({:.1}×)",
+            n.slow_peers.len(),
+            n.peers,
+            fmt_ns(n.latency_ns),
+            fmt_ns(median_ns),
+            n.ratio
+        ),
+        format!("slow peers: {:?}", n.slow_peers),
+        "its arrivals are on time: the time goes into transfers".into(),
+    ];
+    if let Some(r) = transfer_ratio {
+        ev.push(format!(
+            "collectives it takes part in transfer {r:.2}× longer than others"
+        ));
+    }
+    let share = n.slow_peers.len() as f64 / n.peers.max(1) as f64;
+    Classification {
+        kind: Kind::Communication,
+        confidence: (0.5 + 0.25 * share + 0.2 * ((n.ratio - 1.0) / 2.0).clamp(0.0, 1.0)).min(0.97),
+        evidence: ev,
+    }
+}
+
+pub fn classify_link(l: &SlowLink, median_ns: f64) -> Classification {
+    Classification {
+        kind: Kind::Communication,
+        confidence: (0.55 + 0.3 * ((l.ratio - 1.0) / 2.0).clamp(0.0, 1.0)).min(0.95),
+        evidence: vec![
+            format!(
+                "link between ranks {} and {}: post→completion {} vs fabric median {} ({:.1}×)",
+                l.a,
+                l.b,
+                fmt_ns(l.latency_ns),
+                fmt_ns(median_ns),
+                l.ratio
+            ),
+            "both ends' other links are healthy: the pair (cable, port or path) is slow, not either NIC".into(),
+        ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn score(host_late: f64, gpu_late: Option<f64>, sync_excess: f64) -> RankScore {
+        RankScore {
+            rank: 5,
+            iteration: 10,
+            ref_n: 4,
+            late_ns: 4e6,
+            host_late_ns: host_late,
+            gpu_late_ns: gpu_late,
+            gpu_n: if gpu_late.is_some() { 4 } else { 0 },
+            excess_wait_ns: 0.0,
+            unexplained_ns: 4e6,
+            sync_excess_ns: sync_excess,
+            last_frac: 1.0,
+            mean_pos: 1.0,
+            inflicted_ns: 2e7,
+            blame_ns: 2e7,
+            blame_excess_ns: 1.8e7,
+            blame_z: 9.0,
+            err_ns: 30e3,
+            step_ns: 30e6,
+            peers: 8,
+            suspicious: true,
+            first_t: None,
+        }
+    }
+
+    #[test]
+    fn gpu_late_host_on_time_is_compute() {
+        let c = classify_straggler(&[score(1e4, Some(4e6), 0.0)], None, Some(0.9), 0.04);
+        assert_eq!(c.kind, Kind::Compute);
+        assert!(c.confidence > 0.8, "{c:?}");
+    }
+
+    #[test]
+    fn both_late_is_host() {
+        let c = classify_straggler(&[score(4e6, Some(4e6), -1e6)], None, None, 0.04);
+        assert_eq!(c.kind, Kind::Host);
+    }
+
+    #[test]
+    fn host_only_long_sync_is_compute_short_sync_is_host() {
+        assert_eq!(
+            classify_straggler(&[score(4e6, None, 3e6)], None, None, 0.04).kind,
+            Kind::Compute
+        );
+        assert_eq!(
+            classify_straggler(&[score(4e6, None, 0.0)], None, None, 0.04).kind,
+            Kind::Compute
+        );
+        let h = classify_straggler(&[score(4e6, None, -2e6)], None, None, 0.04);
+        assert_eq!(h.kind, Kind::Host);
+        assert!(h.confidence <= 0.8);
+    }
+}

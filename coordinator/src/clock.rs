@@ -1,0 +1,480 @@
+//! One clock: maps each agent host's monotonic clock onto the coordinator's.
+//!
+//! The model is `coord = agent + offset + drift * (agent - ref)`. It is fitted
+//! from round-trip probes: the coordinator sends at `coord_send_ns`, the agent
+//! reads its monotonic clock, the reply lands at `coord_recv_ns`. The true
+//! offset of a sample lies within `±rtt/2` of the midpoint estimate, and
+//! asymmetric queueing only ever *adds* delay, so the minimum-RTT sample of
+//! each time bucket is the most trustworthy one; only those are fitted.
+//!
+//! Collective completions (all-reduce / all-gather end together on every
+//! member) give a second, independent estimate. It is applied as a shift
+//! clamped to the probe error bound — a refinement inside what the probes
+//! allow, never a clock of its own (it would hide a rank slow on exit) — and
+//! as a check: a residual larger than the bound is counted as inconsistent.
+
+use std::collections::BTreeMap;
+
+/// Coordinator-clock nanoseconds (signed, so differences never wrap).
+pub type CoordNs = i64;
+
+/// One round-trip clock probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClockSample {
+    /// Coordinator monotonic ns when the probe left.
+    pub coord_send_ns: u64,
+    /// Agent monotonic ns read while answering.
+    pub agent_mono_ns: u64,
+    /// Coordinator monotonic ns when the answer arrived.
+    pub coord_recv_ns: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClockError {
+    #[error("probe answered before it was sent (send {send} ns, recv {recv} ns)")]
+    NegativeRtt { send: u64, recv: u64 },
+    #[error("probe round trip of {rtt_ns} ns exceeds the {max_ns} ns cap")]
+    RttTooLarge { rtt_ns: u64, max_ns: u64 },
+}
+
+/// Tuning of the estimator.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClockConfig {
+    /// Width of a min-RTT bucket on the agent clock.
+    pub bucket_ns: u64,
+    /// Buckets kept (oldest dropped): bounds memory and lets drift change.
+    pub max_buckets: usize,
+    /// Probes with a longer round trip are refused outright.
+    pub max_rtt_ns: u64,
+    /// Error bound assumed when only batch arrival times are known.
+    pub one_way_error_ns: u64,
+}
+
+impl Default for ClockConfig {
+    fn default() -> Self {
+        Self {
+            bucket_ns: 1_000_000_000,
+            max_buckets: 256,
+            max_rtt_ns: 100_000_000,
+            one_way_error_ns: 5_000_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    agent_ns: u64,
+    /// Midpoint offset `coord - agent` (ns).
+    theta: f64,
+    rtt_ns: u64,
+}
+
+/// A fitted line, cached after every change of the kept samples.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ClockFit {
+    /// Agent ns the offset is given at.
+    pub ref_agent_ns: u64,
+    /// `coord - agent` at `ref_agent_ns` (ns).
+    pub offset_ns: f64,
+    /// d(offset)/d(agent), e.g. 30e-6 for 30 ppm.
+    pub drift: f64,
+    /// Bound on |estimate - truth| (ns).
+    pub error_bound_ns: f64,
+    /// Samples the fit used.
+    pub samples_used: usize,
+}
+
+/// Per-host clock estimator. Not shared across threads by itself; the
+/// analyzer keeps one per host in a concurrent map.
+#[derive(Debug, Clone)]
+pub struct ClockEstimator {
+    cfg: ClockConfig,
+    buckets: BTreeMap<u64, Kept>,
+    fit: Option<ClockFit>,
+    /// Lowest `recv - agent` seen from batch arrivals: an upper bound on the
+    /// offset, used only while no probe has been answered.
+    one_way_min: Option<i128>,
+    samples_seen: u64,
+    samples_refused: u64,
+    /// Completion-based shift (ns), already clamped to the probe bound.
+    completion_shift_ns: f64,
+    /// Last completion residual measured against the probe-only clock.
+    completion_residual_ns: Option<f64>,
+    completion_inconsistent: u64,
+}
+
+impl ClockEstimator {
+    pub fn new(cfg: ClockConfig) -> Self {
+        Self {
+            cfg,
+            buckets: BTreeMap::new(),
+            fit: None,
+            one_way_min: None,
+            samples_seen: 0,
+            samples_refused: 0,
+            completion_shift_ns: 0.0,
+            completion_residual_ns: None,
+            completion_inconsistent: 0,
+        }
+    }
+
+    /// Adds one round-trip probe; keeps it only if it is the best of its bucket.
+    pub fn add_sample(&mut self, s: ClockSample) -> Result<(), ClockError> {
+        self.samples_seen += 1;
+        if s.coord_recv_ns < s.coord_send_ns {
+            self.samples_refused += 1;
+            return Err(ClockError::NegativeRtt {
+                send: s.coord_send_ns,
+                recv: s.coord_recv_ns,
+            });
+        }
+        let rtt_ns = s.coord_recv_ns - s.coord_send_ns;
+        if rtt_ns > self.cfg.max_rtt_ns {
+            self.samples_refused += 1;
+            return Err(ClockError::RttTooLarge {
+                rtt_ns,
+                max_ns: self.cfg.max_rtt_ns,
+            });
+        }
+        let mid = (s.coord_send_ns as i128 + s.coord_recv_ns as i128) / 2;
+        let theta = (mid - s.agent_mono_ns as i128) as f64
+            + if (s.coord_send_ns as i128 + s.coord_recv_ns as i128) % 2 == 1 {
+                0.5
+            } else {
+                0.0
+            };
+        let kept = Kept {
+            agent_ns: s.agent_mono_ns,
+            theta,
+            rtt_ns,
+        };
+        let bucket = s.agent_mono_ns / self.cfg.bucket_ns.max(1);
+        let replace = match self.buckets.get(&bucket) {
+            Some(old) => rtt_ns < old.rtt_ns,
+            None => true,
+        };
+        if replace {
+            self.buckets.insert(bucket, kept);
+            while self.buckets.len() > self.cfg.max_buckets {
+                self.buckets.pop_first();
+            }
+            self.refit();
+        }
+        Ok(())
+    }
+
+    /// A batch cut at agent `agent_ns` arrived at coordinator `coord_recv_ns`:
+    /// the offset is at most `recv - agent`. Only used before any probe.
+    pub fn observe_one_way(&mut self, agent_ns: u64, coord_recv_ns: u64) {
+        let d = coord_recv_ns as i128 - agent_ns as i128;
+        self.one_way_min = Some(self.one_way_min.map_or(d, |m| m.min(d)));
+    }
+
+    fn refit(&mut self) {
+        let pts: Vec<Kept> = self.buckets.values().copied().collect();
+        self.fit = fit_line(&pts).and_then(|first| {
+            // One pass of outlier rejection: a bucket whose best probe was
+            // still queued (all probes of that second delayed) bends the line.
+            let resid: Vec<f64> = pts
+                .iter()
+                .map(|k| (k.theta - eval(&first, k.agent_ns)).abs())
+                .collect();
+            let mad = median(&mut resid.clone()).unwrap_or(0.0);
+            let limit = (4.0 * 1.4826 * mad).max(20_000.0);
+            let inliers: Vec<Kept> = pts
+                .iter()
+                .zip(&resid)
+                .filter(|(_, r)| **r <= limit)
+                .map(|(k, _)| *k)
+                .collect();
+            if inliers.len() >= 2 && inliers.len() < pts.len() {
+                fit_line(&inliers)
+            } else {
+                Some(first)
+            }
+        });
+    }
+
+    /// The probe-only fit, if any probe was kept.
+    pub fn fit(&self) -> Option<ClockFit> {
+        self.fit
+    }
+
+    /// Offset `coord - agent` at `agent_ns` from probes only (no completion shift).
+    fn probe_offset(&self, agent_ns: u64) -> Option<f64> {
+        self.fit.as_ref().map(|f| eval(f, agent_ns))
+    }
+
+    /// Maps an agent monotonic time to coordinator ns.
+    pub fn to_coord(&self, agent_ns: u64) -> CoordNs {
+        let off = match self.probe_offset(agent_ns) {
+            Some(o) => o + self.completion_shift_ns,
+            // Without probes, the batch arrival bound minus half the assumed
+            // one-way error is the best guess; without either, identity.
+            None => self
+                .one_way_min
+                .map_or(0.0, |m| m as f64 - self.cfg.one_way_error_ns as f64 / 2.0),
+        };
+        (agent_ns as f64 + off).round() as CoordNs
+    }
+
+    /// Same, ignoring the completion shift: the clock the check is made against.
+    pub fn to_coord_probe_only(&self, agent_ns: u64) -> CoordNs {
+        match self.probe_offset(agent_ns) {
+            Some(o) => (agent_ns as f64 + o).round() as CoordNs,
+            None => self.to_coord(agent_ns),
+        }
+    }
+
+    /// Bound on the error of [`Self::to_coord`] (ns).
+    pub fn error_bound_ns(&self) -> f64 {
+        match &self.fit {
+            Some(f) => f.error_bound_ns,
+            None if self.one_way_min.is_some() => self.cfg.one_way_error_ns as f64,
+            None => f64::INFINITY,
+        }
+    }
+
+    /// Feeds the completion check: `residual_ns` is how far this host's
+    /// collective completions sit from the cross-host median, measured on the
+    /// probe-only clock. A positive residual means this host reads late.
+    pub fn apply_completion_residual(&mut self, residual_ns: f64) {
+        self.completion_residual_ns = Some(residual_ns);
+        let bound = self.error_bound_ns();
+        if !bound.is_finite() {
+            return;
+        }
+        // Allow a few µs for the true spread of completions across members.
+        if residual_ns.abs() > bound + 20_000.0 {
+            self.completion_inconsistent += 1;
+        }
+        self.completion_shift_ns = (-residual_ns).clamp(-bound, bound);
+    }
+
+    pub fn summary(&self, host: &str) -> HostClock {
+        let fit = self.fit;
+        HostClock {
+            host: host.to_string(),
+            offset_us: fit.map(|f| f.offset_ns / 1e3),
+            // The fit's slope is d(coord - agent)/d(agent); a host clock that
+            // runs fast by x ppm has slope -x/(1+x).
+            drift_ppm: fit.map(|f| -f.drift / (1.0 + f.drift) * 1e6),
+            error_bound_us: {
+                let b = self.error_bound_ns();
+                b.is_finite().then_some(b / 1e3)
+            },
+            probe_samples_seen: self.samples_seen,
+            probe_samples_refused: self.samples_refused,
+            samples_used: fit.map_or(0, |f| f.samples_used),
+            completion_residual_us: self.completion_residual_ns.map(|r| r / 1e3),
+            completion_shift_us: self.completion_shift_ns / 1e3,
+            completion_inconsistent: self.completion_inconsistent,
+            source: if fit.is_some() {
+                "probes"
+            } else if self.one_way_min.is_some() {
+                "batch-arrival"
+            } else {
+                "none"
+            },
+        }
+    }
+}
+
+/// One host's clock, as reported.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HostClock {
+    pub host: String,
+    pub offset_us: Option<f64>,
+    pub drift_ppm: Option<f64>,
+    pub error_bound_us: Option<f64>,
+    pub probe_samples_seen: u64,
+    pub probe_samples_refused: u64,
+    pub samples_used: usize,
+    pub completion_residual_us: Option<f64>,
+    pub completion_shift_us: f64,
+    pub completion_inconsistent: u64,
+    pub source: &'static str,
+}
+
+fn eval(f: &ClockFit, agent_ns: u64) -> f64 {
+    f.offset_ns + f.drift * (agent_ns as f64 - f.ref_agent_ns as f64)
+}
+
+fn fit_line(pts: &[Kept]) -> Option<ClockFit> {
+    let n = pts.len();
+    if n == 0 {
+        return None;
+    }
+    let ref_agent_ns = pts[n - 1].agent_ns;
+    // Centre x to keep the products small and well conditioned.
+    let xs: Vec<f64> = pts
+        .iter()
+        .map(|k| k.agent_ns as f64 - ref_agent_ns as f64)
+        .collect();
+    let mean_x = xs.iter().sum::<f64>() / n as f64;
+    let mean_y = pts.iter().map(|k| k.theta).sum::<f64>() / n as f64;
+    let sxx: f64 = xs.iter().map(|x| (x - mean_x).powi(2)).sum();
+    let span = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+        - xs.iter().cloned().fold(f64::INFINITY, f64::min);
+    // Drift needs a few seconds of baseline; before that a constant is safer.
+    let drift = if n >= 3 && span >= 2e9 && sxx > 0.0 {
+        let sxy: f64 = xs
+            .iter()
+            .zip(pts)
+            .map(|(x, k)| (x - mean_x) * (k.theta - mean_y))
+            .sum();
+        sxy / sxx
+    } else {
+        0.0
+    };
+    let offset_ns = mean_y + drift * (0.0 - mean_x);
+    let f = ClockFit {
+        ref_agent_ns,
+        offset_ns,
+        drift,
+        error_bound_ns: 0.0,
+        samples_used: n,
+    };
+    let resid_rms = (pts
+        .iter()
+        .map(|k| (k.theta - eval(&f, k.agent_ns)).powi(2))
+        .sum::<f64>()
+        / n as f64)
+        .sqrt();
+    // Each kept probe pins the truth within ±rtt/2 of its midpoint. With the
+    // fitted slope, the true offset at the reference lies in the intersection
+    // of all those intervals, [lo, hi]; the bound is the fit's distance to the
+    // far end, plus the slope's own uncertainty. If the intervals do not
+    // intersect (drift changed), fall back to the mean half round trip.
+    let mut lo = f64::NEG_INFINITY;
+    let mut hi = f64::INFINITY;
+    for k in pts {
+        let shift = f.drift * (k.agent_ns as f64 - ref_agent_ns as f64);
+        lo = lo.max(k.theta - shift - k.rtt_ns as f64 / 2.0);
+        hi = hi.min(k.theta - shift + k.rtt_ns as f64 / 2.0);
+    }
+    let mean_half_rtt = pts.iter().map(|k| k.rtt_ns as f64 / 2.0).sum::<f64>() / n as f64;
+    let interval = if lo <= hi {
+        (offset_ns - lo).max(hi - offset_ns).max(0.0)
+    } else {
+        mean_half_rtt + resid_rms
+    };
+    Some(ClockFit {
+        error_bound_ns: interval + 2.0 * resid_rms / (n as f64).sqrt(),
+        ..f
+    })
+}
+
+/// Median of a slice (reorders it).
+pub(crate) fn median(v: &mut [f64]) -> Option<f64> {
+    quantile(v, 0.5)
+}
+
+/// Linear-interpolated quantile (reorders the slice).
+pub(crate) fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{ClockTruth, Rng};
+
+    /// Hosts with ms offsets and tens-of-ppm drift, probes with 50–500 µs
+    /// asymmetric jitter: the estimate is within 50 µs and within its bound.
+    #[test]
+    fn estimate_within_50us_of_truth() {
+        let hosts = [
+            ClockTruth::new(2_500_000, 30.0, 3_000_000_000_000),
+            ClockTruth::new(-7_300_000, -45.0, 9_000_000_000),
+            ClockTruth::new(1_500_000, 20.0, 123_000_000_000),
+            ClockTruth::new(0, 0.0, 50_000_000_000),
+        ];
+        let mut rng = Rng::new(11);
+        for (h, truth) in hosts.iter().enumerate() {
+            let mut est = ClockEstimator::new(ClockConfig::default());
+            // 10 probes per second for two minutes.
+            for i in 0..1200u64 {
+                let t = 10_000_000_000 + i * 100_000_000 + rng.below(1_000_000);
+                est.add_sample(truth.probe(t, &mut rng)).unwrap();
+            }
+            for t in [20_000_000_000u64, 70_000_000_000, 129_000_000_000] {
+                let agent = truth.agent_ns(t);
+                let err = (est.to_coord(agent) - t as i64).abs() as f64;
+                assert!(err < 50_000.0, "host {h}: error {err} ns at t={t}");
+                assert!(
+                    err <= est.error_bound_ns(),
+                    "host {h}: error {err} ns above bound {}",
+                    est.error_bound_ns()
+                );
+            }
+            let summary = est.summary("h");
+            let drift = summary.drift_ppm.unwrap();
+            assert!(
+                (drift - truth.drift_ppm).abs() < 2.0,
+                "host {h}: drift {drift}"
+            );
+            assert!(
+                summary.error_bound_us.unwrap() < 60.0,
+                "host {h}: {summary:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_impossible_probes() {
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        assert!(matches!(
+            est.add_sample(ClockSample {
+                coord_send_ns: 10,
+                agent_mono_ns: 5,
+                coord_recv_ns: 9
+            }),
+            Err(ClockError::NegativeRtt { .. })
+        ));
+        assert!(matches!(
+            est.add_sample(ClockSample {
+                coord_send_ns: 0,
+                agent_mono_ns: 5,
+                coord_recv_ns: 1_000_000_000
+            }),
+            Err(ClockError::RttTooLarge { .. })
+        ));
+        assert!(est.fit().is_none());
+        assert!(est.error_bound_ns().is_infinite());
+    }
+
+    #[test]
+    fn completion_shift_stays_inside_probe_bound() {
+        let truth = ClockTruth::new(1_000_000, 0.0, 0);
+        let mut rng = Rng::new(3);
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        for i in 0..100u64 {
+            est.add_sample(truth.probe(i * 100_000_000, &mut rng))
+                .unwrap();
+        }
+        let bound = est.error_bound_ns();
+        let before = est.to_coord(5_000_000_000);
+        // A wildly wrong completion residual may move the clock only by the bound.
+        est.apply_completion_residual(10_000_000.0);
+        let after = est.to_coord(5_000_000_000);
+        assert!(((before - after).abs() as f64) <= bound + 1.0);
+        assert_eq!(est.summary("h").completion_inconsistent, 1);
+    }
+
+    #[test]
+    fn one_way_fallback_before_probes() {
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        est.observe_one_way(1_000, 5_000_000);
+        est.observe_one_way(2_000, 4_000_000);
+        assert_eq!(est.error_bound_ns(), 5_000_000.0);
+        assert_eq!(est.summary("h").source, "batch-arrival");
+    }
+}

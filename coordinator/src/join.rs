@@ -1,0 +1,745 @@
+//! Collective join: gathers the records of one instance from all its members.
+//!
+//! A collective instance is `(comm_id, seq)` with `nranks` members. A
+//! point-to-point operation is matched differently: a member's `seq` counts
+//! every operation it issued on the communicator, so the sender's and the
+//! receiver's numbers differ; instead the k-th operation between two members
+//! (in either direction, in issue order on each side) is one instance
+//! `(comm_id, lo, hi, k)` with two members.
+//!
+//! Records arrive late, out of order or never. Open instances are capped per
+//! communicator (the oldest is evicted and counted); an instance some members
+//! entered while others have not been heard from on that communicator since,
+//! past a timeout, becomes a hang candidate naming the missing ranks and the
+//! last instance each completed.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use slowrank_shared::wire::{CollOp, CollectiveRecord, CommRecord};
+
+use crate::clock::CoordNs;
+use crate::validate::RecordError;
+
+/// Names one instance inside a communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum InstanceKey {
+    /// A collective: the sequence number shared by every member.
+    Coll(u64),
+    /// The `ordinal`-th point-to-point operation between positions `lo < hi`.
+    P2p { lo: u32, hi: u32, ordinal: u64 },
+}
+
+impl InstanceKey {
+    /// The sequence number shown to people (the p2p ordinal for p2p).
+    pub fn display_seq(&self) -> u64 {
+        match self {
+            Self::Coll(s) => *s,
+            Self::P2p { ordinal, .. } => *ordinal,
+        }
+    }
+}
+
+/// Lower-case NCCL-style name of an operation.
+pub fn op_name(op: CollOp) -> &'static str {
+    match op {
+        CollOp::AllReduce => "all_reduce",
+        CollOp::AllGather => "all_gather",
+        CollOp::ReduceScatter => "reduce_scatter",
+        CollOp::Broadcast => "broadcast",
+        CollOp::Reduce => "reduce",
+        CollOp::AllToAll => "all_to_all",
+        CollOp::Send => "send",
+        CollOp::Recv => "recv",
+    }
+}
+
+fn ser_op<S: serde::Serializer>(op: &CollOp, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(op_name(*op))
+}
+
+/// One member's record of an instance.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub rank: u32,
+    pub rank_in_comm: u32,
+    pub host: Arc<str>,
+    pub rec: CollectiveRecord,
+}
+
+/// All members' records of one instance.
+#[derive(Debug, Clone)]
+pub struct JoinedInstance {
+    pub comm_id: u64,
+    pub key: InstanceKey,
+    /// Size of the communicator (2 members for p2p instances regardless).
+    pub comm_nranks: u32,
+    pub op: CollOp,
+    pub bytes: u64,
+    pub members: Vec<Member>,
+}
+
+impl JoinedInstance {
+    pub fn is_p2p(&self) -> bool {
+        matches!(self.key, InstanceKey::P2p { .. })
+    }
+}
+
+/// A member that never arrived at a hung instance.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MissingMember {
+    pub rank: u32,
+    pub rank_in_comm: u32,
+    pub host: String,
+    /// Last sequence number this member issued on the communicator.
+    pub last_seq_seen: Option<u64>,
+    /// Last collective instance on this communicator it completed with everyone.
+    pub last_completed_seq: Option<u64>,
+}
+
+/// An instance some members entered and others never did, past the timeout.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HangCandidate {
+    pub comm_id: u64,
+    pub key: InstanceKey,
+    #[serde(serialize_with = "ser_op")]
+    pub op: CollOp,
+    pub comm_nranks: u32,
+    /// Coordinator time the first member entered.
+    pub entered_at: CoordNs,
+    pub first_host: String,
+    pub first_agent_ns: u64,
+    pub present_ranks: Vec<u32>,
+    pub missing: Vec<MissingMember>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JoinConfig {
+    /// Open instances kept per communicator before the oldest is evicted.
+    pub max_open_per_comm: usize,
+    /// Communicators tracked at most.
+    pub max_comms: usize,
+    /// Closed instance keys remembered per communicator (to tell late from new).
+    pub closed_memory: usize,
+    /// An incomplete instance older than this becomes a hang candidate (ns).
+    pub hang_timeout_ns: i64,
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        Self {
+            max_open_per_comm: 512,
+            max_comms: 1 << 16,
+            closed_memory: 4096,
+            hang_timeout_ns: 3_000_000_000,
+        }
+    }
+}
+
+/// What became of one offered record.
+#[derive(Debug)]
+pub enum Offer {
+    /// Stored; the instance still waits for members.
+    Pending,
+    /// The record completed its instance.
+    Completed(JoinedInstance),
+    /// Same record again (a resend): dropped.
+    Duplicate,
+    /// A later copy filled GPU-side fields the first copy lacked.
+    Merged,
+    /// A hang candidate's missing member finally arrived; if `resolved`, no
+    /// member is missing any more.
+    HangProgress {
+        comm_id: u64,
+        key: InstanceKey,
+        resolved: bool,
+    },
+}
+
+/// What the periodic expiry found.
+#[derive(Debug)]
+pub enum Expired {
+    Hang(HangCandidate),
+    /// Incomplete, but every missing member was heard from later: records
+    /// were lost, nothing hung.
+    Incomplete {
+        comm_id: u64,
+        key: InstanceKey,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    rank: u32,
+    host: Arc<str>,
+}
+
+#[derive(Debug)]
+struct Open {
+    born: u64,
+    op: CollOp,
+    bytes: u64,
+    /// Positions of the members (comm positions; two entries for p2p).
+    positions: Vec<u32>,
+    records: Vec<Option<Member>>,
+    present: usize,
+    first_host: Arc<str>,
+    first_agent_ns: u64,
+}
+
+#[derive(Debug)]
+struct CommState {
+    nranks: u32,
+    slots: HashMap<u32, Slot>,
+    by_rank: HashMap<u32, u32>,
+    last_seq: HashMap<u32, u64>,
+    last_completed: HashMap<u32, u64>,
+    /// `born` counter value at each position's last record.
+    last_seen_born: HashMap<u32, u64>,
+    p2p_ordinal: HashMap<(u32, u32), u64>,
+    open: HashMap<InstanceKey, Open>,
+    born: u64,
+    closed: HashSet<InstanceKey>,
+    closed_order: VecDeque<InstanceKey>,
+    hangs: HashMap<InstanceKey, HangCandidate>,
+}
+
+impl CommState {
+    fn new(nranks: u32) -> Self {
+        Self {
+            nranks,
+            slots: HashMap::new(),
+            by_rank: HashMap::new(),
+            last_seq: HashMap::new(),
+            last_completed: HashMap::new(),
+            last_seen_born: HashMap::new(),
+            p2p_ordinal: HashMap::new(),
+            open: HashMap::new(),
+            born: 0,
+            closed: HashSet::new(),
+            closed_order: VecDeque::new(),
+            hangs: HashMap::new(),
+        }
+    }
+
+    fn close(&mut self, key: InstanceKey, cap: usize) {
+        if self.closed.insert(key) {
+            self.closed_order.push_back(key);
+            while self.closed_order.len() > cap {
+                if let Some(old) = self.closed_order.pop_front() {
+                    self.closed.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// Membership of one communicator, for the stages after the join.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommInfo {
+    pub comm_id: u64,
+    pub nranks: u32,
+    /// Global ranks of the members known so far, by position.
+    pub ranks: Vec<Option<u32>>,
+}
+
+/// Counters of the join.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct JoinCounters {
+    pub completed: u64,
+    pub evicted: u64,
+    pub incomplete: u64,
+    pub hangs: u64,
+    pub duplicates: u64,
+    pub merged: u64,
+}
+
+/// The join of every communicator; safe to call from many ingest tasks.
+#[derive(Debug)]
+pub struct Joiner {
+    cfg: JoinConfig,
+    comms: DashMap<u64, CommState>,
+    counters: std::sync::Mutex<JoinCounters>,
+}
+
+impl Joiner {
+    pub fn new(cfg: JoinConfig) -> Self {
+        Self {
+            cfg,
+            comms: DashMap::new(),
+            counters: std::sync::Mutex::new(JoinCounters::default()),
+        }
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut JoinCounters)) {
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut c);
+    }
+
+    pub fn counters(&self) -> JoinCounters {
+        *self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records one member's creation of a communicator.
+    pub fn register_comm(&self, host: &Arc<str>, c: &CommRecord) -> Result<(), RecordError> {
+        crate::validate::check_comm(c)?;
+        if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
+            return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
+        }
+        let mut st = self
+            .comms
+            .entry(c.comm_id)
+            .or_insert_with(|| CommState::new(c.nranks));
+        if st.nranks != c.nranks {
+            return Err(RecordError::CommSizeConflict {
+                comm_id: c.comm_id,
+                had: st.nranks,
+                got: c.nranks,
+            });
+        }
+        if let Some(old) = st.slots.get(&c.rank_in_comm) {
+            // A restarted process of the same rank re-creates its communicators.
+            if old.rank != c.rank {
+                return Err(RecordError::PositionConflict {
+                    comm_id: c.comm_id,
+                    rank_in_comm: c.rank_in_comm,
+                    had: old.rank,
+                    got: c.rank,
+                });
+            }
+        }
+        st.slots.insert(
+            c.rank_in_comm,
+            Slot {
+                rank: c.rank,
+                host: host.clone(),
+            },
+        );
+        st.by_rank.insert(c.rank, c.rank_in_comm);
+        Ok(())
+    }
+
+    pub fn comm_info(&self, comm_id: u64) -> Option<CommInfo> {
+        self.comms.get(&comm_id).map(|st| CommInfo {
+            comm_id,
+            nranks: st.nranks,
+            ranks: (0..st.nranks)
+                .map(|p| st.slots.get(&p).map(|s| s.rank))
+                .collect(),
+        })
+    }
+
+    /// Open instances over all communicators (for memory accounting).
+    pub fn open_instances(&self) -> usize {
+        self.comms.iter().map(|c| c.open.len()).sum()
+    }
+
+    /// Offers one validated record.
+    pub fn offer(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
+        let comm_id = rec.comm_id;
+        let mut st = self
+            .comms
+            .get_mut(&comm_id)
+            .ok_or(RecordError::UnknownCommunicator { comm_id })?;
+        let st = &mut *st;
+        let pos = *st.by_rank.get(&rec.rank).ok_or(RecordError::NotAMember {
+            rank: rec.rank,
+            comm_id,
+        })?;
+        let p2p = matches!(rec.op, CollOp::Send | CollOp::Recv);
+        if p2p && (rec.peer < 0 || rec.peer as u32 >= st.nranks || rec.peer as u32 == pos) {
+            return Err(RecordError::BadPeer {
+                peer: rec.peer,
+                nranks: st.nranks,
+            });
+        }
+        let last = st.last_seq.get(&pos).copied();
+        let repeat = last.is_some_and(|l| rec.seq <= l);
+        if repeat {
+            // Only a collective can be matched again by its sequence number.
+            let key = InstanceKey::Coll(rec.seq);
+            if !p2p {
+                if let Some(open) = st.open.get_mut(&key) {
+                    let idx = pos as usize;
+                    match &mut open.records[idx] {
+                        Some(m) if m.rec == rec => {
+                            self.bump(|c| c.duplicates += 1);
+                            return Ok(Offer::Duplicate);
+                        }
+                        Some(m) if m.rec.host_entry_ns == rec.host_entry_ns => {
+                            // A later fold may carry the GPU-side times.
+                            if m.rec.gpu_arrive_ns == 0 {
+                                m.rec.gpu_arrive_ns = rec.gpu_arrive_ns;
+                            }
+                            if m.rec.gpu_done_ns == 0 {
+                                m.rec.gpu_done_ns = rec.gpu_done_ns;
+                            }
+                            self.bump(|c| c.merged += 1);
+                            return Ok(Offer::Merged);
+                        }
+                        Some(_) => return Err(RecordError::Conflict),
+                        None => {} // out of order within the rank: accept below
+                    }
+                } else {
+                    return Err(RecordError::SequenceBackwards {
+                        comm_id,
+                        rank: rec.rank,
+                        seq: rec.seq,
+                        last: last.unwrap_or(0),
+                    });
+                }
+            } else {
+                return Err(RecordError::SequenceBackwards {
+                    comm_id,
+                    rank: rec.rank,
+                    seq: rec.seq,
+                    last: last.unwrap_or(0),
+                });
+            }
+        } else {
+            st.last_seq.insert(pos, rec.seq);
+        }
+        let (key, positions) = if p2p {
+            let peer = rec.peer as u32;
+            let ord = st.p2p_ordinal.entry((pos, peer)).or_insert(0);
+            let ordinal = *ord;
+            *ord += 1;
+            let (lo, hi) = (pos.min(peer), pos.max(peer));
+            (InstanceKey::P2p { lo, hi, ordinal }, vec![lo, hi])
+        } else {
+            (InstanceKey::Coll(rec.seq), Vec::new())
+        };
+        st.born += 1;
+        let born = st.born;
+        st.last_seen_born.insert(pos, born);
+
+        if st.closed.contains(&key) {
+            // The instance timed out without this member.
+            if let Some(h) = st.hangs.get_mut(&key) {
+                h.missing.retain(|m| m.rank_in_comm != pos);
+                let resolved = h.missing.is_empty();
+                if resolved {
+                    st.hangs.remove(&key);
+                }
+                return Ok(Offer::HangProgress {
+                    comm_id,
+                    key,
+                    resolved,
+                });
+            }
+            return Err(RecordError::Late {
+                comm_id,
+                seq: rec.seq,
+            });
+        }
+        // Any record from a missing member shows it is alive again past its
+        // hang point; the hang candidate stays until its own instance resolves.
+        let nranks = st.nranks;
+        let member = Member {
+            rank: rec.rank,
+            rank_in_comm: pos,
+            host: host.clone(),
+            rec,
+        };
+        let open = st.open.entry(key).or_insert_with(|| {
+            let n = if p2p { 2 } else { nranks as usize };
+            Open {
+                born,
+                op: member.rec.op,
+                bytes: member.rec.bytes,
+                positions: if p2p { positions.clone() } else { Vec::new() },
+                records: vec![None; n],
+                present: 0,
+                first_host: host.clone(),
+                first_agent_ns: member.rec.host_entry_ns,
+            }
+        });
+        let idx = if p2p {
+            open.positions.iter().position(|p| *p == pos).unwrap_or(0)
+        } else {
+            pos as usize
+        };
+        if open.records[idx].is_some() {
+            return Err(RecordError::Conflict);
+        }
+        open.records[idx] = Some(member);
+        open.present += 1;
+        if open.present == open.records.len() {
+            let open = st.open.remove(&key).expect("present");
+            st.close(key, self.cfg.closed_memory);
+            let members: Vec<Member> = open.records.into_iter().flatten().collect();
+            if let InstanceKey::Coll(seq) = key {
+                for m in &members {
+                    st.last_completed.insert(m.rank_in_comm, seq);
+                }
+            }
+            self.bump(|c| c.completed += 1);
+            return Ok(Offer::Completed(JoinedInstance {
+                comm_id,
+                key,
+                comm_nranks: nranks,
+                op: open.op,
+                bytes: open.bytes,
+                members,
+            }));
+        }
+        if st.open.len() > self.cfg.max_open_per_comm {
+            if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
+                st.open.remove(&old);
+                st.close(old, self.cfg.closed_memory);
+                self.bump(|c| c.evicted += 1);
+            }
+        }
+        Ok(Offer::Pending)
+    }
+
+    /// Closes instances whose first member entered more than the timeout
+    /// before `now`; `to_coord` aligns an agent time of a host.
+    pub fn expire(&self, now: CoordNs, to_coord: impl Fn(&str, u64) -> CoordNs) -> Vec<Expired> {
+        let mut out = Vec::new();
+        for mut entry in self.comms.iter_mut() {
+            let comm_id = *entry.key();
+            let st = &mut *entry;
+            let due: Vec<InstanceKey> = st
+                .open
+                .iter()
+                .filter(|(_, o)| {
+                    now.saturating_sub(to_coord(&o.first_host, o.first_agent_ns))
+                        > self.cfg.hang_timeout_ns
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            for key in due {
+                let open = st.open.remove(&key).expect("listed");
+                st.close(key, self.cfg.closed_memory);
+                let positions: Vec<u32> = match key {
+                    InstanceKey::P2p { lo, hi, .. } => vec![lo, hi],
+                    InstanceKey::Coll(_) => (0..st.nranks).collect(),
+                };
+                let mut present_ranks = Vec::new();
+                let mut missing = Vec::new();
+                for (i, p) in positions.iter().enumerate() {
+                    if let Some(m) = &open.records[i] {
+                        present_ranks.push(m.rank);
+                        continue;
+                    }
+                    let heard_since = st.last_seen_born.get(p).is_some_and(|b| *b > open.born);
+                    if heard_since {
+                        continue;
+                    }
+                    let slot = st.slots.get(p);
+                    missing.push(MissingMember {
+                        rank: slot.map_or(u32::MAX, |s| s.rank),
+                        rank_in_comm: *p,
+                        host: slot.map_or_else(String::new, |s| s.host.to_string()),
+                        last_seq_seen: st.last_seq.get(p).copied(),
+                        last_completed_seq: st.last_completed.get(p).copied(),
+                    });
+                }
+                if missing.is_empty() {
+                    self.bump(|c| c.incomplete += 1);
+                    out.push(Expired::Incomplete { comm_id, key });
+                } else {
+                    let h = HangCandidate {
+                        comm_id,
+                        key,
+                        op: open.op,
+                        comm_nranks: st.nranks,
+                        entered_at: to_coord(&open.first_host, open.first_agent_ns),
+                        first_host: open.first_host.to_string(),
+                        first_agent_ns: open.first_agent_ns,
+                        present_ranks,
+                        missing,
+                    };
+                    // Only the earliest hung instance per communicator matters.
+                    if st.hangs.len() < 4 {
+                        st.hangs.insert(key, h.clone());
+                    }
+                    self.bump(|c| c.hangs += 1);
+                    out.push(Expired::Hang(h));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comm(rank: u32, pos: u32, n: u32) -> CommRecord {
+        CommRecord {
+            pid: 100 + rank,
+            rank,
+            comm_id: 7,
+            parent_id: 0,
+            color: 0,
+            nranks: n,
+            rank_in_comm: pos,
+            created_ns: 1,
+        }
+    }
+
+    fn rec(rank: u32, seq: u64, t: u64) -> CollectiveRecord {
+        CollectiveRecord {
+            pid: 100 + rank,
+            rank,
+            comm_id: 7,
+            seq,
+            op: CollOp::AllReduce,
+            bytes: 1024,
+            peer: -1,
+            host_entry_ns: t,
+            host_exit_ns: t + 10,
+            gpu_arrive_ns: 0,
+            gpu_done_ns: 0,
+            launches_before: 3,
+            sync_wait_ns_before: 0,
+            ret: 0,
+        }
+    }
+
+    fn joiner(n: u32) -> (Joiner, Arc<str>) {
+        let j = Joiner::new(JoinConfig {
+            max_open_per_comm: 8,
+            hang_timeout_ns: 1_000,
+            ..Default::default()
+        });
+        let h: Arc<str> = Arc::from("node-0");
+        for r in 0..n {
+            j.register_comm(&h, &comm(r, r, n)).unwrap();
+        }
+        (j, h)
+    }
+
+    #[test]
+    fn out_of_order_members_complete_once() {
+        let (j, h) = joiner(3);
+        assert!(matches!(j.offer(&h, rec(2, 0, 5)).unwrap(), Offer::Pending));
+        assert!(matches!(j.offer(&h, rec(0, 1, 9)).unwrap(), Offer::Pending));
+        assert!(matches!(j.offer(&h, rec(0, 0, 4)).unwrap(), Offer::Pending));
+        assert!(matches!(
+            j.offer(&h, rec(2, 0, 5)).unwrap(),
+            Offer::Duplicate
+        ));
+        match j.offer(&h, rec(1, 0, 6)).unwrap() {
+            Offer::Completed(i) => {
+                assert_eq!(i.key, InstanceKey::Coll(0));
+                assert_eq!(
+                    i.members.iter().map(|m| m.rank).collect::<Vec<_>>(),
+                    vec![0, 1, 2]
+                );
+            }
+            o => panic!("{o:?}"),
+        }
+        assert!(matches!(
+            j.offer(&h, rec(1, 0, 6)),
+            Err(RecordError::SequenceBackwards { .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_comm_and_non_member_are_rejected() {
+        let (j, h) = joiner(2);
+        let mut r = rec(0, 0, 1);
+        r.comm_id = 99;
+        assert!(matches!(
+            j.offer(&h, r),
+            Err(RecordError::UnknownCommunicator { .. })
+        ));
+        assert!(matches!(
+            j.offer(&h, rec(5, 0, 1)),
+            Err(RecordError::NotAMember { .. })
+        ));
+        assert!(matches!(
+            j.register_comm(&h, &comm(9, 0, 3)),
+            Err(RecordError::CommSizeConflict { .. })
+        ));
+    }
+
+    #[test]
+    fn window_is_bounded_and_evictions_counted() {
+        let (j, h) = joiner(2);
+        for s in 0..100 {
+            j.offer(&h, rec(0, s, 10 + s)).unwrap();
+        }
+        assert!(j.open_instances() <= 8);
+        assert_eq!(j.counters().evicted, 92);
+        // Rank 1's record for an evicted instance is late, not a new instance.
+        assert!(matches!(
+            j.offer(&h, rec(1, 3, 13)),
+            Err(RecordError::Late { .. })
+        ));
+    }
+
+    #[test]
+    fn hang_names_missing_rank_and_last_completed() {
+        let (j, h) = joiner(3);
+        for s in 0..5 {
+            for r in 0..3 {
+                j.offer(&h, rec(r, s, 100 + s)).unwrap();
+            }
+        }
+        // Rank 1 stops; 0 and 2 enter instance 5.
+        j.offer(&h, rec(0, 5, 200)).unwrap();
+        j.offer(&h, rec(2, 5, 201)).unwrap();
+        assert!(j.expire(1_000, |_, t| t as i64).is_empty());
+        let exp = j.expire(1_300, |_, t| t as i64);
+        assert_eq!(exp.len(), 1);
+        let Expired::Hang(hc) = &exp[0] else {
+            panic!("{exp:?}")
+        };
+        assert_eq!(hc.key, InstanceKey::Coll(5));
+        assert_eq!(hc.present_ranks, vec![0, 2]);
+        assert_eq!(hc.missing.len(), 1);
+        assert_eq!(hc.missing[0].rank, 1);
+        assert_eq!(hc.missing[0].last_completed_seq, Some(4));
+        // It finally shows up: the hang resolves.
+        assert!(matches!(
+            j.offer(&h, rec(1, 5, 202)).unwrap(),
+            Offer::HangProgress { resolved: true, .. }
+        ));
+    }
+
+    #[test]
+    fn lost_record_is_incomplete_not_hang() {
+        let (j, h) = joiner(2);
+        j.offer(&h, rec(0, 0, 10)).unwrap(); // rank 1's record for 0 is lost
+        j.offer(&h, rec(0, 1, 20)).unwrap();
+        j.offer(&h, rec(1, 1, 21)).unwrap();
+        let exp = j.expire(5_000, |_, t| t as i64);
+        assert!(
+            matches!(exp.as_slice(), [Expired::Incomplete { .. }]),
+            "{exp:?}"
+        );
+    }
+
+    #[test]
+    fn p2p_pairs_by_ordinal_not_seq() {
+        let (j, h) = joiner(2);
+        let mut send = rec(0, 3, 10);
+        send.op = CollOp::Send;
+        send.peer = 1;
+        let mut recv = rec(1, 0, 12);
+        recv.op = CollOp::Recv;
+        recv.peer = 0;
+        assert!(matches!(j.offer(&h, send).unwrap(), Offer::Pending));
+        match j.offer(&h, recv).unwrap() {
+            Offer::Completed(i) => assert_eq!(
+                i.key,
+                InstanceKey::P2p {
+                    lo: 0,
+                    hi: 1,
+                    ordinal: 0
+                }
+            ),
+            o => panic!("{o:?}"),
+        }
+        let mut bad = rec(1, 5, 20);
+        bad.op = CollOp::Recv;
+        bad.peer = 1;
+        assert!(matches!(j.offer(&h, bad), Err(RecordError::BadPeer { .. })));
+    }
+}

@@ -1,0 +1,244 @@
+//! Verbs link statistics: which queue pairs complete slowly.
+//!
+//! Each [`LinkRecord`](slowrank_shared::wire::LinkRecord) gives a QP's mean
+//! post→completion latency over an interval. Links are compared
+//! cross-sectionally (against the median link over the same window), so a
+//! persistent fault never becomes its own baseline. A rank whose NIC is slow
+//! makes *most* of its links slow; a bad cable or switch port makes one pair
+//! slow while both ends' other links are fine — the pair is named.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::clock::{median, CoordNs};
+
+/// One QP interval on the coordinator clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkObs {
+    pub rank: u32,
+    pub peer: u32,
+    pub start: CoordNs,
+    pub end: CoordNs,
+    pub completions: u64,
+    pub latency_sum_ns: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinkConfig {
+    /// Latency / median latency at which a link is slow.
+    pub slow_ratio: f64,
+    /// And at least this much slower in absolute terms (ns).
+    pub min_excess_ns: f64,
+    /// Completions needed in the window to judge a link.
+    pub min_completions: u64,
+    /// Share of a rank's peers that must be slow to blame its NIC.
+    pub rank_share: f64,
+    /// Observations kept per pair; pairs kept at most.
+    pub per_pair: usize,
+    pub max_pairs: usize,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        Self {
+            slow_ratio: 1.5,
+            min_excess_ns: 5_000.0,
+            min_completions: 4,
+            rank_share: 0.75,
+            per_pair: 16,
+            max_pairs: 1 << 20,
+        }
+    }
+}
+
+/// A slow pair of ranks.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SlowLink {
+    pub a: u32,
+    pub b: u32,
+    pub latency_ns: f64,
+    pub ratio: f64,
+}
+
+/// A rank whose links are mostly slow (its NIC or its network path).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SlowNic {
+    pub rank: u32,
+    pub slow_peers: Vec<u32>,
+    pub peers: usize,
+    pub latency_ns: f64,
+    pub ratio: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LinkFindings {
+    pub median_latency_ns: f64,
+    pub links_judged: usize,
+    pub nics: Vec<SlowNic>,
+    pub links: Vec<SlowLink>,
+}
+
+#[derive(Debug)]
+pub struct LinkStats {
+    cfg: LinkConfig,
+    pairs: HashMap<(u32, u32), VecDeque<LinkObs>>,
+    pub dropped: u64,
+}
+
+impl LinkStats {
+    pub fn new(cfg: LinkConfig) -> Self {
+        Self {
+            cfg,
+            pairs: HashMap::new(),
+            dropped: 0,
+        }
+    }
+
+    pub fn add(&mut self, o: LinkObs) {
+        if o.rank == o.peer {
+            self.dropped += 1;
+            return;
+        }
+        let key = (o.rank.min(o.peer), o.rank.max(o.peer));
+        if !self.pairs.contains_key(&key) && self.pairs.len() >= self.cfg.max_pairs {
+            self.dropped += 1;
+            return;
+        }
+        let q = self.pairs.entry(key).or_default();
+        q.push_back(o);
+        while q.len() > self.cfg.per_pair {
+            q.pop_front();
+        }
+    }
+
+    /// Mean latency per pair over `[from, to]`; a pair with nothing in the
+    /// window uses its latest interval if it ended less than `stale_ns` ago.
+    fn latencies(
+        &self,
+        from: CoordNs,
+        to: CoordNs,
+        stale_ns: i64,
+    ) -> HashMap<(u32, u32), (f64, u64)> {
+        let mut out = HashMap::new();
+        for (k, q) in &self.pairs {
+            let (mut lat, mut n) = (0u64, 0u64);
+            for o in q.iter().filter(|o| o.end >= from && o.start <= to) {
+                lat += o.latency_sum_ns;
+                n += o.completions;
+            }
+            if n == 0 {
+                if let Some(o) = q
+                    .iter()
+                    .rev()
+                    .find(|o| o.end <= to && to - o.end <= stale_ns)
+                {
+                    lat = o.latency_sum_ns;
+                    n = o.completions;
+                }
+            }
+            if n >= self.cfg.min_completions {
+                out.insert(*k, (lat as f64 / n as f64, n));
+            }
+        }
+        out
+    }
+
+    pub fn evaluate(&self, from: CoordNs, to: CoordNs) -> LinkFindings {
+        let lats = self.latencies(from, to, 2_000_000_000);
+        let mut all: Vec<f64> = lats.values().map(|v| v.0).collect();
+        let Some(med) = median(&mut all) else {
+            return LinkFindings::default();
+        };
+        let mut peers: HashMap<u32, Vec<(u32, f64, bool)>> = HashMap::new();
+        for (&(a, b), &(lat, _)) in &lats {
+            let slow = lat >= self.cfg.slow_ratio * med && lat - med >= self.cfg.min_excess_ns;
+            peers.entry(a).or_default().push((b, lat, slow));
+            peers.entry(b).or_default().push((a, lat, slow));
+        }
+        let mut nics = Vec::new();
+        for (&r, ps) in &peers {
+            let slow: Vec<&(u32, f64, bool)> = ps.iter().filter(|p| p.2).collect();
+            if slow.len() >= 2 && slow.len() as f64 >= self.cfg.rank_share * ps.len() as f64 {
+                let mut l: Vec<f64> = slow.iter().map(|p| p.1).collect();
+                let lat = median(&mut l).unwrap_or(0.0);
+                let mut sp: Vec<u32> = slow.iter().map(|p| p.0).collect();
+                sp.sort_unstable();
+                nics.push(SlowNic {
+                    rank: r,
+                    slow_peers: sp,
+                    peers: ps.len(),
+                    latency_ns: lat,
+                    ratio: lat / med,
+                });
+            }
+        }
+        nics.sort_by_key(|n| n.rank);
+        let nic_ranks: Vec<u32> = nics.iter().map(|n| n.rank).collect();
+        let mut links: Vec<SlowLink> = lats
+            .iter()
+            .filter(|(&(a, b), &(lat, _))| {
+                lat >= self.cfg.slow_ratio * med
+                    && lat - med >= self.cfg.min_excess_ns
+                    && !nic_ranks.contains(&a)
+                    && !nic_ranks.contains(&b)
+            })
+            .map(|(&(a, b), &(lat, _))| SlowLink {
+                a,
+                b,
+                latency_ns: lat,
+                ratio: lat / med,
+            })
+            .collect();
+        links.sort_by_key(|l| (l.a, l.b));
+        LinkFindings {
+            median_latency_ns: med,
+            links_judged: lats.len(),
+            nics,
+            links,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(rank: u32, peer: u32, lat: u64) -> LinkObs {
+        LinkObs {
+            rank,
+            peer,
+            start: 0,
+            end: 100,
+            completions: 8,
+            latency_sum_ns: 8 * lat,
+            bytes: 0,
+        }
+    }
+
+    /// Ring 0..8 with two peers each side: rank 6's NIC slow vs link 1–2 slow.
+    #[test]
+    fn nic_versus_single_link() {
+        let mut s = LinkStats::new(LinkConfig::default());
+        for r in 0..8u32 {
+            for d in [1, 2] {
+                let q = (r + d) % 8;
+                let slow = r == 6 || q == 6 || (r.min(q), r.max(q)) == (1, 2);
+                s.add(obs(r, q, if slow { 120_000 } else { 50_000 }));
+            }
+        }
+        let f = s.evaluate(0, 100);
+        assert_eq!(f.nics.iter().map(|n| n.rank).collect::<Vec<_>>(), vec![6]);
+        assert_eq!(f.links.len(), 1);
+        assert_eq!((f.links[0].a, f.links[0].b), (1, 2));
+    }
+
+    #[test]
+    fn uniform_links_find_nothing() {
+        let mut s = LinkStats::new(LinkConfig::default());
+        for r in 0..8u32 {
+            s.add(obs(r, (r + 1) % 8, 50_000 + r as u64 * 500));
+        }
+        let f = s.evaluate(0, 100);
+        assert!(f.nics.is_empty() && f.links.is_empty());
+    }
+}

@@ -1,0 +1,211 @@
+//! The cluster report: `report.json` (schema `slowrank.report/v1`, documented
+//! in `docs/report-schema.md`) and the human table.
+
+use chrono::{DateTime, Utc};
+
+use crate::analyzer::IngestCounters;
+use crate::clock::HostClock;
+use crate::join::MissingMember;
+use crate::verdict::Verdict;
+
+pub const SCHEMA: &str = "slowrank.report/v1";
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub schema: String,
+    pub generated_at: DateTime<Utc>,
+    pub job: JobInfo,
+    pub clock: ClockInfo,
+    pub verdicts: Vec<Verdict>,
+    pub hangs: Vec<HangReport>,
+    pub ingest: IngestInfo,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobInfo {
+    pub job_id: Option<String>,
+    pub world_size: u32,
+    pub ranks_seen: usize,
+    pub hosts: usize,
+    pub reference_communicator: Option<String>,
+    pub instances_per_iteration: Option<u64>,
+    pub iterations_observed: u64,
+    pub step_time_ms: Option<f64>,
+    pub observed_seconds: f64,
+    pub started: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClockInfo {
+    /// Largest per-host error bound; null while some host has no clock.
+    pub max_error_us: Option<f64>,
+    pub hosts: Vec<HostClock>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HangReport {
+    pub communicator: String,
+    pub sequence: u64,
+    pub op: &'static str,
+    pub missing_ranks: Vec<u32>,
+    pub missing: Vec<MissingMember>,
+    pub present_ranks: Vec<u32>,
+    pub iteration: Option<u64>,
+    pub first_seen: Option<DateTime<Utc>>,
+    pub active: bool,
+    pub exited_ranks: Vec<u32>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IngestInfo {
+    #[serde(flatten)]
+    pub counters: IngestCounters,
+    pub instances_completed: u64,
+    pub instances_evicted: u64,
+    pub instances_incomplete: u64,
+    pub duplicate_records: u64,
+    pub merged_records: u64,
+    pub dropped_late_for_stats: u64,
+    pub dropped_overflow: u64,
+    pub open_instances: usize,
+}
+
+/// `report.json`, pretty-printed.
+pub fn render_json(r: &Report) -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(r)
+}
+
+/// The table a tired on-call engineer reads: one line per finding first,
+/// details after.
+pub fn render_human(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let active_hangs: Vec<&HangReport> = r.hangs.iter().filter(|h| h.active).collect();
+    let active: Vec<&Verdict> = r.verdicts.iter().filter(|v| v.active).collect();
+    let _ = writeln!(
+        s,
+        "slowrank report — job {} · {} ranks on {} hosts · {} iterations observed{}",
+        r.job.job_id.as_deref().unwrap_or("?"),
+        r.job.world_size,
+        r.job.hosts,
+        r.job.iterations_observed,
+        r.job
+            .step_time_ms
+            .map_or(String::new(), |t| format!(" · step {t:.1} ms"))
+    );
+    let _ = writeln!(s);
+    if r.verdicts.is_empty() && r.hangs.is_empty() {
+        let _ = writeln!(s, "No slow rank found: every rank kept pace within noise.");
+    }
+    for h in &active_hangs {
+        let _ = writeln!(
+            s,
+            "HANG  {} of communicator {} instance {} never arrived (stuck since iteration {})",
+            fmt_ranks(&h.missing_ranks),
+            h.communicator,
+            h.sequence,
+            h.iteration.map_or("?".into(), |i| i.to_string())
+        );
+    }
+    for v in &active {
+        let _ = writeln!(s, "NOW   {}", v.headline());
+    }
+    for v in r.verdicts.iter().filter(|v| !v.active) {
+        let _ = writeln!(
+            s,
+            "WAS   {} (cleared at iteration {})",
+            v.headline(),
+            v.closed_iteration.map_or("?".into(), |i| i.to_string())
+        );
+    }
+    if !r.verdicts.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>10}  link",
+            "rank", "host", "kind", "conf", "since iter", "active", "lost GPU-s"
+        );
+        for v in &r.verdicts {
+            let _ = writeln!(
+                s,
+                "{:<6} {:<12} {:<14} {:>5.2} {:>10} {:>8} {:>10.2}  {}",
+                v.rank,
+                v.host,
+                v.kind.as_str(),
+                v.confidence,
+                v.first_seen_iteration,
+                if v.active { "yes" } else { "no" },
+                v.lost_gpu_seconds,
+                v.link
+                    .as_ref()
+                    .map_or(String::new(), |l| format!("{}↔{}", l.ranks[0], l.ranks[1]))
+            );
+        }
+        for v in &r.verdicts {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "rank {} ({}):", v.rank, v.kind.as_str());
+            for e in &v.evidence {
+                let _ = writeln!(s, "  - {e}");
+            }
+        }
+    }
+    for h in &r.hangs {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "hang on {} ({} #{}), {}:",
+            h.communicator,
+            h.op,
+            h.sequence,
+            if h.active { "active" } else { "resolved" }
+        );
+        let _ = writeln!(s, "  - arrived: {}", fmt_ranks(&h.present_ranks));
+        for m in &h.missing {
+            let _ = writeln!(
+                s,
+                "  - missing rank {} on {}: last issued #{}, last completed #{}",
+                m.rank,
+                m.host,
+                m.last_seq_seen.map_or("none".into(), |x| x.to_string()),
+                m.last_completed_seq
+                    .map_or("none".into(), |x| x.to_string())
+            );
+        }
+        if !h.exited_ranks.is_empty() {
+            let _ = writeln!(s, "  - exited: {}", fmt_ranks(&h.exited_ranks));
+        }
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "clock: max error {} over {} hosts",
+        r.clock
+            .max_error_us
+            .map_or("unknown".into(), |e| format!("{e:.0} µs")),
+        r.clock.hosts.len()
+    );
+    let rejected: u64 = r.ingest.counters.records_rejected.values().sum();
+    let _ = writeln!(
+        s,
+        "ingest: {} batches, {} records, {} rejected, {} batches missing, {} ring-buffer drops",
+        r.ingest.counters.batches,
+        r.ingest.counters.records_accepted,
+        rejected,
+        r.ingest.counters.missing_batches,
+        r.ingest.counters.ringbuf_drops
+    );
+    s
+}
+
+fn fmt_ranks(r: &[u32]) -> String {
+    match r {
+        [one] => format!("rank {one}"),
+        _ => format!(
+            "ranks {}",
+            r.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}

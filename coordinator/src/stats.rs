@@ -1,0 +1,696 @@
+//! Lateness statistics: per instance, then per rank per iteration.
+//!
+//! An instance's *arrival basis* is GPU-side when every member reported
+//! `gpu_arrive_ns`, else host-side entry for all members: mixing the two would
+//! make the members with GPU times look late (the host runs ahead of its GPU),
+//! so like is compared with like. GPU-side lateness is still computed over the
+//! subset that has it, as extra evidence. Lateness is arrival minus the median
+//! arrival; each member waits for the last arrival. Anything within the
+//! instance's clock error bound (zero when all members share a host clock) is
+//! not evidence and is counted as zero.
+//!
+//! Per rank and iteration the accumulator keeps lateness on the rank's
+//! *reference communicator* (its largest collective communicator — the
+//! data-parallel group in 3-D layouts, whose members do identical work, so
+//! cross-sectional comparison is fair), waits suffered elsewhere (tensor and
+//! pipeline communicators: a rank that waited there arrives late through no
+//! fault of its own), waits inflicted, order statistics and host counters.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::clock::{median, CoordNs};
+use crate::join::{InstanceKey, JoinedInstance};
+use slowrank_shared::wire::CollOp;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Basis {
+    Gpu,
+    Host,
+}
+
+#[derive(Debug, Clone)]
+pub struct AlignedMember {
+    pub rank: u32,
+    pub host: Arc<str>,
+    pub host_entry: CoordNs,
+    pub host_exit: CoordNs,
+    pub gpu_arrive: Option<CoordNs>,
+    pub gpu_done: Option<CoordNs>,
+    pub sync_wait_ns: u64,
+    pub launches: u32,
+    pub ret: i32,
+}
+
+/// One instance on the coordinator's clock, with its lateness and waits.
+#[derive(Debug, Clone)]
+pub struct AlignedInstance {
+    pub comm_id: u64,
+    pub key: InstanceKey,
+    pub op: CollOp,
+    pub comm_nranks: u32,
+    pub members: Vec<AlignedMember>,
+    pub basis: Basis,
+    pub arrival: Vec<CoordNs>,
+    pub lateness: Vec<f64>,
+    pub host_lateness: Vec<f64>,
+    pub gpu_lateness: Vec<Option<f64>>,
+    pub wait: Vec<f64>,
+    pub last: usize,
+    /// Clock error bound of comparisons inside this instance (ns).
+    pub err_ns: f64,
+    /// Median arrival.
+    pub start: CoordNs,
+    /// Median completion if known, else last arrival.
+    pub end: CoordNs,
+    /// Median completion minus last arrival: the transfer itself.
+    pub transfer_ns: Option<f64>,
+}
+
+fn med_i(v: &[CoordNs]) -> f64 {
+    let mut f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+    median(&mut f).unwrap_or(0.0)
+}
+
+fn dead_zone(x: f64, err: f64) -> f64 {
+    if x.abs() <= err {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// Aligns an instance; `clock(host, agent_ns)` gives `(coordinator ns, error bound ns)`.
+pub fn align(
+    inst: &JoinedInstance,
+    clock: &impl Fn(&str, u64) -> (CoordNs, f64),
+) -> AlignedInstance {
+    let mut hosts_err: HashMap<&str, f64> = HashMap::new();
+    let members: Vec<AlignedMember> = inst
+        .members
+        .iter()
+        .map(|m| {
+            let (host_entry, e) = clock(&m.host, m.rec.host_entry_ns);
+            hosts_err.insert(&m.host, e);
+            let al = |t: u64| (t != 0).then(|| clock(&m.host, t).0);
+            AlignedMember {
+                rank: m.rank,
+                host: m.host.clone(),
+                host_entry,
+                host_exit: al(m.rec.host_exit_ns).unwrap_or(host_entry),
+                gpu_arrive: al(m.rec.gpu_arrive_ns),
+                gpu_done: al(m.rec.gpu_done_ns),
+                sync_wait_ns: m.rec.sync_wait_ns_before,
+                launches: m.rec.launches_before,
+                ret: m.rec.ret,
+            }
+        })
+        .collect();
+    // Two hosts each off by their bound can disagree by the sum.
+    let err_ns = if hosts_err.len() > 1 {
+        let mut e: Vec<f64> = hosts_err.values().copied().collect();
+        e.sort_by(|a, b| b.total_cmp(a));
+        e[0] + e[1]
+    } else {
+        0.0
+    };
+    let all_gpu = members.iter().all(|m| m.gpu_arrive.is_some());
+    let basis = if all_gpu { Basis::Gpu } else { Basis::Host };
+    let host_arr: Vec<CoordNs> = members.iter().map(|m| m.host_entry).collect();
+    let arrival: Vec<CoordNs> = match basis {
+        Basis::Gpu => members
+            .iter()
+            .map(|m| m.gpu_arrive.unwrap_or(m.host_entry))
+            .collect(),
+        Basis::Host => host_arr.clone(),
+    };
+    let med = med_i(&arrival);
+    let host_med = med_i(&host_arr);
+    let gpus: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_arrive).collect();
+    let gpu_med = (gpus.len() >= 2).then(|| med_i(&gpus));
+    let last_arrival = *arrival.iter().max().unwrap_or(&0);
+    let last = arrival.iter().position(|a| *a == last_arrival).unwrap_or(0);
+    let lateness = arrival
+        .iter()
+        .map(|a| dead_zone(*a as f64 - med, err_ns))
+        .collect();
+    let host_lateness = host_arr
+        .iter()
+        .map(|a| dead_zone(*a as f64 - host_med, err_ns))
+        .collect();
+    let gpu_lateness = members
+        .iter()
+        .map(|m| match (m.gpu_arrive, gpu_med) {
+            (Some(g), Some(gm)) => Some(dead_zone(g as f64 - gm, err_ns)),
+            _ => None,
+        })
+        .collect();
+    let wait = arrival
+        .iter()
+        .map(|a| dead_zone((last_arrival - a) as f64, err_ns))
+        .collect();
+    let dones: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_done).collect();
+    let (end, transfer_ns) = if dones.len() == members.len() && basis == Basis::Gpu {
+        let d = med_i(&dones);
+        (d as CoordNs, Some((d - last_arrival as f64).max(0.0)))
+    } else {
+        (last_arrival, None)
+    };
+    AlignedInstance {
+        comm_id: inst.comm_id,
+        key: inst.key,
+        op: inst.op,
+        comm_nranks: inst.comm_nranks,
+        members,
+        basis,
+        arrival,
+        lateness,
+        host_lateness,
+        gpu_lateness,
+        wait,
+        last,
+        err_ns,
+        start: med as CoordNs,
+        end,
+        transfer_ns,
+    }
+}
+
+/// One rank's accumulators over one iteration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankIter {
+    /// Instances on the rank's reference communicator.
+    pub ref_n: u32,
+    pub late_sum: f64,
+    pub host_late_sum: f64,
+    pub gpu_late_sum: f64,
+    pub gpu_n: u32,
+    pub last_n: u32,
+    /// Sum of normalised arrival position (0 first … 1 last).
+    pub pos_sum: f64,
+    /// Waits suffered on other communicators (tensor, pipeline).
+    pub wait_nonref: f64,
+    pub wait_all: f64,
+    /// Others' waits in instances where this rank arrived last.
+    pub inflicted: f64,
+    pub sync_wait: f64,
+    pub launches: u64,
+    pub coll_n: u32,
+    /// Transfer time × members over instances containing the rank.
+    pub xfer_member_ns: f64,
+    pub xfer_n: u32,
+    pub err_max: f64,
+    pub first_t: Option<CoordNs>,
+    pub nccl_errors: u32,
+}
+
+/// Everything known about one iteration.
+#[derive(Debug, Clone, Default)]
+pub struct IterBucket {
+    pub ranks: HashMap<u32, RankIter>,
+    /// (waiter, waited-for) → total wait (ns).
+    pub edges: HashMap<(u32, u32), f64>,
+    pub instances: u32,
+}
+
+/// One rank's score for one sealed iteration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RankScore {
+    pub rank: u32,
+    pub iteration: u64,
+    pub ref_n: u32,
+    pub late_ns: f64,
+    pub host_late_ns: f64,
+    pub gpu_late_ns: Option<f64>,
+    /// Reference instances with GPU-side lateness.
+    pub gpu_n: u32,
+    pub excess_wait_ns: f64,
+    pub unexplained_ns: f64,
+    pub sync_excess_ns: f64,
+    pub last_frac: f64,
+    pub mean_pos: f64,
+    pub inflicted_ns: f64,
+    /// Waiting attributed to this rank as a root by the wait graph (ns).
+    pub blame_ns: f64,
+    /// Blame above the median of its reference peers (ns).
+    pub blame_excess_ns: f64,
+    /// Robust z-score of that excess.
+    pub blame_z: f64,
+    pub err_ns: f64,
+    pub step_ns: f64,
+    pub peers: usize,
+    pub suspicious: bool,
+    pub first_t: Option<CoordNs>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StatsConfig {
+    /// Unsealed iterations kept; older instances are dropped and counted.
+    pub max_open_iterations: usize,
+    /// Unexplained lateness per iteration, as a fraction of the step, below
+    /// which a rank is never suspicious.
+    pub min_step_fraction: f64,
+    /// Robust z-score (vs the peers' median and MAD) a suspect must exceed.
+    pub min_robust_z: f64,
+    /// Absolute floor on unexplained lateness per iteration (ns).
+    pub min_late_ns: f64,
+    /// Smoothing of the per-rank lateness gauge.
+    pub ewma_alpha: f64,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        Self {
+            max_open_iterations: 32,
+            min_step_fraction: 0.04,
+            min_robust_z: 6.0,
+            min_late_ns: 100_000.0,
+            ewma_alpha: 0.2,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Stats {
+    cfg: StatsConfig,
+    buckets: BTreeMap<u64, IterBucket>,
+    /// rank → (members, comm id) of its reference communicator.
+    rank_ref: HashMap<u32, (u32, u64)>,
+    comm_members: HashMap<u64, Vec<u32>>,
+    /// comm → (last lateness by position, EWMA of Spearman ρ).
+    spearman: HashMap<u64, (Vec<f64>, Option<f64>)>,
+    /// rank → EWMA of mean lateness per reference instance (ns).
+    lateness_gauge: HashMap<u32, f64>,
+    pub dropped_late: u64,
+    pub dropped_overflow: u64,
+    sealed_through: Option<u64>,
+}
+
+impl Stats {
+    pub fn new(cfg: StatsConfig) -> Self {
+        Self {
+            cfg,
+            buckets: BTreeMap::new(),
+            rank_ref: HashMap::new(),
+            comm_members: HashMap::new(),
+            spearman: HashMap::new(),
+            lateness_gauge: HashMap::new(),
+            dropped_late: 0,
+            dropped_overflow: 0,
+            sealed_through: None,
+        }
+    }
+
+    pub fn config(&self) -> &StatsConfig {
+        &self.cfg
+    }
+
+    /// Members of the rank's reference communicator (itself included).
+    pub fn peers(&self, rank: u32) -> &[u32] {
+        self.rank_ref
+            .get(&rank)
+            .and_then(|(_, c)| self.comm_members.get(c))
+            .map_or(&[], |v| v.as_slice())
+    }
+
+    pub fn reference_comm(&self, rank: u32) -> Option<u64> {
+        self.rank_ref.get(&rank).map(|r| r.1)
+    }
+
+    /// EWMA of Spearman ρ between consecutive instances' lateness orders on a
+    /// communicator: near 1 means the same ranks stay late (a persistent
+    /// straggler), near 0 means jitter.
+    pub fn order_persistence(&self, comm_id: u64) -> Option<f64> {
+        self.spearman.get(&comm_id).and_then(|s| s.1)
+    }
+
+    pub fn lateness_gauge(&self) -> &HashMap<u32, f64> {
+        &self.lateness_gauge
+    }
+
+    /// Adds one aligned instance to iteration `it`.
+    pub fn add(&mut self, inst: &AlignedInstance, it: u64) {
+        if self.sealed_through.is_some_and(|s| it <= s) {
+            self.dropped_late += 1;
+            return;
+        }
+        if !self.buckets.contains_key(&it) && self.buckets.len() >= self.cfg.max_open_iterations {
+            self.dropped_overflow += 1;
+            return;
+        }
+        let p2p = matches!(inst.key, InstanceKey::P2p { .. });
+        if !p2p {
+            let n = inst.members.len() as u32;
+            let ranks: Vec<u32> = inst.members.iter().map(|m| m.rank).collect();
+            self.comm_members
+                .entry(inst.comm_id)
+                .or_insert_with(|| ranks.clone());
+            for r in &ranks {
+                let e = self.rank_ref.entry(*r).or_insert((n, inst.comm_id));
+                if n > e.0 || (n == e.0 && inst.comm_id < e.1) {
+                    *e = (n, inst.comm_id);
+                }
+            }
+            if (3..=4096).contains(&n) {
+                let cur: Vec<f64> = inst.arrival.iter().map(|a| *a as f64).collect();
+                let entry = self
+                    .spearman
+                    .entry(inst.comm_id)
+                    .or_insert((Vec::new(), None));
+                if entry.0.len() == cur.len() {
+                    let rho = spearman(&entry.0, &cur);
+                    entry.1 = Some(entry.1.map_or(rho, |o| 0.9 * o + 0.1 * rho));
+                }
+                entry.0 = cur;
+            }
+        }
+        let n = inst.members.len();
+        let bucket = self.buckets.entry(it).or_default();
+        bucket.instances += 1;
+        // Order of arrival: positions 0..n-1 (ties broken by index).
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|i| inst.arrival[*i]);
+        let mut pos = vec![0usize; n];
+        for (p, i) in order.iter().enumerate() {
+            pos[*i] = p;
+        }
+        let last_rank = inst.members[inst.last].rank;
+        let inflicted: f64 = inst.wait.iter().sum();
+        for (i, m) in inst.members.iter().enumerate() {
+            let is_ref = !p2p
+                && self
+                    .rank_ref
+                    .get(&m.rank)
+                    .is_some_and(|r| r.1 == inst.comm_id);
+            let acc = bucket.ranks.entry(m.rank).or_default();
+            acc.coll_n += 1;
+            acc.sync_wait += m.sync_wait_ns as f64;
+            acc.launches += m.launches as u64;
+            acc.wait_all += inst.wait[i];
+            acc.err_max = acc.err_max.max(inst.err_ns);
+            acc.first_t = Some(
+                acc.first_t
+                    .map_or(inst.arrival[i], |t| t.min(inst.arrival[i])),
+            );
+            if m.ret != 0 {
+                acc.nccl_errors += 1;
+            }
+            if let Some(x) = inst.transfer_ns {
+                acc.xfer_member_ns += x * n as f64;
+                acc.xfer_n += 1;
+            }
+            if i == inst.last && inst.wait.iter().any(|w| *w > 0.0) {
+                acc.inflicted += inflicted;
+            }
+            if is_ref {
+                acc.ref_n += 1;
+                acc.late_sum += inst.lateness[i];
+                acc.host_late_sum += inst.host_lateness[i];
+                if let Some(g) = inst.gpu_lateness[i] {
+                    acc.gpu_late_sum += g;
+                    acc.gpu_n += 1;
+                }
+                if i == inst.last {
+                    acc.last_n += 1;
+                }
+                acc.pos_sum += if n > 1 {
+                    pos[i] as f64 / (n - 1) as f64
+                } else {
+                    0.0
+                };
+                let g = self.lateness_gauge.entry(m.rank).or_insert(0.0);
+                *g += self.cfg.ewma_alpha * (inst.lateness[i] - *g);
+            } else {
+                acc.wait_nonref += inst.wait[i];
+            }
+            if i != inst.last && inst.wait[i] > 0.0 {
+                *bucket.edges.entry((m.rank, last_rank)).or_insert(0.0) += inst.wait[i];
+            }
+        }
+    }
+
+    /// Removes and returns every iteration up to `through`, oldest first.
+    pub fn take_sealed(&mut self, through: u64) -> Vec<(u64, IterBucket)> {
+        self.sealed_through = Some(self.sealed_through.map_or(through, |s| s.max(through)));
+        let keep = self.buckets.split_off(&(through + 1));
+        let sealed = std::mem::replace(&mut self.buckets, keep);
+        sealed.into_iter().collect()
+    }
+
+    /// Scores every rank of a sealed iteration against its reference peers.
+    pub fn score(&self, it: u64, bucket: &IterBucket, step_ns: f64) -> Vec<RankScore> {
+        let mut out = Vec::with_capacity(bucket.ranks.len());
+        // Per reference communicator, the peers' medians.
+        let mut peer_cache: HashMap<u64, PeerCenter> = HashMap::new();
+        for (&rank, acc) in &bucket.ranks {
+            if acc.ref_n == 0 {
+                continue;
+            }
+            let Some(&(_, comm)) = self.rank_ref.get(&rank) else {
+                continue;
+            };
+            let peers = self.peers(rank);
+            let c = *peer_cache.entry(comm).or_insert_with(|| {
+                let accs: Vec<&RankIter> =
+                    peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
+                let mut w: Vec<f64> = accs.iter().map(|a| a.wait_nonref).collect();
+                let mut s: Vec<f64> = accs.iter().map(|a| a.sync_wait).collect();
+                let wm = median(&mut w).unwrap_or(0.0);
+                let u: Vec<f64> = accs
+                    .iter()
+                    .map(|a| a.late_sum - (a.wait_nonref - wm).max(0.0))
+                    .collect();
+                let h: Vec<f64> = accs.iter().map(|a| a.host_late_sum).collect();
+                let (um, umad) = center_spread(&u);
+                let (hm, hmad) = center_spread(&h);
+                PeerCenter {
+                    wait_med: wm,
+                    sync_med: median(&mut s).unwrap_or(0.0),
+                    unexpl_med: um,
+                    unexpl_mad: umad,
+                    host_med: hm,
+                    host_mad: hmad,
+                }
+            });
+            let (wait_med, sync_med, unexpl_med, unexpl_mad) =
+                (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
+            let excess_wait = acc.wait_nonref - wait_med;
+            let unexplained = acc.late_sum - excess_wait.max(0.0);
+            let mad_floor = (0.005 * step_ns).max(10_000.0);
+            let z = (unexplained - unexpl_med) / (1.4826 * unexpl_mad.max(mad_floor));
+            let err_floor = acc.err_max * acc.ref_n as f64;
+            let significant = |x: f64, z: f64| {
+                step_ns.is_finite()
+                    && x >= self.cfg.min_step_fraction * step_ns
+                    && x >= self.cfg.min_late_ns
+                    && x > err_floor
+                    && z >= self.cfg.min_robust_z
+                    && peers.len() >= 2
+            };
+            // A host-bound root: when replicas re-synchronise every step
+            // (pipelines coupled through later stages' DP groups, end-of-step
+            // syncs), the slow host sets everyone's pace and its GPU is not
+            // late among its peers — but its host is, and its GPU drained
+            // while the peers' hosts waited in syncs for theirs.
+            let sync_excess = acc.sync_wait - sync_med;
+            let host_mean = acc.host_late_sum / acc.ref_n.max(1) as f64;
+            let host_z = (acc.host_late_sum - c.host_med) / (1.4826 * c.host_mad.max(mad_floor));
+            let host_root =
+                significant(acc.host_late_sum, host_z) && -sync_excess >= 0.5 * host_mean;
+            let suspicious = significant(unexplained, z) || host_root;
+            out.push(RankScore {
+                rank,
+                iteration: it,
+                ref_n: acc.ref_n,
+                late_ns: acc.late_sum,
+                host_late_ns: acc.host_late_sum,
+                gpu_late_ns: (acc.gpu_n > 0).then_some(acc.gpu_late_sum),
+                gpu_n: acc.gpu_n,
+                excess_wait_ns: excess_wait,
+                unexplained_ns: unexplained,
+                sync_excess_ns: sync_excess,
+                last_frac: acc.last_n as f64 / acc.ref_n as f64,
+                mean_pos: acc.pos_sum / acc.ref_n as f64,
+                inflicted_ns: acc.inflicted,
+                blame_ns: 0.0,
+                blame_excess_ns: 0.0,
+                blame_z: 0.0,
+                err_ns: acc.err_max,
+                step_ns,
+                peers: peers.len(),
+                suspicious,
+                first_t: acc.first_t,
+            });
+        }
+        out.sort_by_key(|s| s.rank);
+        out
+    }
+}
+
+impl Stats {
+    /// Fills in the wait graph's blame and its excess over the reference
+    /// peers' median (pipeline bubbles rest equally on every replica of a
+    /// stage, so they cancel). Evidence and cost only: as a trigger it is
+    /// not yet robust in pipelines, where blame can rest on conduits.
+    pub fn judge_blame(&self, scores: &mut [RankScore], blame: &HashMap<u32, f64>) {
+        let by_rank: HashMap<u32, usize> = scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.rank, i))
+            .collect();
+        let mut excess = vec![0.0; scores.len()];
+        let mut z = vec![0.0; scores.len()];
+        for (i, s) in scores.iter().enumerate() {
+            let peers = self.peers(s.rank);
+            let b: Vec<f64> = peers
+                .iter()
+                .filter(|p| by_rank.contains_key(p))
+                .map(|p| blame.get(p).copied().unwrap_or(0.0))
+                .collect();
+            if b.len() < 2 {
+                continue;
+            }
+            let mine = blame.get(&s.rank).copied().unwrap_or(0.0);
+            let floor = (0.005 * s.step_ns).max(10_000.0);
+            let (center, spread) = if b.len() < 4 {
+                let others: Vec<f64> = peers
+                    .iter()
+                    .filter(|p| **p != s.rank)
+                    .map(|p| blame.get(p).copied().unwrap_or(0.0))
+                    .collect();
+                (
+                    others
+                        .iter()
+                        .copied()
+                        .fold(f64::NEG_INFINITY, f64::max)
+                        .max(0.0),
+                    floor,
+                )
+            } else {
+                let m = median(&mut b.clone()).unwrap_or(0.0);
+                let mut d: Vec<f64> = b.iter().map(|x| (x - m).abs()).collect();
+                (m, median(&mut d).unwrap_or(0.0).max(floor))
+            };
+            excess[i] = mine - center;
+            z[i] = excess[i] / (1.4826 * spread);
+        }
+        for (i, s) in scores.iter_mut().enumerate() {
+            s.blame_ns = blame.get(&s.rank).copied().unwrap_or(0.0);
+            s.blame_excess_ns = excess[i];
+            s.blame_z = z[i];
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PeerCenter {
+    wait_med: f64,
+    sync_med: f64,
+    unexpl_med: f64,
+    unexpl_mad: f64,
+    host_med: f64,
+    host_mad: f64,
+}
+
+/// Centre and spread of a peer group's values. With fewer than four peers a
+/// median and MAD say nothing: the centre is the lowest value (capped at 0)
+/// and the spread is left to the caller's floor.
+fn center_spread(v: &[f64]) -> (f64, f64) {
+    if v.len() < 4 {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        return (if lo.is_finite() { lo.min(0.0) } else { 0.0 }, 0.0);
+    }
+    let m = median(&mut v.to_vec()).unwrap_or(0.0);
+    let mut d: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
+    (m, median(&mut d).unwrap_or(0.0))
+}
+
+/// Spearman rank correlation of two equally long vectors.
+pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    fn ranks(v: &[f64]) -> Vec<f64> {
+        let mut idx: Vec<usize> = (0..v.len()).collect();
+        idx.sort_by(|x, y| v[*x].total_cmp(&v[*y]));
+        let mut r = vec![0.0; v.len()];
+        for (p, i) in idx.iter().enumerate() {
+            r[*i] = p as f64;
+        }
+        r
+    }
+    let n = a.len();
+    if n < 2 || b.len() != n {
+        return 0.0;
+    }
+    let (ra, rb) = (ranks(a), ranks(b));
+    let d2: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - y).powi(2)).sum();
+    let nf = n as f64;
+    1.0 - 6.0 * d2 / (nf * (nf * nf - 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::join::Member;
+    use slowrank_shared::wire::CollectiveRecord;
+
+    fn inst(arrivals: &[(u32, &str, u64, u64)]) -> JoinedInstance {
+        JoinedInstance {
+            comm_id: 1,
+            key: InstanceKey::Coll(0),
+            comm_nranks: arrivals.len() as u32,
+            op: CollOp::AllReduce,
+            bytes: 0,
+            members: arrivals
+                .iter()
+                .enumerate()
+                .map(|(i, (rank, host, host_entry, gpu))| Member {
+                    rank: *rank,
+                    rank_in_comm: i as u32,
+                    host: Arc::from(*host),
+                    rec: CollectiveRecord {
+                        pid: 0,
+                        rank: *rank,
+                        comm_id: 1,
+                        seq: 0,
+                        op: CollOp::AllReduce,
+                        bytes: 0,
+                        peer: -1,
+                        host_entry_ns: *host_entry,
+                        host_exit_ns: *host_entry,
+                        gpu_arrive_ns: *gpu,
+                        gpu_done_ns: 0,
+                        launches_before: 0,
+                        sync_wait_ns_before: 0,
+                        ret: 0,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn host_basis_when_any_member_lacks_gpu_time() {
+        let i = inst(&[(0, "a", 100, 900), (1, "a", 110, 0), (2, "a", 120, 1000)]);
+        let a = align(&i, &|_, t| (t as i64, 0.0));
+        assert_eq!(a.basis, Basis::Host);
+        assert_eq!(a.last, 2);
+        assert_eq!(a.wait, vec![20.0, 10.0, 0.0]);
+        assert_eq!(a.gpu_lateness[0], Some(-50.0));
+        assert_eq!(a.gpu_lateness[1], None);
+    }
+
+    #[test]
+    fn lateness_within_clock_error_is_not_evidence() {
+        let i = inst(&[(0, "a", 1_000, 0), (1, "b", 1_030, 0), (2, "b", 5_000, 0)]);
+        // Hosts a and b each ±20 ns: comparisons across them ±40 ns.
+        let a = align(&i, &|_, t| (t as i64, 20.0));
+        assert_eq!(a.err_ns, 40.0);
+        assert_eq!(a.lateness[0], 0.0); // -30 is within the bound
+        assert_eq!(a.lateness[2], 3_970.0);
+    }
+
+    #[test]
+    fn spearman_extremes() {
+        assert!((spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]) - 1.0).abs() < 1e-9);
+        assert!((spearman(&[1.0, 2.0, 3.0], &[30.0, 20.0, 10.0]) + 1.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,443 @@
+//! Verdict lifecycle with hysteresis.
+//!
+//! Every sealed iteration, each subject (a rank's lateness, a rank's NIC, a
+//! link) is either observed suspicious or not. A verdict opens when at least
+//! `open_min` of the last `open_window` iterations were suspicious, and
+//! closes only after `close_after` clean iterations in a row, so a noisy
+//! borderline rank cannot flap. Its first-seen iteration is the earliest
+//! suspicious iteration of the run that opened it, not the iteration the
+//! decision was made in. A subject that turns bad again reopens its own
+//! verdict (episodes + 1) instead of adding a new one, which keeps an
+//! intermittent fault one line in the report.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use chrono::{DateTime, Utc};
+
+use crate::classify::{Classification, Kind};
+use crate::clock::CoordNs;
+use crate::join::HangCandidate;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Subject {
+    /// A rank arriving late (compute or host).
+    Rank(u32),
+    /// A rank whose links are slow (its NIC).
+    Nic(u32),
+    /// A pair of ranks whose link is slow (lower rank first).
+    Link(u32, u32),
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LifecycleConfig {
+    pub open_window: usize,
+    pub open_min: usize,
+    pub close_after: u64,
+    /// Verdicts kept (closed ones dropped oldest first beyond this).
+    pub max_verdicts: usize,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        Self {
+            open_window: 5,
+            open_min: 4,
+            close_after: 8,
+            max_verdicts: 4096,
+        }
+    }
+}
+
+/// What one sealed iteration says about a subject.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    pub classification: Classification,
+    pub rank: u32,
+    pub host: String,
+    pub link: Option<[u32; 2]>,
+    pub clock_error_ns: f64,
+    /// GPU time lost to this subject in the iteration (ns).
+    pub lost_ns: f64,
+    /// GPU time the whole job had in the iteration (ns): world × step.
+    pub exposure_ns: f64,
+    pub at: CoordNs,
+    pub wall: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LinkRef {
+    pub ranks: [u32; 2],
+}
+
+/// A verdict as reported (`verdicts[]` in `report.json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Verdict {
+    pub id: u64,
+    pub rank: u32,
+    pub host: String,
+    pub kind: Kind,
+    pub confidence: f64,
+    pub first_seen_iteration: u64,
+    pub active: bool,
+    pub lost_gpu_seconds: f64,
+    pub link: Option<LinkRef>,
+    pub evidence: Vec<String>,
+    /// Share of the job's GPU time lost while the verdict was active.
+    pub cost_fraction: f64,
+    pub clock_error_us: f64,
+    pub first_seen: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    pub first_seen_coord_ns: CoordNs,
+    pub opened_iteration: u64,
+    pub last_seen_iteration: u64,
+    pub closed_iteration: Option<u64>,
+    pub episodes: u32,
+    #[serde(skip)]
+    pub subject: Subject,
+    #[serde(skip)]
+    exposure_ns: f64,
+}
+
+impl Verdict {
+    /// "rank 37 on node-5 is compute-slow, costing 11% of the job".
+    pub fn headline(&self) -> String {
+        let who = match &self.link {
+            Some(l) => format!("link {}↔{} (from {})", l.ranks[0], l.ranks[1], self.host),
+            None => format!("rank {} on {}", self.rank, self.host),
+        };
+        format!(
+            "{who} is {}-slow, costing {:.0}% of the job",
+            self.kind.as_str(),
+            100.0 * self.cost_fraction
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Opened,
+    Reopened,
+    Closed,
+    HangDetected,
+    HangResolved,
+}
+
+/// What the CLI prints as one line and posts to webhooks.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VerdictEvent {
+    pub event: EventKind,
+    pub iteration: Option<u64>,
+    pub verdict: Option<Verdict>,
+    pub hang: Option<HangCandidate>,
+    /// One-line alert.
+    pub line: String,
+}
+
+#[derive(Debug, Default)]
+struct Tracker {
+    hist: VecDeque<(u64, Option<Observation>)>,
+    clean_streak: u64,
+    verdict: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct Lifecycle {
+    cfg: LifecycleConfig,
+    trackers: BTreeMap<Subject, Tracker>,
+    verdicts: BTreeMap<u64, Verdict>,
+    next_id: u64,
+}
+
+impl Lifecycle {
+    pub fn new(cfg: LifecycleConfig) -> Self {
+        Self {
+            cfg,
+            trackers: BTreeMap::new(),
+            verdicts: BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    pub fn verdicts(&self) -> impl Iterator<Item = &Verdict> {
+        self.verdicts.values()
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Verdict> {
+        self.verdicts.get(&id)
+    }
+
+    pub fn trackers(&self) -> usize {
+        self.trackers.len()
+    }
+
+    /// Feeds one sealed iteration's observations; subjects not mentioned were clean.
+    pub fn step(&mut self, it: u64, mut obs: BTreeMap<Subject, Observation>) -> Vec<VerdictEvent> {
+        let mut events = Vec::new();
+        let subjects: Vec<Subject> = self
+            .trackers
+            .keys()
+            .copied()
+            .chain(obs.keys().copied())
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for s in subjects {
+            if !seen.insert(s) {
+                continue;
+            }
+            let o = obs.remove(&s);
+            if let Some(e) = self.observe(s, it, o) {
+                events.push(e);
+            }
+        }
+        // Forget subjects with nothing going on.
+        self.trackers
+            .retain(|_, t| t.verdict.is_some() || t.hist.iter().any(|h| h.1.is_some()));
+        while self.verdicts.len() > self.cfg.max_verdicts {
+            let Some(old) = self.verdicts.values().find(|v| !v.active).map(|v| v.id) else {
+                break;
+            };
+            self.verdicts.remove(&old);
+            for t in self.trackers.values_mut() {
+                if t.verdict == Some(old) {
+                    t.verdict = None;
+                }
+            }
+        }
+        events
+    }
+
+    fn observe(&mut self, s: Subject, it: u64, o: Option<Observation>) -> Option<VerdictEvent> {
+        let t = self.trackers.entry(s).or_default();
+        t.hist.push_back((it, o.clone()));
+        while t.hist.len() > self.cfg.open_window {
+            t.hist.pop_front();
+        }
+        t.clean_streak = if o.is_some() { 0 } else { t.clean_streak + 1 };
+        let active = t
+            .verdict
+            .and_then(|id| self.verdicts.get(&id))
+            .is_some_and(|v| v.active);
+        if active {
+            let v = self.verdicts.get_mut(&t.verdict.expect("active"))?;
+            if let Some(o) = o {
+                v.last_seen_iteration = it;
+                v.lost_gpu_seconds += o.lost_ns / 1e9;
+                v.exposure_ns += o.exposure_ns;
+                v.cost_fraction = cost(v.lost_gpu_seconds, v.exposure_ns);
+                v.confidence = 0.8 * v.confidence + 0.2 * o.classification.confidence;
+                v.clock_error_us = o.clock_error_ns / 1e3;
+                // The class may only change when the whole window agrees.
+                let all_same = t.hist.iter().all(|h| {
+                    h.1.as_ref()
+                        .is_some_and(|x| x.classification.kind == o.classification.kind)
+                });
+                if all_same || o.classification.kind == v.kind {
+                    v.kind = o.classification.kind;
+                    v.evidence = o.classification.evidence;
+                }
+            } else if t.clean_streak >= self.cfg.close_after {
+                v.active = false;
+                v.closed_iteration = Some(it);
+                return Some(VerdictEvent {
+                    event: EventKind::Closed,
+                    iteration: Some(it),
+                    line: format!(
+                        "CLOSED {} ({}-slow) cleared at iteration {it} after {} iterations; lost {:.1} GPU-s",
+                        who(v),
+                        v.kind.as_str(),
+                        it.saturating_sub(v.first_seen_iteration),
+                        v.lost_gpu_seconds
+                    ),
+                    verdict: Some(v.clone()),
+                    hang: None,
+                });
+            }
+            return None;
+        }
+        let hits: Vec<&Observation> = t.hist.iter().filter_map(|h| h.1.as_ref()).collect();
+        if o.is_none() || hits.len() < self.cfg.open_min {
+            return None;
+        }
+        // Majority class over the window; the latest observation of it speaks.
+        let mut votes: BTreeMap<Kind, usize> = BTreeMap::new();
+        for h in &hits {
+            *votes.entry(h.classification.kind).or_default() += 1;
+        }
+        let kind = votes.iter().max_by_key(|(_, n)| **n).map(|(k, _)| *k)?;
+        let latest = hits.iter().rev().find(|h| h.classification.kind == kind)?;
+        let (first_it, first) = t
+            .hist
+            .iter()
+            .find_map(|h| h.1.as_ref().map(|o| (h.0, o)))
+            .expect("hits");
+        let lost: f64 = hits.iter().map(|h| h.lost_ns).sum::<f64>() / 1e9;
+        let exposure: f64 = hits.iter().map(|h| h.exposure_ns).sum();
+        let conf = hits
+            .iter()
+            .map(|h| h.classification.confidence)
+            .sum::<f64>()
+            / hits.len() as f64;
+        let (id, event) = match t.verdict.and_then(|id| self.verdicts.get_mut(&id)) {
+            Some(v) => {
+                v.active = true;
+                v.episodes += 1;
+                v.closed_iteration = None;
+                v.kind = kind;
+                v.confidence = conf;
+                v.evidence = latest.classification.evidence.clone();
+                v.lost_gpu_seconds += lost;
+                v.exposure_ns += exposure;
+                v.cost_fraction = cost(v.lost_gpu_seconds, v.exposure_ns);
+                v.last_seen_iteration = it;
+                v.opened_iteration = it;
+                (v.id, EventKind::Reopened)
+            }
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.verdicts.insert(
+                    id,
+                    Verdict {
+                        id,
+                        rank: latest.rank,
+                        host: latest.host.clone(),
+                        kind,
+                        confidence: conf,
+                        first_seen_iteration: first_it,
+                        active: true,
+                        lost_gpu_seconds: lost,
+                        link: latest.link.map(|r| LinkRef { ranks: r }),
+                        evidence: latest.classification.evidence.clone(),
+                        cost_fraction: cost(lost, exposure),
+                        clock_error_us: latest.clock_error_ns / 1e3,
+                        first_seen: first.wall,
+                        first_seen_coord_ns: first.at,
+                        opened_iteration: it,
+                        last_seen_iteration: it,
+                        closed_iteration: None,
+                        episodes: 1,
+                        subject: s,
+                        exposure_ns: exposure,
+                    },
+                );
+                t.verdict = Some(id);
+                (id, EventKind::Opened)
+            }
+        };
+        let v = self.verdicts.get(&id)?.clone();
+        Some(VerdictEvent {
+            event,
+            iteration: Some(it),
+            line: format!(
+                "{} {} (confidence {:.2}, since iteration {}{})",
+                if event == EventKind::Opened {
+                    "OPEN"
+                } else {
+                    "REOPEN"
+                },
+                v.headline(),
+                v.confidence,
+                v.first_seen_iteration,
+                if v.episodes > 1 {
+                    format!(", episode {}", v.episodes)
+                } else {
+                    String::new()
+                }
+            ),
+            verdict: Some(v),
+            hang: None,
+        })
+    }
+}
+
+fn who(v: &Verdict) -> String {
+    match &v.link {
+        Some(l) => format!("link {}↔{}", l.ranks[0], l.ranks[1]),
+        None => format!("rank {} on {}", v.rank, v.host),
+    }
+}
+
+fn cost(lost_s: f64, exposure_ns: f64) -> f64 {
+    if exposure_ns > 0.0 {
+        (lost_s * 1e9 / exposure_ns).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(kind: Kind) -> Observation {
+        Observation {
+            classification: Classification {
+                kind,
+                confidence: 0.9,
+                evidence: vec!["x".into()],
+            },
+            rank: 5,
+            host: "node-1".into(),
+            link: None,
+            clock_error_ns: 1e4,
+            lost_ns: 1e9,
+            exposure_ns: 1e10,
+            at: 0,
+            wall: None,
+        }
+    }
+
+    fn run(l: &mut Lifecycle, pattern: &str, start: u64) -> Vec<(u64, EventKind)> {
+        let mut ev = Vec::new();
+        for (i, c) in pattern.chars().enumerate() {
+            let it = start + i as u64;
+            let mut m = BTreeMap::new();
+            if c == 'x' {
+                m.insert(Subject::Rank(5), obs(Kind::Compute));
+            }
+            ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event)));
+        }
+        ev
+    }
+
+    #[test]
+    fn opens_on_four_of_five_with_first_seen_at_onset() {
+        let mut l = Lifecycle::new(LifecycleConfig::default());
+        let ev = run(&mut l, "....x.xxx....", 100);
+        assert_eq!(ev, vec![(108, EventKind::Opened)]);
+        let v = l.verdicts().next().unwrap();
+        assert_eq!(v.first_seen_iteration, 104);
+        assert!((v.cost_fraction - 0.1).abs() < 1e-9);
+        assert!(v
+            .headline()
+            .contains("rank 5 on node-1 is compute-slow, costing 10% of the job"));
+    }
+
+    #[test]
+    fn no_flapping_on_borderline_noise() {
+        let mut l = Lifecycle::new(LifecycleConfig::default());
+        // Suspicious every other iteration: never four of five.
+        assert!(run(&mut l, "x.x.x.x.x.x.x.x.x.x.", 0).is_empty());
+        // Open, then short gaps never close it.
+        let ev = run(&mut l, "xxxxx...x...xx.....x", 20);
+        assert_eq!(ev.iter().filter(|e| e.1 == EventKind::Opened).count(), 1);
+        assert!(ev.iter().all(|e| e.1 != EventKind::Closed));
+    }
+
+    #[test]
+    fn closes_after_clean_streak_and_reopens_same_verdict() {
+        let mut l = Lifecycle::new(LifecycleConfig::default());
+        let ev = run(&mut l, "xxxx........xxxx", 0);
+        assert_eq!(
+            ev,
+            vec![
+                (3, EventKind::Opened),
+                (11, EventKind::Closed),
+                (15, EventKind::Reopened)
+            ]
+        );
+        assert_eq!(l.verdicts().count(), 1);
+        assert_eq!(l.verdicts().next().unwrap().episodes, 2);
+    }
+}

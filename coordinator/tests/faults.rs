@@ -1,0 +1,365 @@
+//! Each fault class on synthetic jobs: the right rank, the right class, and a
+//! first-seen iteration within 10 iterations of onset.
+
+mod common;
+
+use slowrank_coordinator::classify::Kind;
+use slowrank_coordinator::synth::{Fault, FaultKind, GpuTiming, HostPhase, SynthSpec};
+use slowrank_coordinator::{AnalyzerConfig, EventKind, Verdict};
+
+fn only(rep: &slowrank_coordinator::Report) -> &Verdict {
+    assert_eq!(
+        rep.verdicts.len(),
+        1,
+        "expected one verdict: {}",
+        slowrank_coordinator::render_human(rep)
+    );
+    &rep.verdicts[0]
+}
+
+fn within_10(v: &Verdict, onset: u64) {
+    assert!(
+        v.first_seen_iteration >= onset.saturating_sub(1) && v.first_seen_iteration <= onset + 10,
+        "first seen at {} for onset {onset}",
+        v.first_seen_iteration
+    );
+}
+
+#[test]
+fn dp8_compute_slow_1_3x() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 7;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        40,
+    ));
+    let r = common::run(spec, 80);
+    let rep = r.report();
+    let v = only(&rep);
+    assert_eq!(
+        (v.rank, v.kind, v.host.as_str()),
+        (5, Kind::Compute, "node-1")
+    );
+    within_10(v, 40);
+    assert!(v.active && v.confidence > 0.7, "{v:?}");
+    assert!(
+        v.lost_gpu_seconds > 0.5 && v.cost_fraction > 0.05 && v.cost_fraction < 0.5,
+        "{v:?}"
+    );
+    assert!(v.clock_error_us > 0.0);
+    // The alert fired within 10 iterations of onset plus the sealing lag.
+    let open = r.opened()[0].iteration.unwrap();
+    assert!(open <= 40 + 10, "opened at {open}");
+}
+
+#[test]
+fn dp8_compute_slow_host_times_only_is_not_misclassified() {
+    // Without GPU-side times a DP compute-slow rank shows only as a host that
+    // starts each step late after waiting longer for its own GPU in the
+    // end-of-step synchronize; whatever is said must not be a host verdict.
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.gpu_timing = GpuTiming::None;
+    spec.links = false;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        40,
+    ));
+    let rep = common::run(spec, 80).report();
+    assert!(
+        rep.verdicts
+            .iter()
+            .all(|v| v.kind == Kind::Compute && v.rank == 5),
+        "{:#?}",
+        rep.verdicts
+    );
+}
+
+#[test]
+fn dp8_host_slow_data_loader() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 21;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Host {
+            rank: 2,
+            phase: HostPhase::LoadBatch,
+            factor: 1.0,
+            delay_ns: 8_000_000,
+            contention: false,
+        },
+        30,
+    ));
+    let rep = common::run(spec, 70).report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (2, Kind::Host), "{v:#?}");
+    within_10(v, 30);
+    assert!(
+        v.evidence.iter().any(|e| e.contains("off-CPU")),
+        "{:#?}",
+        v.evidence
+    );
+}
+
+#[test]
+fn host_slow_1_3x_with_cpu_contention() {
+    // A host-bound job (heavy per-layer host work): 1.3× slower host work.
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 22;
+    spec.host_ns_per_layer = 3_000_000;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Host {
+            rank: 6,
+            phase: HostPhase::All,
+            factor: 1.3,
+            delay_ns: 0,
+            contention: true,
+        },
+        30,
+    ));
+    let rep = common::run(spec, 70).report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (6, Kind::Host), "{v:#?}");
+    within_10(v, 30);
+    assert!(
+        v.evidence.iter().any(|e| e.contains("run-queue")),
+        "{:#?}",
+        v.evidence
+    );
+}
+
+#[test]
+fn host_slow_with_host_times_only() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.gpu_timing = GpuTiming::None;
+    spec.links = false;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Host {
+            rank: 1,
+            phase: HostPhase::LoadBatch,
+            factor: 1.0,
+            delay_ns: 8_000_000,
+            contention: false,
+        },
+        30,
+    ));
+    let rep = common::run(spec, 70).report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (1, Kind::Host));
+    within_10(v, 30);
+    assert!(v.confidence < 0.81, "less certain without GPU times");
+}
+
+#[test]
+fn dp8_communication_slow_nic() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 23;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Communication {
+            rank: 6,
+            factor: 2.5,
+        },
+        30,
+    ));
+    let rep = common::run(spec, 60).report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (6, Kind::Communication), "{v:#?}");
+    assert!(v.link.is_none());
+    within_10(v, 30);
+}
+
+#[test]
+fn dp8_link_slow_names_the_pair() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 24;
+    spec.faults.push(Fault {
+        end_iteration: Some(60),
+        ..Fault::persistent(
+            FaultKind::Link {
+                a: 3,
+                b: 4,
+                factor: 3.0,
+            },
+            30,
+        )
+    });
+    let r = common::run(spec, 90);
+    let rep = r.report();
+    let v = only(&rep);
+    assert_eq!(v.kind, Kind::Communication);
+    assert_eq!(v.link.as_ref().map(|l| l.ranks), Some([3, 4]));
+    within_10(v, 30);
+    // The link healed at 60: the verdict closed, once.
+    assert!(!v.active);
+    let closes: Vec<u64> = r
+        .events
+        .iter()
+        .filter(|e| e.event == EventKind::Closed)
+        .filter_map(|e| e.iteration)
+        .collect();
+    assert_eq!(closes.len(), 1);
+    assert!(closes[0] >= 60 && closes[0] <= 75, "{closes:?}");
+    let json: serde_json::Value =
+        serde_json::from_str(&slowrank_coordinator::render_json(&rep).unwrap()).unwrap();
+    assert_eq!(
+        json["verdicts"][0]["link"]["ranks"],
+        serde_json::json!([3, 4])
+    );
+}
+
+#[test]
+fn tp2_pp2_dp4_compute_root_not_victims() {
+    // Rank 9 (stage 1, dp 0, tp 1): its TP partner 8 waits for it in every
+    // layer, and stage 0's dp-0 ranks wait for its backward sends; they arrive
+    // late in their own DP groups. Only 9 is the root.
+    let mut spec = SynthSpec::three_d(2, 2, 4, 4);
+    spec.seed = 12;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 9,
+            factor: 1.3,
+        },
+        30,
+    ));
+    let rep = common::run(spec, 70).report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (9, Kind::Compute), "{v:#?}");
+    within_10(v, 30);
+}
+
+#[test]
+fn pp4_dp2_host_slow_stage_names_root() {
+    // Pipeline chain: the last stage's dp-1 rank is host-slow. Stage 2's
+    // dp-1 rank waits for its backward sends and is then late for its own DP
+    // peer, and so on up the pipeline: the victims are late in their DP
+    // groups, but their lateness is explained by waiting; only the root is
+    // named.
+    let mut spec = SynthSpec::three_d(1, 4, 2, 2);
+    spec.seed = 14;
+    spec.host_ns_per_layer = 1_500_000;
+    let slow = spec.rank_of(3, 1, 0);
+    spec.faults.push(Fault::persistent(
+        FaultKind::Host {
+            rank: slow,
+            phase: HostPhase::Layers,
+            factor: 2.0,
+            delay_ns: 0,
+            contention: false,
+        },
+        30,
+    ));
+    let rep = common::run(spec, 70).report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (slow, Kind::Host), "{v:#?}");
+    within_10(v, 30);
+}
+
+#[test]
+fn dp8_hang_names_missing_rank_and_last_completed() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 25;
+    spec.faults
+        .push(Fault::persistent(FaultKind::Hang { rank: 3 }, 30));
+    let mut cfg = AnalyzerConfig::default();
+    cfg.join.hang_timeout_ns = 500_000_000;
+    let r = common::run_with(spec, 60, cfg);
+    let rep = r.report();
+    assert!(rep.verdicts.is_empty(), "{:#?}", rep.verdicts);
+    assert_eq!(rep.hangs.len(), 1, "{:#?}", rep.hangs);
+    let h = &rep.hangs[0];
+    assert_eq!(h.missing_ranks, vec![3]);
+    assert!(h.active);
+    // 4 buckets per iteration: iteration 30 starts at instance 120.
+    assert_eq!(h.sequence, 120);
+    assert_eq!(h.missing[0].last_completed_seq, Some(119));
+    assert_eq!(h.missing[0].host, "node-0");
+    assert_eq!(h.present_ranks, vec![0, 1, 2, 4, 5, 6, 7]);
+    let ev: Vec<_> = r
+        .events
+        .iter()
+        .filter(|e| e.event == EventKind::HangDetected)
+        .collect();
+    assert_eq!(ev.len(), 1);
+    assert!(
+        ev[0]
+            .line
+            .contains("rank 3 on node-0 (last completed instance 119)"),
+        "{}",
+        ev[0].line
+    );
+}
+
+#[test]
+fn two_faults_at_once() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 27;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.4,
+        },
+        25,
+    ));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Link {
+            a: 7,
+            b: 0,
+            factor: 3.0,
+        },
+        40,
+    ));
+    let rep = common::run(spec, 80).report();
+    assert_eq!(
+        rep.verdicts.len(),
+        2,
+        "{}",
+        slowrank_coordinator::render_human(&rep)
+    );
+    let c = rep
+        .verdicts
+        .iter()
+        .find(|v| v.kind == Kind::Compute)
+        .expect("compute");
+    assert_eq!(c.rank, 5);
+    within_10(c, 25);
+    let l = rep
+        .verdicts
+        .iter()
+        .find(|v| v.kind == Kind::Communication)
+        .expect("link");
+    assert_eq!(l.link.as_ref().map(|l| l.ranks), Some([0, 7]));
+    within_10(l, 40);
+}
+
+#[test]
+fn intermittent_compute_is_one_verdict_with_episodes() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 26;
+    spec.faults.push(Fault {
+        period: Some((40, 12)),
+        ..Fault::persistent(
+            FaultKind::Compute {
+                rank: 1,
+                factor: 1.5,
+            },
+            20,
+        )
+    });
+    let r = common::run(spec, 130);
+    let rep = r.report();
+    let v = only(&rep);
+    assert_eq!((v.rank, v.kind), (1, Kind::Compute));
+    within_10(v, 20);
+    assert_eq!(v.episodes, 3, "{v:#?}");
+    let opens = r.opened().len();
+    let closes = r
+        .events
+        .iter()
+        .filter(|e| e.event == EventKind::Closed)
+        .count();
+    assert_eq!((opens, closes), (3, 3));
+}

@@ -1,0 +1,122 @@
+//! Healthy noisy jobs get no verdict; the clock is right; memory stays bounded.
+
+mod common;
+
+use slowrank_coordinator::synth::{GpuTiming, SynthSpec};
+
+fn assert_quiet(spec: SynthSpec, iterations: u64) {
+    let r = common::run(spec, iterations);
+    let rep = r.report();
+    assert!(
+        rep.verdicts.is_empty() && rep.hangs.is_empty() && r.events.is_empty(),
+        "{}",
+        slowrank_coordinator::render_human(&rep)
+    );
+    assert!(
+        rep.job.iterations_observed + 3 >= iterations,
+        "{:?}",
+        rep.job
+    );
+}
+
+#[test]
+fn healthy_dp8_with_5pct_jitter_has_no_verdict() {
+    for seed in [1, 2, 3, 4, 5] {
+        let mut spec = SynthSpec::dp(2, 4);
+        spec.seed = seed;
+        assert_quiet(spec, 120);
+    }
+}
+
+#[test]
+fn healthy_dp16_and_host_bound_have_no_verdict() {
+    let mut spec = SynthSpec::dp(4, 4);
+    spec.seed = 16;
+    assert_quiet(spec, 100);
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 17;
+    spec.host_ns_per_layer = 3_000_000;
+    assert_quiet(spec, 100);
+}
+
+#[test]
+fn healthy_3d_layouts_have_no_verdict() {
+    let mut spec = SynthSpec::three_d(2, 2, 4, 4);
+    spec.seed = 31;
+    assert_quiet(spec, 100);
+    let mut spec = SynthSpec::three_d(1, 4, 2, 2);
+    spec.seed = 32;
+    spec.host_ns_per_layer = 1_500_000;
+    assert_quiet(spec, 100);
+}
+
+#[test]
+fn healthy_with_partial_or_no_gpu_times_has_no_verdict() {
+    for timing in [GpuTiming::None, GpuTiming::InterHostOnly] {
+        let mut spec = SynthSpec::three_d(2, 2, 4, 4);
+        spec.seed = 33;
+        spec.gpu_timing = timing;
+        assert_quiet(spec, 80);
+        let mut spec = SynthSpec::dp(2, 4);
+        spec.seed = 34;
+        spec.gpu_timing = timing;
+        assert_quiet(spec, 80);
+    }
+}
+
+#[test]
+fn iteration_count_matches_the_stream() {
+    let r = common::run(SynthSpec::dp(2, 4), 50);
+    let rep = r.report();
+    assert_eq!(rep.job.instances_per_iteration, Some(4));
+    assert_eq!(rep.job.iterations_observed, 48); // two in the sealing lag
+    let r = common::run(SynthSpec::three_d(2, 2, 4, 4), 50);
+    assert_eq!(r.report().job.instances_per_iteration, Some(4));
+}
+
+#[test]
+fn clock_offsets_within_50us_of_truth() {
+    let spec = SynthSpec::three_d(2, 2, 4, 4);
+    let r = common::run(spec, 40);
+    let truth = r.generator.truth().clocks.clone();
+    let rep = r.report();
+    assert_eq!(rep.clock.hosts.len(), 4);
+    for (h, t) in truth.iter().enumerate() {
+        let name = format!("node-{h}");
+        for true_ns in [r.now as u64 - 500_000_000, r.now as u64] {
+            let (est, bound) = r.analyzer.to_coord(&name, t.agent_ns(true_ns));
+            let err = (est - true_ns as i64).abs() as f64;
+            assert!(err < 50_000.0, "{name}: {err} ns");
+            assert!(err <= bound, "{name}: {err} ns above bound {bound}");
+        }
+        let hc = rep.clock.hosts.iter().find(|x| x.host == name).unwrap();
+        // 13 s of probes pin drift to a few ppm; the offset is what matters.
+        assert!((hc.drift_ppm.unwrap() - t.drift_ppm).abs() < 6.0, "{hc:?}");
+    }
+    assert!(rep.clock.max_error_us.unwrap() < 100.0);
+}
+
+#[test]
+fn memory_stays_bounded_over_a_long_run() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.faults.push(slowrank_coordinator::synth::Fault {
+        period: Some((30, 10)),
+        ..slowrank_coordinator::synth::Fault::persistent(
+            slowrank_coordinator::synth::FaultKind::Compute {
+                rank: 2,
+                factor: 1.5,
+            },
+            10,
+        )
+    });
+    let r = common::run(spec, 600);
+    let m = r.analyzer.metrics();
+    assert!(m.open_instances < 64, "{m:?}");
+    assert!(m.pending_instances == 0);
+    assert!(m.verdicts_total == 1 && m.verdict_trackers <= 2, "{m:?}");
+    assert!(m.recent_instances <= 400_000 / 8);
+    assert_eq!(m.iterations_sealed, 598);
+    let prom = m.to_prometheus();
+    assert!(prom.contains("slowrank_rank_lateness_seconds{rank=\"2\"}"));
+    assert!(prom.contains("slowrank_verdicts_total 1"));
+}
