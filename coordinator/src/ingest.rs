@@ -160,6 +160,11 @@ async fn handshake(
         }
     };
     let accepted = token_matches(&hello.token, token);
+    if !accepted {
+        // Counted before the reply leaves, so whoever sees the refusal also
+        // sees it in the stats.
+        stats.refused_agents.fetch_add(1, Ordering::Relaxed);
+    }
     let reply = HelloReply {
         accepted,
         reason: if accepted {
@@ -174,7 +179,6 @@ async fn handshake(
         let _ = send.stopped().await;
     }
     if !accepted {
-        stats.refused_agents.fetch_add(1, Ordering::Relaxed);
         warn!(
             remote = %conn.remote_address(),
             host = %hello.host,

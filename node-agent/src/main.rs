@@ -138,9 +138,7 @@ async fn run(cli: Cli) -> Result<i32> {
 
     let mut child = match cli.command.split_first() {
         Some((prog, args)) => {
-            let mut cmd = tokio::process::Command::new(prog);
-            cmd.args(args);
-            let gated = Gated::spawn(cmd).with_context(|| format!("starting {prog}"))?;
+            let gated = Gated::spawn(prog, args).with_context(|| format!("starting {prog}"))?;
             let pid = gated.child.id().context("child has no pid")?;
             probes.follow(pid, None)?;
             tracing::info!(pid, "following {prog}");
