@@ -44,7 +44,7 @@ fn followed() -> Option<(u32, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     // SAFETY: read-only lookup of a plain u32 value.
-    if unsafe { FOLLOWED.get(&pid) }.is_none() {
+    if unsafe { FOLLOWED.get(pid) }.is_none() {
         bump(counter::UNFOLLOWED_HITS);
         return None;
     }
@@ -52,7 +52,13 @@ fn followed() -> Option<(u32, u32)> {
 }
 
 #[inline(always)]
-fn emit(ctx: *mut core::ffi::c_void, kind: CallKind, args: [u64; MAX_ARGS], ret: u64, who: (u32, u32)) {
+fn emit(
+    ctx: *mut core::ffi::c_void,
+    kind: CallKind,
+    args: [u64; MAX_ARGS],
+    ret: u64,
+    who: (u32, u32),
+) {
     let Some(mut slot) = EVENTS.reserve::<CallEvent>(0) else {
         bump(counter::RINGBUF_DROPS);
         return;

@@ -31,7 +31,11 @@ impl Gated {
         }
         let (read_fd, write_fd) = (fds[0], fds[1]);
         let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c").arg(GATE).arg("slowrank-gate").arg(prog).args(args);
+        cmd.arg("-c")
+            .arg(GATE)
+            .arg("slowrank-gate")
+            .arg(prog)
+            .args(args);
         // SAFETY: dup2 is async-signal-safe; the copy on fd 3 has no CLOEXEC,
         // so the gate shell (and only it, it closes fd 3 before the job) sees it.
         unsafe {
@@ -82,7 +86,11 @@ mod tests {
         assert!(!dir.exists(), "the job must not start before release");
         let mut child = gated.release();
         assert!(child.wait().await.unwrap().success());
-        let ran_as: u32 = std::fs::read_to_string(&dir).unwrap().trim().parse().unwrap();
+        let ran_as: u32 = std::fs::read_to_string(&dir)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         assert_eq!(ran_as, pid, "the job runs in the followed pid");
         let _ = std::fs::remove_file(&dir);
     }

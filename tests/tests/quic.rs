@@ -117,7 +117,10 @@ async fn batch_arrives_intact_and_bad_bytes_are_rejected_without_harm() {
     }
     shipper.send_encoded(&corrupt).await.unwrap();
     // Not ours at all.
-    shipper.send_encoded(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    shipper
+        .send_encoded(b"GET / HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
 
     // The same connection still delivers the next good batch.
     let after = sample_batch(3);
@@ -128,14 +131,20 @@ async fn batch_arrives_intact_and_bad_bytes_are_rejected_without_harm() {
     }
 
     let stats = server.ingest.stats();
-    assert_eq!(stats.rejected_total(), 3, "three bad messages, three rejections");
+    assert_eq!(
+        stats.rejected_total(),
+        3,
+        "three bad messages, three rejections"
+    );
     let classes: Vec<String> = stats.rejected.iter().map(|e| e.key().clone()).collect();
     assert!(
         classes.iter().any(|c| c == "bad_magic"),
         "garbage counted as bad_magic: {classes:?}"
     );
     assert!(
-        classes.iter().any(|c| c == "length_mismatch" || c == "truncated"),
+        classes
+            .iter()
+            .any(|c| c == "length_mismatch" || c == "truncated"),
         "truncation counted: {classes:?}"
     );
     assert!(
@@ -143,9 +152,7 @@ async fn batch_arrives_intact_and_bad_bytes_are_rejected_without_harm() {
         "corruption caught by bytecheck: {classes:?}"
     );
     assert_eq!(
-        stats
-            .batches_ok
-            .load(std::sync::atomic::Ordering::Relaxed),
+        stats.batches_ok.load(std::sync::atomic::Ordering::Relaxed),
         2
     );
     shipper.close().await;
