@@ -7,3 +7,6 @@ pub mod output;
 pub mod probes;
 pub mod ship;
 pub mod spool;
+pub mod stacks;
+pub mod symbolize;
+pub mod folded;

@@ -1,0 +1,433 @@
+//! Where the slow rank differs: folded stacks of a flagged rank against the
+//! median healthy rank of the same role, as flame graphs (inferno) and a
+//! list of the frames that differ most.
+//!
+//! Shares, not raw weights, are compared: a slow rank runs fewer iterations
+//! per second, so only the *distribution* of its time is comparable. The
+//! top frames rank call-tree nodes by how much more of the flagged rank's
+//! time they hold than the reference's, *beyond what their caller already
+//! explains* — so the report names `load_batch`, not every frame under it
+//! (`sleep`, `nanosleep`, …) nor every frame above it (`main`).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::BufReader,
+    path::{Path, PathBuf},
+};
+
+use slowrank_shared::wire::{StackView, StackWindow};
+
+use crate::verdict::Verdict;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FlameError {
+    #[error("stack window of rank {rank}: frame index {index} outside its {len} strings")]
+    BadIndex { rank: u32, index: u32, len: usize },
+    #[error("no stacks for rank {0} in the window")]
+    Empty(u32),
+    #[error("no healthy reference rank with stacks in the window")]
+    NoReference,
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Folded stacks of one rank: `frame;frame;frame` → weight.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Folded {
+    pub stacks: BTreeMap<String, u64>,
+}
+
+impl Folded {
+    pub fn total(&self) -> u64 {
+        self.stacks.values().sum()
+    }
+
+    /// Lines in the folded format inferno and flamegraph.pl read.
+    pub fn lines(&self) -> String {
+        let mut s = String::new();
+        for (k, v) in &self.stacks {
+            s.push_str(k);
+            s.push(' ');
+            s.push_str(&v.to_string());
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Inclusive share of every call-tree node (path prefix).
+    fn tree_shares(&self) -> HashMap<String, f64> {
+        let total = self.total().max(1) as f64;
+        let mut out: HashMap<String, f64> = HashMap::new();
+        for (stack, &w) in &self.stacks {
+            let mut end = 0;
+            for (i, frame) in stack.split(';').enumerate() {
+                end += frame.len() + usize::from(i > 0);
+                *out.entry(stack[..end].to_owned()).or_default() += w as f64 / total;
+            }
+        }
+        out
+    }
+
+    /// Share of weight whose stack contains `frame` anywhere.
+    fn frame_share(&self, frame: &str) -> f64 {
+        let total = self.total().max(1) as f64;
+        self.stacks
+            .iter()
+            .filter(|(k, _)| k.split(';').any(|f| f == frame))
+            .map(|(_, &w)| w as f64)
+            .sum::<f64>()
+            / total
+    }
+}
+
+/// Folds the windows of `rank` and `view` that overlap `[start_ns, end_ns)`.
+/// Frame indices are checked: a bad window is an error, never a panic.
+pub fn fold(
+    windows: &[StackWindow],
+    rank: u32,
+    view: StackView,
+    start_ns: u64,
+    end_ns: u64,
+) -> Result<Folded, FlameError> {
+    let mut out = Folded::default();
+    for w in windows
+        .iter()
+        .filter(|w| w.rank == rank && w.view == view && w.end_ns > start_ns && w.start_ns < end_ns)
+    {
+        for s in &w.stacks {
+            let mut key = String::new();
+            for (i, &ix) in s.frames.iter().enumerate() {
+                let name = w.strings.get(ix as usize).ok_or(FlameError::BadIndex {
+                    rank,
+                    index: ix,
+                    len: w.strings.len(),
+                })?;
+                if i > 0 {
+                    key.push(';');
+                }
+                // ';' separates frames and a trailing number is the count.
+                key.push_str(&name.replace(';', ":"));
+            }
+            if key.is_empty() {
+                continue;
+            }
+            *out.stacks.entry(key).or_default() += s.weight;
+        }
+    }
+    Ok(out)
+}
+
+/// Ranks with the same role as `rank` in a Megatron layout
+/// (`rank = pp*(dp*tp) + dp_index*tp + tp_index`): same pipeline stage and
+/// tensor position, i.e. its data-parallel peers. Excludes `rank`.
+pub fn same_role(rank: u32, tp: u32, pp: u32, dp: u32) -> Vec<u32> {
+    let (tp, dp) = (tp.max(1), dp.max(1));
+    let stage = rank / (dp * tp);
+    let tpi = rank % tp;
+    (0..dp)
+        .map(|d| stage * dp * tp + d * tp + tpi)
+        .filter(|&r| r != rank && r < tp * pp.max(1) * dp)
+        .collect()
+}
+
+/// The medoid of the candidates: the rank whose frame-share profile is
+/// closest (L1) to all others — the "median healthy rank", robust to one
+/// odd reference.
+pub fn median_rank(candidates: &[(u32, Folded)]) -> Option<u32> {
+    let shares: Vec<(u32, HashMap<String, f64>)> = candidates
+        .iter()
+        .filter(|(_, f)| f.total() > 0)
+        .map(|(r, f)| (*r, f.tree_shares()))
+        .collect();
+    let dist = |a: &HashMap<String, f64>, b: &HashMap<String, f64>| -> f64 {
+        let mut d = 0.0;
+        for (k, v) in a {
+            d += (v - b.get(k).copied().unwrap_or(0.0)).abs();
+        }
+        for (k, v) in b {
+            if !a.contains_key(k) {
+                d += v.abs();
+            }
+        }
+        d
+    };
+    shares
+        .iter()
+        .map(|(r, a)| (*r, shares.iter().map(|(_, b)| dist(a, b)).sum::<f64>()))
+        .min_by(|x, y| x.1.total_cmp(&y.1).then(x.0.cmp(&y.0)))
+        .map(|(r, _)| r)
+}
+
+/// A frame where the flagged rank spends more of its time.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FrameDiff {
+    pub frame: String,
+    /// Share of the flagged rank's weight with this frame on the stack.
+    pub flagged_share: f64,
+    /// Same for the reference rank.
+    pub reference_share: f64,
+    /// How much more of the flagged rank's time this frame's call-tree node
+    /// holds than the reference's, beyond its caller's difference.
+    pub gain: f64,
+    /// Where in the call tree (outermost first, shortened).
+    pub path: String,
+}
+
+/// The `n` frames with the largest gain (see the module docs).
+pub fn top_frames(flagged: &Folded, reference: &Folded, n: usize) -> Vec<FrameDiff> {
+    let f = flagged.tree_shares();
+    let r = reference.tree_shares();
+    let mut best: HashMap<&str, (f64, &str)> = HashMap::new();
+    for path in f.keys().chain(r.keys()) {
+        let d = f.get(path).copied().unwrap_or(0.0) - r.get(path).copied().unwrap_or(0.0);
+        let (parent, frame) = match path.rfind(';') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => ("", path.as_str()),
+        };
+        let dp = if parent.is_empty() {
+            0.0
+        } else {
+            f.get(parent).copied().unwrap_or(0.0) - r.get(parent).copied().unwrap_or(0.0)
+        };
+        let gain = d - dp.max(0.0);
+        let e = best.entry(frame).or_insert((f64::NEG_INFINITY, path));
+        if gain > e.0 {
+            *e = (gain, path);
+        }
+    }
+    let mut out: Vec<FrameDiff> = best
+        .into_iter()
+        .filter(|(_, (g, _))| *g > 0.0)
+        .map(|(frame, (gain, path))| FrameDiff {
+            frame: frame.to_owned(),
+            flagged_share: flagged.frame_share(frame),
+            reference_share: reference.frame_share(frame),
+            gain,
+            path: shorten_path(path),
+        })
+        .collect();
+    out.sort_by(|a, b| b.gain.total_cmp(&a.gain).then(a.frame.cmp(&b.frame)));
+    out.truncate(n);
+    out
+}
+
+fn shorten_path(path: &str) -> String {
+    let frames: Vec<&str> = path.split(';').collect();
+    if frames.len() <= 6 {
+        return frames.join(" → ");
+    }
+    format!("{} → … → {}", frames[0], frames[frames.len() - 4..].join(" → "))
+}
+
+/// What goes on a verdict as `"flamegraph"` in the report JSON.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FlameRef {
+    /// Differential flame graph: the reference's profile normalised to the
+    /// flagged rank's and coloured by the difference (red: more on the
+    /// flagged rank, blue: less).
+    pub diff_svg: String,
+    pub flagged_svg: String,
+    pub reference_svg: String,
+    pub reference_rank: u32,
+    /// `cpu` (on- and off-CPU thread time) or `launch` (GPU launch sites).
+    pub view: &'static str,
+    pub window_start_ns: u64,
+    pub window_end_ns: u64,
+    pub top_frames: Vec<FrameDiff>,
+}
+
+pub fn view_name(view: StackView) -> &'static str {
+    match view {
+        StackView::Cpu => "cpu",
+        StackView::Launch => "launch",
+    }
+}
+
+/// Inputs of one diff.
+pub struct DiffRequest<'a> {
+    pub windows: &'a [StackWindow],
+    pub flagged: u32,
+    /// Healthy ranks of the same role ([`same_role`] minus flagged ones).
+    pub candidates: &'a [u32],
+    pub view: StackView,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub out_dir: &'a Path,
+    pub top: usize,
+}
+
+/// Folds both sides, picks the median reference, writes the three SVGs and
+/// returns what the report shows.
+pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
+    let flagged = fold(req.windows, req.flagged, req.view, req.start_ns, req.end_ns)?;
+    if flagged.total() == 0 {
+        return Err(FlameError::Empty(req.flagged));
+    }
+    let mut cands = Vec::new();
+    for &r in req.candidates.iter().filter(|&&r| r != req.flagged) {
+        cands.push((r, fold(req.windows, r, req.view, req.start_ns, req.end_ns)?));
+    }
+    let reference_rank = median_rank(&cands).ok_or(FlameError::NoReference)?;
+    let reference = cands
+        .into_iter()
+        .find(|(r, _)| *r == reference_rank)
+        .map(|(_, f)| f)
+        .ok_or(FlameError::NoReference)?;
+    let view = view_name(req.view);
+    let base = format!("rank{}-{}", req.flagged, view);
+    let unit = match req.view {
+        StackView::Cpu => "µs",
+        StackView::Launch => "launches",
+    };
+    let flagged_svg = req.out_dir.join(format!("{base}.svg"));
+    let reference_svg = req
+        .out_dir
+        .join(format!("rank{reference_rank}-{view}-reference.svg"));
+    let diff_svg = req
+        .out_dir
+        .join(format!("{base}-vs-rank{reference_rank}-diff.svg"));
+    std::fs::create_dir_all(req.out_dir).map_err(|source| FlameError::Write {
+        path: req.out_dir.to_owned(),
+        source,
+    })?;
+    render(
+        &flagged.lines(),
+        &flagged_svg,
+        &format!("rank {} ({view})", req.flagged),
+        unit,
+        false,
+    )?;
+    render(
+        &reference.lines(),
+        &reference_svg,
+        &format!("rank {reference_rank} ({view}, reference)"),
+        unit,
+        false,
+    )?;
+    let mut diff_lines = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options {
+            normalize: true,
+            strip_hex: false,
+        },
+        BufReader::new(reference.lines().as_bytes()),
+        BufReader::new(flagged.lines().as_bytes()),
+        &mut diff_lines,
+    )
+    .map_err(|source| FlameError::Write {
+        path: diff_svg.clone(),
+        source,
+    })?;
+    render(
+        &String::from_utf8_lossy(&diff_lines),
+        &diff_svg,
+        &format!(
+            "rank {} vs rank {reference_rank} ({view}): red = more on rank {}",
+            req.flagged, req.flagged
+        ),
+        unit,
+        true,
+    )?;
+    Ok(FlameRef {
+        diff_svg: diff_svg.display().to_string(),
+        flagged_svg: flagged_svg.display().to_string(),
+        reference_svg: reference_svg.display().to_string(),
+        reference_rank,
+        view,
+        window_start_ns: req.start_ns,
+        window_end_ns: req.end_ns,
+        top_frames: top_frames(&flagged, &reference, req.top),
+    })
+}
+
+fn render(lines: &str, path: &Path, title: &str, unit: &str, _diff: bool) -> Result<(), FlameError> {
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_owned();
+    opts.count_name = unit.to_owned();
+    let file = std::fs::File::create(path).map_err(|source| FlameError::Write {
+        path: path.to_owned(),
+        source,
+    })?;
+    inferno::flamegraph::from_lines(&mut opts, lines.lines(), std::io::BufWriter::new(file)).map_err(
+        |source| FlameError::Write {
+            path: path.to_owned(),
+            source,
+        },
+    )
+}
+
+/// Puts the flame graph on the verdict (`"flamegraph"` in the JSON).
+pub fn attach(verdict: &mut Verdict, flame: FlameRef) {
+    verdict.flamegraph = Some(flame);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folded(lines: &[(&str, u64)]) -> Folded {
+        Folded {
+            stacks: lines.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+        }
+    }
+
+    #[test]
+    fn top_frame_is_where_the_difference_starts() {
+        let healthy = folded(&[
+            ("main;step;load_batch;sleep;nanosleep", 5),
+            ("main;step;forward;launch", 20),
+            ("main;step;synchronize;wait", 75),
+        ]);
+        let slow = folded(&[
+            ("main;step;load_batch;sleep;nanosleep", 30),
+            ("main;step;forward;launch", 20),
+            ("main;step;synchronize;wait", 50),
+        ]);
+        let top = top_frames(&slow, &healthy, 3);
+        assert_eq!(top[0].frame, "load_batch", "{top:#?}");
+        assert!((top[0].flagged_share - 0.30).abs() < 1e-9);
+        assert!((top[0].reference_share - 0.05).abs() < 1e-9);
+        assert!(top.iter().all(|t| t.frame != "sleep" && t.frame != "main"));
+    }
+
+    #[test]
+    fn same_role_is_the_dp_peers() {
+        // tp2 pp2 dp2: rank = pp*4 + dp*2 + tp
+        assert_eq!(same_role(5, 2, 2, 2), vec![7]);
+        assert_eq!(same_role(0, 1, 1, 4), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn median_rank_skips_the_odd_one() {
+        let a = folded(&[("m;x", 50), ("m;y", 50)]);
+        let b = folded(&[("m;x", 48), ("m;y", 52)]);
+        let c = folded(&[("m;x", 90), ("m;y", 10)]);
+        assert_eq!(median_rank(&[(1, c), (2, a), (3, b)]), Some(2));
+    }
+
+    #[test]
+    fn bad_index_is_an_error() {
+        let w = StackWindow {
+            rank: 1,
+            view: StackView::Cpu,
+            start_ns: 0,
+            end_ns: 10,
+            strings: vec!["a".into()],
+            stacks: vec![slowrank_shared::wire::FoldedStack {
+                frames: vec![0, 5],
+                weight: 1,
+            }],
+            records: 1,
+            truncated: 0,
+            overflow_weight: 0,
+        };
+        assert!(matches!(
+            fold(&[w], 1, StackView::Cpu, 0, 10),
+            Err(FlameError::BadIndex { index: 5, .. })
+        ));
+    }
+}

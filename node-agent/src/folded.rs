@@ -1,0 +1,218 @@
+//! Folds raw stack records into per-rank, per-view stacks over a window,
+//! symbolized, with interned frame names and a bound on distinct stacks.
+//!
+//! CPU view: root is the thread name, then user frames (outermost first),
+//! then kernel frames (suffixed `_[k]`); weight is thread time in µs (an
+//! on-CPU sample stands for one sampling period, an off-CPU record for the
+//! time the thread was away). Launch view: the launching user stack with a
+//! `GPU:<kernel>` leaf; weight is launches.
+
+use std::{collections::HashMap, sync::Arc};
+
+use slowrank_shared::{
+    stack::{flag, StackEvent, StackKind},
+    wire::{FoldedStack, StackView, StackWindow},
+};
+
+use crate::symbolize::Symbolizer;
+
+/// Frame inserted under the thread name when a stack was cut short.
+pub const TRUNCATED: &str = "[truncated]";
+/// The one stack that absorbs distinct stacks beyond the bound.
+pub const OTHER: &str = "[other stacks]";
+/// Default bound on distinct stacks per rank, view and window.
+pub const DEFAULT_MAX_STACKS: usize = 4096;
+
+#[derive(Default)]
+struct Acc {
+    strings: Vec<String>,
+    index: HashMap<Arc<str>, u32>,
+    stacks: HashMap<Vec<u32>, u64>,
+    records: u64,
+    truncated: u64,
+    overflow_weight: u64,
+}
+
+impl Acc {
+    fn intern(&mut self, s: &Arc<str>) -> u32 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as u32;
+        self.strings.push(s.to_string());
+        self.index.insert(s.clone(), i);
+        i
+    }
+
+    fn add(&mut self, frames: &[Arc<str>], weight: u64, truncated: bool, max: usize) {
+        self.records += 1;
+        if truncated {
+            self.truncated += 1;
+        }
+        let ids: Vec<u32> = frames.iter().map(|f| self.intern(f)).collect();
+        if let Some(w) = self.stacks.get_mut(&ids) {
+            *w += weight;
+        } else if self.stacks.len() < max {
+            self.stacks.insert(ids, weight);
+        } else {
+            self.overflow_weight += weight;
+        }
+    }
+}
+
+/// Folds stacks for the ranks it is told about.
+pub struct Folder {
+    ranks: HashMap<u32, u32>,
+    acc: HashMap<(u32, StackView), Acc>,
+    start_ns: u64,
+    max_stacks: usize,
+    /// Records from processes with no known rank (dropped, counted).
+    pub unknown_pid_records: u64,
+}
+
+impl Folder {
+    pub fn new(start_ns: u64, max_stacks: usize) -> Self {
+        Self {
+            ranks: HashMap::new(),
+            acc: HashMap::new(),
+            start_ns,
+            max_stacks: max_stacks.max(1),
+            unknown_pid_records: 0,
+        }
+    }
+
+    /// Says which rank process `pid` is.
+    pub fn set_rank(&mut self, pid: u32, rank: u32) {
+        self.ranks.insert(pid, rank);
+    }
+
+    /// Folds one record; symbolizes it through `sym`.
+    pub fn add(&mut self, ev: &StackEvent, sym: &mut Symbolizer) {
+        let Some(&rank) = self.ranks.get(&ev.pid) else {
+            self.unknown_pid_records += 1;
+            return;
+        };
+        let Some(kind) = StackKind::from_raw(ev.kind) else {
+            return;
+        };
+        let truncated = ev.flags & (flag::USER_TRUNCATED | flag::KERNEL_TRUNCATED) != 0;
+        let mut frames: Vec<Arc<str>> = Vec::with_capacity(ev.user_frames().len() + 8);
+        frames.push(Arc::from(String::from_utf8_lossy(ev.comm()).as_ref()));
+        if truncated {
+            frames.push(Arc::from(TRUNCATED));
+        }
+        // Perf-event samples and uprobes start at the IP; an off-CPU stack
+        // starts at a return address too (the thread is inside a call).
+        let first_is_ip = kind != StackKind::OffCpu;
+        for names in sym.user(ev.pid, ev.user_frames(), first_is_ip).iter().rev() {
+            frames.extend(names.iter().rev().cloned());
+        }
+        let (view, weight) = match kind {
+            StackKind::OnCpu | StackKind::OffCpu => {
+                for names in sym.kernel(ev.kernel_frames()).iter().rev() {
+                    frames.extend(names.iter().rev().map(|n| Arc::from(format!("{n}_[k]"))));
+                }
+                (StackView::Cpu, (ev.weight_ns / 1000).max(1))
+            }
+            StackKind::Launch => {
+                let kernel = sym
+                    .user(ev.pid, &[ev.addr], true)
+                    .first()
+                    .and_then(|n| n.last().cloned())
+                    .unwrap_or_else(|| Arc::from(format!("{:#x}", ev.addr)));
+                frames.push(Arc::from(format!("GPU:{kernel}")));
+                (StackView::Launch, 1)
+            }
+        };
+        let max = self.max_stacks;
+        self.acc
+            .entry((rank, view))
+            .or_default()
+            .add(&frames, weight, truncated, max);
+    }
+
+    /// Ends the window at `end_ns`: returns its stacks and starts the next.
+    pub fn cut(&mut self, end_ns: u64) -> Vec<StackWindow> {
+        let start_ns = std::mem::replace(&mut self.start_ns, end_ns);
+        let mut out: Vec<StackWindow> = std::mem::take(&mut self.acc)
+            .into_iter()
+            .map(|((rank, view), mut a)| {
+                if a.overflow_weight > 0 {
+                    let other = a.intern(&Arc::from(OTHER));
+                    a.stacks.insert(vec![other], a.overflow_weight);
+                }
+                let mut stacks: Vec<FoldedStack> = a
+                    .stacks
+                    .into_iter()
+                    .map(|(frames, weight)| FoldedStack { frames, weight })
+                    .collect();
+                stacks.sort_by(|x, y| x.frames.cmp(&y.frames));
+                StackWindow {
+                    rank,
+                    view,
+                    start_ns,
+                    end_ns,
+                    strings: a.strings,
+                    stacks,
+                    records: a.records,
+                    truncated: a.truncated,
+                    overflow_weight: a.overflow_weight,
+                }
+            })
+            .collect();
+        out.sort_by_key(|w| (w.rank, w.view as u8));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slowrank_shared::stack::{MAX_KERNEL_FRAMES, MAX_USER_FRAMES};
+
+    fn ev(pid: u32, kind: StackKind, weight_ns: u64, user: &[u64]) -> StackEvent {
+        let mut e = StackEvent {
+            ts_ns: 0,
+            weight_ns,
+            addr: 0,
+            pid,
+            tid: pid,
+            kind: kind as u32,
+            flags: 0,
+            user_len: user.len() as u32,
+            kernel_len: 0,
+            comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
+            user: [0; MAX_USER_FRAMES],
+            kernel: [0; MAX_KERNEL_FRAMES],
+        };
+        e.user[..user.len()].copy_from_slice(user);
+        e
+    }
+
+    #[test]
+    fn folds_interns_and_bounds() {
+        let mut sym = Symbolizer::new();
+        let mut f = Folder::new(0, 2);
+        f.set_rank(999_999, 3);
+        // Addresses in a pid that does not exist: all unknown, yet counted.
+        for (i, w) in [(1u64, 10_000u64), (2, 20_000), (3, 30_000), (1, 5_000)] {
+            f.add(&ev(999_999, StackKind::OnCpu, w, &[i]), &mut sym);
+        }
+        f.add(&ev(7, StackKind::OnCpu, 1000, &[1]), &mut sym);
+        assert_eq!(f.unknown_pid_records, 1);
+        let w = f.cut(100);
+        assert_eq!(w.len(), 1);
+        let w = &w[0];
+        assert_eq!((w.rank, w.view, w.start_ns, w.end_ns), (3, StackView::Cpu, 0, 100));
+        assert_eq!(w.records, 4);
+        let total: u64 = w.stacks.iter().map(|s| s.weight).sum();
+        assert_eq!(total, 65, "weights in µs, nothing lost to the bound");
+        // All frames are [unknown], so the stacks fold to one distinct stack.
+        assert!(w.stacks.len() <= 2);
+        assert!(w.strings.iter().any(|s| s == "worker"));
+        for s in &w.stacks {
+            assert!(s.frames.iter().all(|&i| (i as usize) < w.strings.len()));
+        }
+        assert!(f.cut(200).is_empty(), "the next window starts empty");
+    }
+}
