@@ -58,11 +58,24 @@ impl Folded {
         s
     }
 
-    /// Inclusive share of every call-tree node (path prefix).
+    /// Weight per root frame (the thread name in the CPU view).
+    fn root_totals(&self) -> HashMap<&str, f64> {
+        let mut out: HashMap<&str, f64> = HashMap::new();
+        for (stack, &w) in &self.stacks {
+            *out.entry(root_of(stack)).or_default() += w as f64;
+        }
+        out
+    }
+
+    /// Inclusive share of every call-tree node (path prefix) in its root's
+    /// (thread's) weight: threads come and go and idle differently between
+    /// ranks, so comparing within a thread keeps one thread's idling from
+    /// outweighing the difference inside another.
     fn tree_shares(&self) -> HashMap<String, f64> {
-        let total = self.total().max(1) as f64;
+        let roots = self.root_totals();
         let mut out: HashMap<String, f64> = HashMap::new();
         for (stack, &w) in &self.stacks {
+            let total = roots.get(root_of(stack)).copied().unwrap_or(1.0).max(1.0);
             let mut end = 0;
             for (i, frame) in stack.split(';').enumerate() {
                 end += frame.len() + usize::from(i > 0);
@@ -72,16 +85,29 @@ impl Folded {
         out
     }
 
-    /// Share of weight whose stack contains `frame` anywhere.
-    fn frame_share(&self, frame: &str) -> f64 {
-        let total = self.total().max(1) as f64;
+    /// Share of the weight of `root` (a thread) whose stack contains
+    /// `frame` below the root.
+    fn frame_share(&self, root: &str, frame: &str) -> f64 {
+        let total = self.root_totals().get(root).copied().unwrap_or(0.0);
+        if total <= 0.0 {
+            return 0.0;
+        }
         self.stacks
             .iter()
-            .filter(|(k, _)| k.split(';').any(|f| f == frame))
+            .filter(|(k, _)| root_of(k) == root && k.split(';').skip(1).any(|f| f == frame))
             .map(|(_, &w)| w as f64)
             .sum::<f64>()
             / total
     }
+}
+
+fn root_of(stack: &str) -> &str {
+    stack.split(';').next().unwrap_or("")
+}
+
+/// Frames that name nothing: never reported as where a rank differs.
+fn uninformative(frame: &str) -> bool {
+    frame.starts_with('[') && frame.ends_with(']')
 }
 
 /// Folds the windows of `rank` and `view` that overlap `[start_ns, end_ns)`.
@@ -166,7 +192,10 @@ pub fn median_rank(candidates: &[(u32, Folded)]) -> Option<u32> {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct FrameDiff {
     pub frame: String,
-    /// Share of the flagged rank's weight with this frame on the stack.
+    /// The root of its stacks: the thread name (CPU view).
+    pub thread: String,
+    /// Share of that thread's weight on the flagged rank with this frame on
+    /// the stack.
     pub flagged_share: f64,
     /// Same for the reference rank.
     pub reference_share: f64,
@@ -177,12 +206,32 @@ pub struct FrameDiff {
     pub path: String,
 }
 
+/// Which threads the top frames come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    All,
+    /// Only the main thread (root frame ending in [`MAIN_SUFFIX`]): the one
+    /// that runs the training loop and reaches the collectives. Helper
+    /// threads (NCCL proxy, driver threads) idle differently *because* the
+    /// main thread is late; for a host-slow rank they are effects.
+    Main,
+}
+
+/// Root-frame suffix the agent gives a process's main thread.
+pub const MAIN_SUFFIX: &str = " [main]";
+
 /// The `n` frames with the largest gain (see the module docs).
-pub fn top_frames(flagged: &Folded, reference: &Folded, n: usize) -> Vec<FrameDiff> {
+pub fn top_frames(flagged: &Folded, reference: &Folded, threads: Threads, n: usize) -> Vec<FrameDiff> {
     let f = flagged.tree_shares();
     let r = reference.tree_shares();
     let mut best: HashMap<&str, (f64, &str)> = HashMap::new();
     for path in f.keys().chain(r.keys()) {
+        if !path.contains(';') {
+            continue; // a thread name: compared within, not across threads
+        }
+        if threads == Threads::Main && !root_of(path).ends_with(MAIN_SUFFIX) {
+            continue;
+        }
         let d = f.get(path).copied().unwrap_or(0.0) - r.get(path).copied().unwrap_or(0.0);
         let (parent, frame) = match path.rfind(';') {
             Some(i) => (&path[..i], &path[i + 1..]),
@@ -201,11 +250,12 @@ pub fn top_frames(flagged: &Folded, reference: &Folded, n: usize) -> Vec<FrameDi
     }
     let mut out: Vec<FrameDiff> = best
         .into_iter()
-        .filter(|(_, (g, _))| *g > 0.0)
+        .filter(|(frame, (g, _))| *g > 0.0 && !uninformative(frame))
         .map(|(frame, (gain, path))| FrameDiff {
             frame: frame.to_owned(),
-            flagged_share: flagged.frame_share(frame),
-            reference_share: reference.frame_share(frame),
+            thread: root_of(path).to_owned(),
+            flagged_share: flagged.frame_share(root_of(path), frame) + 0.0,
+            reference_share: reference.frame_share(root_of(path), frame) + 0.0,
             gain,
             path: shorten_path(path),
         })
@@ -258,6 +308,7 @@ pub struct DiffRequest<'a> {
     pub end_ns: u64,
     pub out_dir: &'a Path,
     pub top: usize,
+    pub threads: Threads,
 }
 
 /// Folds both sides, picks the median reference, writes the three SVGs and
@@ -340,7 +391,7 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
         view,
         window_start_ns: req.start_ns,
         window_end_ns: req.end_ns,
-        top_frames: top_frames(&flagged, &reference, req.top),
+        top_frames: top_frames(&flagged, &reference, req.threads, req.top),
     })
 }
 
@@ -387,7 +438,7 @@ mod tests {
             ("main;step;forward;launch", 20),
             ("main;step;synchronize;wait", 50),
         ]);
-        let top = top_frames(&slow, &healthy, 3);
+        let top = top_frames(&slow, &healthy, Threads::All, 3);
         assert_eq!(top[0].frame, "load_batch", "{top:#?}");
         assert!((top[0].flagged_share - 0.30).abs() < 1e-9);
         assert!((top[0].reference_share - 0.05).abs() < 1e-9);

@@ -20,6 +20,8 @@ use crate::symbolize::Symbolizer;
 pub const TRUNCATED: &str = "[truncated]";
 /// The one stack that absorbs distinct stacks beyond the bound.
 pub const OTHER: &str = "[other stacks]";
+/// Suffix of the root frame of a process's main thread.
+pub const MAIN_SUFFIX: &str = " [main]";
 /// Default bound on distinct stacks per rank, view and window.
 pub const DEFAULT_MAX_STACKS: usize = 4096;
 
@@ -97,7 +99,14 @@ impl Folder {
         };
         let truncated = ev.flags & (flag::USER_TRUNCATED | flag::KERNEL_TRUNCATED) != 0;
         let mut frames: Vec<Arc<str>> = Vec::with_capacity(ev.user_frames().len() + 8);
-        frames.push(Arc::from(String::from_utf8_lossy(ev.comm()).as_ref()));
+        let comm = String::from_utf8_lossy(ev.comm());
+        // The process's main thread drives the training loop (and issues the
+        // collectives); mark it so reports can focus on it.
+        frames.push(if ev.tid == ev.pid {
+            Arc::from(format!("{comm}{MAIN_SUFFIX}"))
+        } else {
+            Arc::from(comm.as_ref())
+        });
         if truncated {
             frames.push(Arc::from(TRUNCATED));
         }
@@ -209,7 +218,7 @@ mod tests {
         assert_eq!(total, 65, "weights in µs, nothing lost to the bound");
         // All frames are [unknown], so the stacks fold to one distinct stack.
         assert!(w.stacks.len() <= 2);
-        assert!(w.strings.iter().any(|s| s == "worker"));
+        assert!(w.strings.iter().any(|s| s == "worker [main]"));
         for s in &w.stacks {
             assert!(s.frames.iter().all(|&i| (i as usize) < w.strings.len()));
         }
