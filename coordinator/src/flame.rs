@@ -265,6 +265,46 @@ pub fn top_frames(flagged: &Folded, reference: &Folded, threads: Threads, n: usi
     out
 }
 
+/// Launch view: the `GPU:<kernel>` leaves whose estimated GPU time grew
+/// most, as a fraction of the window (GPU busy share). Absolute, not
+/// normalised: a uniformly slower GPU keeps its kernel mix but spends more
+/// of the same window on it.
+pub fn top_gpu_frames(flagged: &Folded, reference: &Folded, window_us: f64, n: usize) -> Vec<FrameDiff> {
+    let leaves = |f: &Folded| -> HashMap<String, (f64, String, String)> {
+        let mut out: HashMap<String, (f64, String, String)> = HashMap::new();
+        for (stack, &w) in &f.stacks {
+            let leaf = stack.rsplit(';').next().unwrap_or("");
+            if !leaf.starts_with("GPU:") {
+                continue;
+            }
+            let e = out
+                .entry(leaf.to_owned())
+                .or_insert_with(|| (0.0, root_of(stack).to_owned(), shorten_path(stack)));
+            e.0 += w as f64 / window_us.max(1.0);
+        }
+        out
+    };
+    let (fl, rf) = (leaves(flagged), leaves(reference));
+    let mut out: Vec<FrameDiff> = fl
+        .iter()
+        .map(|(frame, (share, thread, path))| {
+            let r = rf.get(frame).map_or(0.0, |x| x.0);
+            FrameDiff {
+                frame: frame.clone(),
+                thread: thread.clone(),
+                flagged_share: *share,
+                reference_share: r,
+                gain: share - r,
+                path: path.clone(),
+            }
+        })
+        .filter(|d| d.gain > 0.0)
+        .collect();
+    out.sort_by(|a, b| b.gain.total_cmp(&a.gain).then(a.frame.cmp(&b.frame)));
+    out.truncate(n);
+    out
+}
+
 fn shorten_path(path: &str) -> String {
     let frames: Vec<&str> = path.split(';').collect();
     if frames.len() <= 6 {
@@ -332,7 +372,7 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
     let base = format!("rank{}-{}", req.flagged, view);
     let unit = match req.view {
         StackView::Cpu => "µs",
-        StackView::Launch => "launches",
+        StackView::Launch => "µs GPU (est.)",
     };
     let flagged_svg = req.out_dir.join(format!("{base}.svg"));
     let reference_svg = req
@@ -391,8 +431,23 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
         view,
         window_start_ns: req.start_ns,
         window_end_ns: req.end_ns,
-        top_frames: top_frames(&flagged, &reference, req.threads, req.top),
+        top_frames: match req.view {
+            StackView::Cpu => top_frames(&flagged, &reference, req.threads, req.top),
+            StackView::Launch => {
+                let span = span_ns(req.windows, req.flagged, req.view, req.start_ns, req.end_ns);
+                top_gpu_frames(&flagged, &reference, span as f64 / 1e3, req.top)
+            }
+        },
     })
+}
+
+/// How much of `[start_ns, end_ns)` the rank's windows cover.
+fn span_ns(windows: &[StackWindow], rank: u32, view: StackView, start_ns: u64, end_ns: u64) -> u64 {
+    let ws = windows
+        .iter()
+        .filter(|w| w.rank == rank && w.view == view && w.end_ns > start_ns && w.start_ns < end_ns);
+    let (lo, hi) = ws.fold((u64::MAX, 0), |(lo, hi), w| (lo.min(w.start_ns), hi.max(w.end_ns)));
+    hi.min(end_ns).saturating_sub(lo.max(start_ns))
 }
 
 fn render(lines: &str, path: &Path, title: &str, unit: &str, _diff: bool) -> Result<(), FlameError> {

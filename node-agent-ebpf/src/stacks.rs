@@ -19,9 +19,9 @@
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns},
-    macros::{map, perf_event, tracepoint, uprobe},
+    macros::{map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{PerfEventContext, ProbeContext, TracePointContext},
+    programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
 use slowrank_shared::stack::{
@@ -150,6 +150,45 @@ pub fn stack_launch(ctx: ProbeContext) -> u32 {
     bump(stack_counter::LAUNCH);
     let func: u64 = ctx.arg(0).unwrap_or(0);
     emit(ctx.as_ptr(), StackKind::Launch, func, who, false);
+    0
+}
+
+/// A sync call boundary: no stack, just who and when (GPU progress marks
+/// for the launch view's GPU time estimate).
+#[inline(always)]
+fn sync_mark(kind: StackKind) {
+    let Some(who) = followed() else { return };
+    let Some(mut slot) = STACKS.reserve::<StackEvent>(0) else {
+        bump(stack_counter::RINGBUF_DROPS);
+        return;
+    };
+    let ev = slot.as_mut_ptr();
+    // SAFETY: `ev` is the reservation, sized for a StackEvent; only the
+    // header is meaningful (user_len = kernel_len = 0).
+    unsafe {
+        (*ev).ts_ns = bpf_ktime_get_ns();
+        (*ev).weight_ns = 0;
+        (*ev).addr = 0;
+        (*ev).pid = who.0;
+        (*ev).tid = who.1;
+        (*ev).kind = kind as u32;
+        (*ev).flags = 0;
+        (*ev).user_len = 0;
+        (*ev).kernel_len = 0;
+        (*ev).comm = [0; 16];
+    }
+    slot.submit(0);
+}
+
+#[uprobe]
+pub fn stack_sync_call(_ctx: ProbeContext) -> u32 {
+    sync_mark(StackKind::SyncCall);
+    0
+}
+
+#[uretprobe]
+pub fn stack_sync_return(_ctx: RetProbeContext) -> u32 {
+    sync_mark(StackKind::SyncReturn);
     0
 }
 

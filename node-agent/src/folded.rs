@@ -5,7 +5,8 @@
 //! then kernel frames (suffixed `_[k]`); weight is thread time in µs (an
 //! on-CPU sample stands for one sampling period, an off-CPU record for the
 //! time the thread was away). Launch view: the launching user stack with a
-//! `GPU:<kernel>` leaf; weight is launches.
+//! `GPU:<kernel>` leaf; weight is the launch's estimated GPU time in µs
+//! ([`crate::gputime`]), settled when a progress mark covers it.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -14,7 +15,7 @@ use slowrank_shared::{
     wire::{FoldedStack, StackView, StackWindow},
 };
 
-use crate::symbolize::Symbolizer;
+use crate::{gputime::GpuTimer, symbolize::Symbolizer};
 
 /// Frame inserted under the thread name when a stack was cut short.
 pub const TRUNCATED: &str = "[truncated]";
@@ -70,6 +71,9 @@ pub struct Folder {
     max_stacks: usize,
     /// Records from processes with no known rank (dropped, counted).
     pub unknown_pid_records: u64,
+    /// Launch records whose stack was cut short.
+    pub truncated_launches: u64,
+    gpu: GpuTimer,
 }
 
 impl Folder {
@@ -80,6 +84,8 @@ impl Folder {
             start_ns,
             max_stacks: max_stacks.max(1),
             unknown_pid_records: 0,
+            truncated_launches: 0,
+            gpu: GpuTimer::default(),
         }
     }
 
@@ -97,6 +103,11 @@ impl Folder {
         let Some(kind) = StackKind::from_raw(ev.kind) else {
             return;
         };
+        match kind {
+            StackKind::SyncCall => return self.gpu.sync_call(ev.pid, ev.tid, ev.ts_ns),
+            StackKind::SyncReturn => return self.gpu.sync_return(ev.pid, ev.tid, ev.ts_ns),
+            _ => {}
+        }
         let truncated = ev.flags & (flag::USER_TRUNCATED | flag::KERNEL_TRUNCATED) != 0;
         let mut frames: Vec<Arc<str>> = Vec::with_capacity(ev.user_frames().len() + 8);
         let comm = String::from_utf8_lossy(ev.comm());
@@ -116,12 +127,18 @@ impl Folder {
         for names in sym.user(ev.pid, ev.user_frames(), first_is_ip).iter().rev() {
             frames.extend(names.iter().rev().cloned());
         }
-        let (view, weight) = match kind {
+        match kind {
             StackKind::OnCpu | StackKind::OffCpu => {
                 for names in sym.kernel(ev.kernel_frames()).iter().rev() {
                     frames.extend(names.iter().rev().map(|n| Arc::from(format!("{n}_[k]"))));
                 }
-                (StackView::Cpu, (ev.weight_ns / 1000).max(1))
+                let max = self.max_stacks;
+                self.acc.entry((rank, StackView::Cpu)).or_default().add(
+                    &frames,
+                    (ev.weight_ns / 1000).max(1),
+                    truncated,
+                    max,
+                );
             }
             StackKind::Launch => {
                 let kernel = sym
@@ -130,18 +147,44 @@ impl Folder {
                     .and_then(|n| n.last().cloned())
                     .unwrap_or_else(|| Arc::from(format!("{:#x}", ev.addr)));
                 frames.push(Arc::from(format!("GPU:{kernel}")));
-                (StackView::Launch, 1)
+                if truncated {
+                    self.truncated_launches += 1;
+                }
+                self.gpu.launch(ev.pid, ev.ts_ns, frames);
             }
-        };
+            StackKind::SyncCall | StackKind::SyncReturn => {}
+        }
+    }
+
+    /// The GPU of `pid` reached a collective enqueued at `enqueued_ns` at
+    /// `reached_ns` and finished it at `done_ns` (from the collective fold:
+    /// the proxy's first send and last completion). Sharpens the launch
+    /// view's GPU time estimate; see [`crate::gputime`].
+    pub fn gpu_collective(&mut self, pid: u32, enqueued_ns: u64, reached_ns: u64, done_ns: Option<u64>) {
+        self.gpu.collective(pid, enqueued_ns, reached_ns, done_ns);
+    }
+
+    /// Moves launches whose GPU time is known (marks up to `upto_ns`) into
+    /// the launch view of the current window.
+    fn settle(&mut self, upto_ns: u64) {
         let max = self.max_stacks;
-        self.acc
-            .entry((rank, view))
-            .or_default()
-            .add(&frames, weight, truncated, max);
+        for s in self.gpu.settle(upto_ns) {
+            let Some(&rank) = self.ranks.get(&s.pid) else { continue };
+            let truncated = s.frames.iter().any(|f| f.as_ref() == TRUNCATED);
+            self.acc.entry((rank, StackView::Launch)).or_default().add(
+                &s.frames,
+                s.gpu_us.round() as u64,
+                truncated,
+                max,
+            );
+        }
     }
 
     /// Ends the window at `end_ns`: returns its stacks and starts the next.
-    pub fn cut(&mut self, end_ns: u64) -> Vec<StackWindow> {
+    /// Launches are settled with the progress marks reached by
+    /// `settled_upto_ns` (lagging `end_ns` when GPU arrivals come late).
+    pub fn cut(&mut self, end_ns: u64, settled_upto_ns: u64) -> Vec<StackWindow> {
+        self.settle(settled_upto_ns);
         let start_ns = std::mem::replace(&mut self.start_ns, end_ns);
         let mut out: Vec<StackWindow> = std::mem::take(&mut self.acc)
             .into_iter()
@@ -209,7 +252,7 @@ mod tests {
         }
         f.add(&ev(7, StackKind::OnCpu, 1000, &[1]), &mut sym);
         assert_eq!(f.unknown_pid_records, 1);
-        let w = f.cut(100);
+        let w = f.cut(100, 100);
         assert_eq!(w.len(), 1);
         let w = &w[0];
         assert_eq!((w.rank, w.view, w.start_ns, w.end_ns), (3, StackView::Cpu, 0, 100));
@@ -222,6 +265,6 @@ mod tests {
         for s in &w.stacks {
             assert!(s.frames.iter().all(|&i| (i as usize) < w.strings.len()));
         }
-        assert!(f.cut(200).is_empty(), "the next window starts empty");
+        assert!(f.cut(200, 200).is_empty(), "the next window starts empty");
     }
 }

@@ -10,3 +10,4 @@ pub mod spool;
 pub mod stacks;
 pub mod symbolize;
 pub mod folded;
+pub mod gputime;

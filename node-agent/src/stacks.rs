@@ -25,6 +25,16 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/no
 const SAMPLE_PROG: &str = "stack_sample";
 const SWITCH_PROG: &str = "stack_switch";
 const LAUNCH_PROG: &str = "stack_launch";
+const SYNC_CALL_PROG: &str = "stack_sync_call";
+const SYNC_RETURN_PROG: &str = "stack_sync_return";
+
+/// CUDA runtime calls that return only once the GPU drained (the work
+/// enqueued before them is done): progress marks for GPU time estimates.
+pub const SYNC_SYMBOLS: [&str; 3] = [
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
@@ -182,6 +192,28 @@ impl StackSampler {
         }
         crate::probes::attach_one(&mut self.ebpf, LAUNCH_PROG, cudart, "cudaLaunchKernel", 0)
             .map_err(prog_err(LAUNCH_PROG))
+    }
+
+    /// Records entry and return of the CUDA sync calls ([`SYNC_SYMBOLS`]) in
+    /// `cudart`: when the GPU is known to have drained. Deep set, with
+    /// [`StackSampler::attach_launches`].
+    pub fn attach_syncs(&mut self, cudart: &Path) -> Result<(), StackError> {
+        for name in [SYNC_CALL_PROG, SYNC_RETURN_PROG] {
+            let prog: &mut UProbe = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(StackError::MissingProgram(name))?
+                .try_into()
+                .map_err(prog_err(name))?;
+            if prog.fd().is_err() {
+                prog.load().map_err(prog_err(name))?;
+            }
+            for sym in SYNC_SYMBOLS {
+                crate::probes::attach_one(&mut self.ebpf, name, cudart, sym, 0)
+                    .map_err(prog_err(name))?;
+            }
+        }
+        Ok(())
     }
 
     /// Starts recording stacks of process `pid`.

@@ -22,6 +22,11 @@ pub enum StackKind {
     /// A `cudaLaunchKernel` call: user stack plus the kernel's host-side
     /// function pointer in `addr`.
     Launch = 3,
+    /// Entry of a CUDA sync call (`cudaDeviceSynchronize` …); no stack.
+    SyncCall = 4,
+    /// Return of a CUDA sync call: the GPU finished all work enqueued
+    /// before the matching [`StackKind::SyncCall`]; no stack.
+    SyncReturn = 5,
 }
 
 impl StackKind {
@@ -30,6 +35,8 @@ impl StackKind {
             1 => Some(Self::OnCpu),
             2 => Some(Self::OffCpu),
             3 => Some(Self::Launch),
+            4 => Some(Self::SyncCall),
+            5 => Some(Self::SyncReturn),
             _ => None,
         }
     }

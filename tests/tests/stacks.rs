@@ -111,8 +111,12 @@ struct Sampled {
     ranks: BTreeMap<u32, u32>,
 }
 
-/// Runs `spec` with the stack sampler attached to every rank.
-fn sample(name: &str, spec: &str, config: StackConfig) -> Sampled {
+/// Runs `spec` with the stack sampler attached to every rank. With `trace`,
+/// the run logs every collective's GPU-side arrival and completion, which
+/// stand in for the agent's verbs fold (first send / last completion) as
+/// the launch view's collective progress marks; then everything is folded
+/// into one window at the end.
+fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     let (scenario, trainer) = build();
     let out = workspace().join("target/stacks-test").join(name);
     let _ = std::fs::remove_dir_all(&out);
@@ -124,9 +128,13 @@ fn sample(name: &str, spec: &str, config: StackConfig) -> Sampled {
 
     let mut sampler = StackSampler::start(config).expect("load and attach the stack programs");
     let mut sym = Symbolizer::new();
-    let mut folder = Folder::new(0, 4096);
-    let mut child: Child = Command::new(&scenario)
-        .args(["run", spec_path.to_str().unwrap(), "--no-agent", "--timeout", "120"])
+    let mut folder = Folder::new(mono_ns(), 4096);
+    let mut cmd = Command::new(&scenario);
+    cmd.args(["run", spec_path.to_str().unwrap(), "--no-agent", "--timeout", "120"]);
+    if trace {
+        cmd.arg("--trace");
+    }
+    let mut child: Child = cmd
         .arg("--out")
         .arg(&run_dir)
         .arg("--trainer")
@@ -155,6 +163,7 @@ fn sample(name: &str, spec: &str, config: StackConfig) -> Sampled {
             folder.set_rank(pid, rank);
             if !launch_attached {
                 sampler.attach_launches(&cudart).expect("attach cudaLaunchKernel");
+                sampler.attach_syncs(&cudart).expect("attach CUDA sync calls");
                 launch_attached = true;
             }
             followed.insert(pid, rank);
@@ -164,8 +173,9 @@ fn sample(name: &str, spec: &str, config: StackConfig) -> Sampled {
         for e in &events {
             folder.add(e, &mut sym);
         }
-        if last_cut.elapsed() > Duration::from_secs(1) {
-            windows.extend(folder.cut(mono_ns()));
+        if !trace && last_cut.elapsed() > Duration::from_secs(1) {
+            let now = mono_ns();
+            windows.extend(folder.cut(now, now));
             last_cut = Instant::now();
         }
         if done {
@@ -179,7 +189,19 @@ fn sample(name: &str, spec: &str, config: StackConfig) -> Sampled {
     for e in &events {
         folder.add(e, &mut sym);
     }
-    windows.extend(folder.cut(mono_ns()));
+    if trace {
+        for (&pid, &rank) in &followed {
+            let log = std::fs::read_to_string(run_dir.join(format!("sim/coll-rank-{rank}.log")))
+                .expect("collective trace");
+            for l in log.lines() {
+                let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+                if let [host, arrive, _release, done] = v[..] {
+                    folder.gpu_collective(pid, host, arrive, Some(done));
+                }
+            }
+        }
+    }
+    windows.extend(folder.cut(mono_ns(), u64::MAX));
     let c = sampler.counters().unwrap();
     eprintln!("{name}: counters {c:?}; followed {followed:?}; unknown-pid records {}", folder.unknown_pid_records);
     assert!(c.on_cpu > 0 && c.off_cpu > 0, "no samples: {c:?}");
@@ -248,7 +270,7 @@ fn host_slow_dataloader_top_differing_frame_is_load_batch() {
     if !root_or_skip("host_slow_dataloader_top_differing_frame_is_load_batch") {
         return;
     }
-    let s = sample("dataloader", DATALOADER, StackConfig::DEEP);
+    let s = sample("dataloader", DATALOADER, StackConfig::DEEP, false);
     assert_eq!(s.ranks.len(), 4, "all ranks followed: {:?}", s.ranks);
     let f = diff(&s, 2, StackView::Cpu, Threads::Main, "dataloader");
     let top = &f.top_frames[0];
@@ -260,6 +282,59 @@ fn host_slow_dataloader_top_differing_frame_is_load_batch() {
     for svg in [&f.diff_svg, &f.flagged_svg, &f.reference_svg] {
         let text = std::fs::read_to_string(svg).unwrap();
         assert!(text.starts_with("<?xml") && text.contains("<svg"), "{svg} is not an SVG");
+    }
+    // The healthy side may have no sample in its 0.5 ms data loader at all.
+    for svg in [&f.diff_svg, &f.flagged_svg] {
+        let text = std::fs::read_to_string(svg).unwrap();
         assert!(text.contains("load_batch"), "{svg} does not show load_batch");
     }
+}
+
+const COMPUTE: &str = r#"
+name = "stacks-compute-slow"
+description = "dp4: rank 1's GPU runs 1.5x slower from iteration 5"
+seed = 7
+iterations = 70
+hosts = 2
+ranks_per_host = 2
+
+[parallel]
+tp = 1
+pp = 1
+dp = 4
+
+[step]
+jitter = 0.05
+
+[[fault]]
+kind = "compute"
+rank = 1
+factor = 1.5
+start_iteration = 5
+"#;
+
+#[test]
+fn compute_slow_launch_view_shows_gpu_frames_growing_not_cpu_frames() {
+    if !root_or_skip("compute_slow_launch_view_shows_gpu_frames_growing_not_cpu_frames") {
+        return;
+    }
+    let s = sample("compute", COMPUTE, StackConfig::DEEP, true);
+    assert_eq!(s.ranks.len(), 4, "all ranks followed: {:?}", s.ranks);
+    let launch = diff(&s, 1, StackView::Launch, Threads::All, "compute");
+    let cpu = diff(&s, 1, StackView::Cpu, Threads::Main, "compute");
+    let gpu = &launch.top_frames[0];
+    assert!(gpu.frame.starts_with("GPU:"), "launch view top frame: {gpu:#?}");
+    assert!(
+        gpu.flagged_share > 1.2 * gpu.reference_share,
+        "the slow GPU's kernels should take a larger share of the window: {gpu:#?}"
+    );
+    // The launching code (CPU frames) is the same on both sides: every launch
+    // site has the same number of launches, so the CPU view of the main
+    // thread differs far less than the GPU time does.
+    let cpu_gain = cpu.top_frames.first().map_or(0.0, |t| t.gain);
+    assert!(
+        cpu_gain < gpu.gain,
+        "CPU frames should not grow like the GPU frames: cpu {:#?} vs gpu {gpu:#?}",
+        cpu.top_frames.first()
+    );
 }
