@@ -372,7 +372,8 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
     let base = format!("rank{}-{}", req.flagged, view);
     let unit = match req.view {
         StackView::Cpu => "µs",
-        StackView::Launch => "µs GPU (est.)",
+        // No parentheses: the SVG's script cuts labels at the last "(".
+        StackView::Launch => "estimated GPU µs",
     };
     let flagged_svg = req.out_dir.join(format!("{base}.svg"));
     let reference_svg = req
@@ -402,7 +403,10 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
     let mut diff_lines = Vec::new();
     inferno::differential::from_readers(
         inferno::differential::Options {
-            normalize: true,
+            // Thread time over the same window is the same on both sides
+            // (normalising only evens out jitter); GPU time is absolute: a
+            // uniformly slower GPU must show red, not be normalised away.
+            normalize: req.view == StackView::Cpu,
             strip_hex: false,
         },
         BufReader::new(reference.lines().as_bytes()),
