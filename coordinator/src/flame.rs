@@ -221,7 +221,12 @@ pub enum Threads {
 pub const MAIN_SUFFIX: &str = " [main]";
 
 /// The `n` frames with the largest gain (see the module docs).
-pub fn top_frames(flagged: &Folded, reference: &Folded, threads: Threads, n: usize) -> Vec<FrameDiff> {
+pub fn top_frames(
+    flagged: &Folded,
+    reference: &Folded,
+    threads: Threads,
+    n: usize,
+) -> Vec<FrameDiff> {
     let f = flagged.tree_shares();
     let r = reference.tree_shares();
     let mut best: HashMap<&str, (f64, &str)> = HashMap::new();
@@ -269,7 +274,12 @@ pub fn top_frames(flagged: &Folded, reference: &Folded, threads: Threads, n: usi
 /// most, as a fraction of the window (GPU busy share). Absolute, not
 /// normalised: a uniformly slower GPU keeps its kernel mix but spends more
 /// of the same window on it.
-pub fn top_gpu_frames(flagged: &Folded, reference: &Folded, window_us: f64, n: usize) -> Vec<FrameDiff> {
+pub fn top_gpu_frames(
+    flagged: &Folded,
+    reference: &Folded,
+    window_us: f64,
+    n: usize,
+) -> Vec<FrameDiff> {
     let leaves = |f: &Folded| -> HashMap<String, (f64, String, String)> {
         let mut out: HashMap<String, (f64, String, String)> = HashMap::new();
         for (stack, &w) in &f.stacks {
@@ -310,7 +320,11 @@ fn shorten_path(path: &str) -> String {
     if frames.len() <= 6 {
         return frames.join(" → ");
     }
-    format!("{} → … → {}", frames[0], frames[frames.len() - 4..].join(" → "))
+    format!(
+        "{} → … → {}",
+        frames[0],
+        frames[frames.len() - 4..].join(" → ")
+    )
 }
 
 /// What goes on a verdict as `"flamegraph"` in the report JSON.
@@ -450,11 +464,19 @@ fn span_ns(windows: &[StackWindow], rank: u32, view: StackView, start_ns: u64, e
     let ws = windows
         .iter()
         .filter(|w| w.rank == rank && w.view == view && w.end_ns > start_ns && w.start_ns < end_ns);
-    let (lo, hi) = ws.fold((u64::MAX, 0), |(lo, hi), w| (lo.min(w.start_ns), hi.max(w.end_ns)));
+    let (lo, hi) = ws.fold((u64::MAX, 0), |(lo, hi), w| {
+        (lo.min(w.start_ns), hi.max(w.end_ns))
+    });
     hi.min(end_ns).saturating_sub(lo.max(start_ns))
 }
 
-fn render(lines: &str, path: &Path, title: &str, unit: &str, _diff: bool) -> Result<(), FlameError> {
+fn render(
+    lines: &str,
+    path: &Path,
+    title: &str,
+    unit: &str,
+    _diff: bool,
+) -> Result<(), FlameError> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_owned();
     opts.count_name = unit.to_owned();
@@ -462,12 +484,11 @@ fn render(lines: &str, path: &Path, title: &str, unit: &str, _diff: bool) -> Res
         path: path.to_owned(),
         source,
     })?;
-    inferno::flamegraph::from_lines(&mut opts, lines.lines(), std::io::BufWriter::new(file)).map_err(
-        |source| FlameError::Write {
+    inferno::flamegraph::from_lines(&mut opts, lines.lines(), std::io::BufWriter::new(file))
+        .map_err(|source| FlameError::Write {
             path: path.to_owned(),
             source,
-        },
-    )
+        })
 }
 
 /// Puts the flame graph on the verdict (`"flamegraph"` in the JSON).

@@ -77,7 +77,7 @@ fn followed() -> Option<(u32, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     // SAFETY: read-only lookup of a plain value.
-    unsafe { STACK_PIDS.get(&pid) }?;
+    unsafe { STACK_PIDS.get(pid) }?;
     Some((pid, pid_tgid as u32))
 }
 
@@ -89,7 +89,12 @@ fn followed() -> Option<(u32, u32)> {
 #[inline(always)]
 unsafe fn fill(ctx: *mut core::ffi::c_void, ev: *mut StackEvent, who: (u32, u32), kernel: bool) {
     let mut flags = 0;
-    let n = bpf_get_stack(ctx, (*ev).user.as_mut_ptr().cast(), USER_BYTES, BPF_F_USER_STACK as u64);
+    let n = bpf_get_stack(
+        ctx,
+        (*ev).user.as_mut_ptr().cast(),
+        USER_BYTES,
+        BPF_F_USER_STACK as u64,
+    );
     if n < 0 {
         flags |= flag::USER_ERROR;
         (*ev).user_len = 0;
@@ -226,7 +231,9 @@ pub fn stack_switch(ctx: TracePointContext) -> u32 {
         Err(_) => return 0,
     };
     let next = next as u32;
-    let Some(st) = OFF_CPU.get_ptr_mut(next) else { return 0 };
+    let Some(st) = OFF_CPU.get_ptr_mut(next) else {
+        return 0;
+    };
     let period = STACK_CONFIG.get(0).copied().unwrap_or(0);
     // SAFETY: map value; the thread is not running, nobody else writes it.
     unsafe {

@@ -160,7 +160,13 @@ impl Folder {
     /// `reached_ns` and finished it at `done_ns` (from the collective fold:
     /// the proxy's first send and last completion). Sharpens the launch
     /// view's GPU time estimate; see [`crate::gputime`].
-    pub fn gpu_collective(&mut self, pid: u32, enqueued_ns: u64, reached_ns: u64, done_ns: Option<u64>) {
+    pub fn gpu_collective(
+        &mut self,
+        pid: u32,
+        enqueued_ns: u64,
+        reached_ns: u64,
+        done_ns: Option<u64>,
+    ) {
         self.gpu.collective(pid, enqueued_ns, reached_ns, done_ns);
     }
 
@@ -169,7 +175,9 @@ impl Folder {
     fn settle(&mut self, upto_ns: u64) {
         let max = self.max_stacks;
         for s in self.gpu.settle(upto_ns) {
-            let Some(&rank) = self.ranks.get(&s.pid) else { continue };
+            let Some(&rank) = self.ranks.get(&s.pid) else {
+                continue;
+            };
             let truncated = s.frames.iter().any(|f| f.as_ref() == TRUNCATED);
             self.acc.entry((rank, StackView::Launch)).or_default().add(
                 &s.frames,
@@ -255,7 +263,10 @@ mod tests {
         let w = f.cut(100, 100);
         assert_eq!(w.len(), 1);
         let w = &w[0];
-        assert_eq!((w.rank, w.view, w.start_ns, w.end_ns), (3, StackView::Cpu, 0, 100));
+        assert_eq!(
+            (w.rank, w.view, w.start_ns, w.end_ns),
+            (3, StackView::Cpu, 0, 100)
+        );
         assert_eq!(w.records, 4);
         let total: u64 = w.stacks.iter().map(|s| s.weight).sum();
         assert_eq!(total, 65, "weights in µs, nothing lost to the bound");

@@ -73,7 +73,11 @@ impl GpuTimer {
     }
 
     pub fn sync_call(&mut self, pid: u32, tid: u32, ts_ns: u64) {
-        self.pids.entry(pid).or_default().sync_calls.insert(tid, ts_ns);
+        self.pids
+            .entry(pid)
+            .or_default()
+            .sync_calls
+            .insert(tid, ts_ns);
     }
 
     pub fn sync_return(&mut self, pid: u32, tid: u32, ts_ns: u64) {
@@ -89,7 +93,13 @@ impl GpuTimer {
 
     /// The GPU of `pid` reached a collective enqueued at `enqueued_ns` at
     /// `reached_ns` (GPU-side arrival) and completed it at `done_ns`.
-    pub fn collective(&mut self, pid: u32, enqueued_ns: u64, reached_ns: u64, done_ns: Option<u64>) {
+    pub fn collective(
+        &mut self,
+        pid: u32,
+        enqueued_ns: u64,
+        reached_ns: u64,
+        done_ns: Option<u64>,
+    ) {
         self.pids.entry(pid).or_default().marks.push(Mark {
             reached_ns,
             before_ns: enqueued_ns,
@@ -106,7 +116,11 @@ impl GpuTimer {
             let ready = st.marks.partition_point(|m| m.reached_ns <= upto_ns);
             let marks: Vec<Mark> = st.marks.drain(..ready).collect();
             for m in marks {
-                let n = st.launches.iter().take_while(|l| l.ts_ns < m.before_ns).count();
+                let n = st
+                    .launches
+                    .iter()
+                    .take_while(|l| l.ts_ns < m.before_ns)
+                    .count();
                 if n > 0 {
                     let first = st.launches[0].ts_ns;
                     let start = st.last_reached_ns.max(first).max(st.last_done_ns);
@@ -155,8 +169,14 @@ mod tests {
         g.sync_call(1, 7, 4_000);
         g.sync_return(1, 7, 130_000);
         let s = g.settle(u64::MAX);
-        let us: Vec<(String, f64)> = s.iter().map(|x| (x.frames[0].to_string(), x.gpu_us)).collect();
-        assert_eq!(us, vec![("a".into(), 50.0), ("a".into(), 50.0), ("b".into(), 30.0)]);
+        let us: Vec<(String, f64)> = s
+            .iter()
+            .map(|x| (x.frames[0].to_string(), x.gpu_us))
+            .collect();
+        assert_eq!(
+            us,
+            vec![("a".into(), 50.0), ("a".into(), 50.0), ("b".into(), 30.0)]
+        );
     }
 
     #[test]
@@ -171,7 +191,10 @@ mod tests {
         let s = g.settle(u64::MAX);
         assert_eq!(s.len(), 2);
         assert_eq!(s[1].frames[0].as_ref(), "opt");
-        assert_eq!(s[1].gpu_us, 10.0, "from the collective's completion, not its arrival");
+        assert_eq!(
+            s[1].gpu_us, 10.0,
+            "from the collective's completion, not its arrival"
+        );
         // "late" was enqueued after the sync call: still pending.
         assert!(g.settle(u64::MAX).is_empty());
         g.sync_call(1, 7, 4_000);

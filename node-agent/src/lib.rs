@@ -2,6 +2,8 @@
 //!
 //! The binary in `main.rs` wires these together; tests use them directly.
 pub mod clock;
+pub mod folded;
+pub mod gputime;
 pub mod launch;
 pub mod output;
 pub mod probes;
@@ -9,5 +11,3 @@ pub mod ship;
 pub mod spool;
 pub mod stacks;
 pub mod symbolize;
-pub mod folded;
-pub mod gputime;

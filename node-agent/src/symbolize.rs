@@ -79,7 +79,13 @@ impl Symbolizer {
         let lookup: Vec<u64> = addrs
             .iter()
             .enumerate()
-            .map(|(i, &a)| if i == 0 && first_is_ip { a } else { a.saturating_sub(1) })
+            .map(|(i, &a)| {
+                if i == 0 && first_is_ip {
+                    a
+                } else {
+                    a.saturating_sub(1)
+                }
+            })
             .collect();
         if self.user.len() > MAX_CACHED {
             self.user.clear();
@@ -98,7 +104,12 @@ impl Symbolizer {
         }
         lookup
             .iter()
-            .map(|a| self.user.get(&(pid, *a)).cloned().unwrap_or_else(|| self.unknown.clone()))
+            .map(|a| {
+                self.user
+                    .get(&(pid, *a))
+                    .cloned()
+                    .unwrap_or_else(|| self.unknown.clone())
+            })
             .collect()
     }
 
@@ -123,7 +134,12 @@ impl Symbolizer {
         }
         lookup
             .iter()
-            .map(|a| self.kernel.get(a).cloned().unwrap_or_else(|| self.unknown.clone()))
+            .map(|a| {
+                self.kernel
+                    .get(a)
+                    .cloned()
+                    .unwrap_or_else(|| self.unknown.clone())
+            })
             .collect()
     }
 

@@ -113,7 +113,11 @@ impl StackEvent {
 
     /// The thread name up to the first NUL.
     pub fn comm(&self) -> &[u8] {
-        let end = self.comm.iter().position(|&b| b == 0).unwrap_or(self.comm.len());
+        let end = self
+            .comm
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.comm.len());
         &self.comm[..end]
     }
 }

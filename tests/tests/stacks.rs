@@ -18,7 +18,10 @@ use slowrank_agent::{
     symbolize::Symbolizer,
 };
 use slowrank_coordinator::flame::{self, DiffRequest, FlameRef, Threads};
-use slowrank_shared::{stack::StackEvent, wire::{StackView, StackWindow}};
+use slowrank_shared::{
+    stack::StackEvent,
+    wire::{StackView, StackWindow},
+};
 
 fn root_or_skip(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -33,7 +36,10 @@ fn root_or_skip(test: &str) -> bool {
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 /// Builds `slowrank-scenario` (normal target dir) and a frame-pointer
@@ -130,7 +136,13 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     let mut sym = Symbolizer::new();
     let mut folder = Folder::new(mono_ns(), 4096);
     let mut cmd = Command::new(&scenario);
-    cmd.args(["run", spec_path.to_str().unwrap(), "--no-agent", "--timeout", "120"]);
+    cmd.args([
+        "run",
+        spec_path.to_str().unwrap(),
+        "--no-agent",
+        "--timeout",
+        "120",
+    ]);
     if trace {
         cmd.arg("--trace");
     }
@@ -155,15 +167,21 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
             }
             // Register once the CUDA runtime is mapped (dlopen'ed at start),
             // so blazesym caches the maps with it.
-            let Some(cudart) = mapped(pid, "libcudart.so.12") else { continue };
+            let Some(cudart) = mapped(pid, "libcudart.so.12") else {
+                continue;
+            };
             if sym.register(pid).is_err() {
                 continue;
             }
             sampler.follow(pid, rank).expect("follow rank");
             folder.set_rank(pid, rank);
             if !launch_attached {
-                sampler.attach_launches(&cudart).expect("attach cudaLaunchKernel");
-                sampler.attach_syncs(&cudart).expect("attach CUDA sync calls");
+                sampler
+                    .attach_launches(&cudart)
+                    .expect("attach cudaLaunchKernel");
+                sampler
+                    .attach_syncs(&cudart)
+                    .expect("attach CUDA sync calls");
                 launch_attached = true;
             }
             followed.insert(pid, rank);
@@ -194,7 +212,11 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
             let log = std::fs::read_to_string(run_dir.join(format!("sim/coll-rank-{rank}.log")))
                 .expect("collective trace");
             for l in log.lines() {
-                let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+                let v: Vec<u64> = l
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
                 if let [host, arrive, _release, done] = v[..] {
                     folder.gpu_collective(pid, host, arrive, Some(done));
                 }
@@ -203,20 +225,32 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     }
     windows.extend(folder.cut(mono_ns(), u64::MAX));
     let c = sampler.counters().unwrap();
-    eprintln!("{name}: counters {c:?}; followed {followed:?}; unknown-pid records {}", folder.unknown_pid_records);
+    eprintln!(
+        "{name}: counters {c:?}; followed {followed:?}; unknown-pid records {}",
+        folder.unknown_pid_records
+    );
     assert!(c.on_cpu > 0 && c.off_cpu > 0, "no samples: {c:?}");
 
     let truth: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run_dir.join("truth.json")).expect("truth.json")).unwrap();
+        serde_json::from_slice(&std::fs::read(run_dir.join("truth.json")).expect("truth.json"))
+            .unwrap();
     let w = &truth["faults"][0]["windows"][0];
     let onset_ns = w["onset_mono_ns"].as_u64().expect("fault onset");
     let end_ns = w["end_mono_ns"].as_u64().unwrap_or(u64::MAX);
     let ranks = followed.into_iter().map(|(p, r)| (r, p)).collect();
-    Sampled { windows, onset_ns, end_ns, ranks }
+    Sampled {
+        windows,
+        onset_ns,
+        end_ns,
+        ranks,
+    }
 }
 
 fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -224,7 +258,10 @@ fn mono_ns() -> u64 {
 
 fn diff(s: &Sampled, flagged: u32, view: StackView, threads: Threads, name: &str) -> FlameRef {
     let cands = flame::same_role(flagged, 1, 1, s.ranks.len() as u32);
-    let out_dir = workspace().join("target/stacks-test").join(name).join("flame");
+    let out_dir = workspace()
+        .join("target/stacks-test")
+        .join(name)
+        .join("flame");
     let f = flame::diff(&DiffRequest {
         windows: &s.windows,
         flagged,
@@ -281,12 +318,18 @@ fn host_slow_dataloader_top_differing_frame_is_load_batch() {
     assert!(top.flagged_share > top.reference_share);
     for svg in [&f.diff_svg, &f.flagged_svg, &f.reference_svg] {
         let text = std::fs::read_to_string(svg).unwrap();
-        assert!(text.starts_with("<?xml") && text.contains("<svg"), "{svg} is not an SVG");
+        assert!(
+            text.starts_with("<?xml") && text.contains("<svg"),
+            "{svg} is not an SVG"
+        );
     }
     // The healthy side may have no sample in its 0.5 ms data loader at all.
     for svg in [&f.diff_svg, &f.flagged_svg] {
         let text = std::fs::read_to_string(svg).unwrap();
-        assert!(text.contains("load_batch"), "{svg} does not show load_batch");
+        assert!(
+            text.contains("load_batch"),
+            "{svg} does not show load_batch"
+        );
     }
 }
 
@@ -323,7 +366,10 @@ fn compute_slow_launch_view_shows_gpu_frames_growing_not_cpu_frames() {
     let launch = diff(&s, 1, StackView::Launch, Threads::All, "compute");
     let cpu = diff(&s, 1, StackView::Cpu, Threads::Main, "compute");
     let gpu = &launch.top_frames[0];
-    assert!(gpu.frame.starts_with("GPU:"), "launch view top frame: {gpu:#?}");
+    assert!(
+        gpu.frame.starts_with("GPU:"),
+        "launch view top frame: {gpu:#?}"
+    );
     assert!(
         gpu.flagged_share > 1.2 * gpu.reference_share,
         "the slow GPU's kernels should take a larger share of the window: {gpu:#?}"
