@@ -60,10 +60,10 @@ impl Symbolizer {
     /// Caches `pid`'s memory maps so it symbolizes after it exits. Call
     /// again after it loads libraries (dlopen) to pick them up.
     pub fn register(&mut self, pid: u32) -> Result<(), SymbolizeError> {
-        let mut p = CacheProcess::new(pid.into());
-        p.cache_perf_map = false;
+        // Also caches /tmp/perf-PID.map when there is one (JITs, Python ≥
+        // 3.12 with `-X perf`), so those frames survive the exit too.
         self.blaze
-            .cache(&Cache::Process(p))
+            .cache(&Cache::Process(CacheProcess::new(pid.into())))
             .map_err(|source| SymbolizeError::Register { pid, source })
     }
 
