@@ -496,6 +496,66 @@ pub fn attach(verdict: &mut Verdict, flame: FlameRef) {
     verdict.flamegraph = Some(flame);
 }
 
+/// The parallel layout, for finding same-role references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+}
+
+/// Which view and threads answer a verdict of this kind: a compute-slow
+/// rank's CPU does what its peers do, its GPU work takes longer (launch
+/// view); a host-slow rank's main thread is where it is late.
+pub fn view_for(kind: crate::classify::Kind) -> (StackView, Threads) {
+    match kind {
+        crate::classify::Kind::Compute => (StackView::Launch, Threads::All),
+        crate::classify::Kind::Host => (StackView::Cpu, Threads::Main),
+        _ => (StackView::Cpu, Threads::All),
+    }
+}
+
+/// Diffs and attaches a flame graph to every verdict of `verdicts` on a
+/// rank (not a link) for which `window` gives the slow window in the stack
+/// windows' clock. Healthy references exclude every flagged rank. Verdicts
+/// without stacks are left as they are; the errors are returned per verdict
+/// id so the report can say why.
+pub fn annotate(
+    verdicts: &mut [Verdict],
+    windows: &[StackWindow],
+    layout: Layout,
+    out_dir: &Path,
+    window: impl Fn(&Verdict) -> Option<(u64, u64)>,
+) -> Vec<(u64, FlameError)> {
+    let flagged: Vec<u32> = verdicts.iter().map(|v| v.rank).collect();
+    let mut errors = Vec::new();
+    for v in verdicts.iter_mut().filter(|v| v.link.is_none()) {
+        let Some((start_ns, end_ns)) = window(v) else {
+            continue;
+        };
+        let (view, threads) = view_for(v.kind);
+        let candidates: Vec<u32> = same_role(v.rank, layout.tp, layout.pp, layout.dp)
+            .into_iter()
+            .filter(|r| !flagged.contains(r))
+            .collect();
+        match diff(&DiffRequest {
+            windows,
+            flagged: v.rank,
+            candidates: &candidates,
+            view,
+            start_ns,
+            end_ns,
+            out_dir,
+            top: 10,
+            threads,
+        }) {
+            Ok(f) => attach(v, f),
+            Err(e) => errors.push((v.id, e)),
+        }
+    }
+    errors
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +598,46 @@ mod tests {
         let b = folded(&[("m;x", 48), ("m;y", 52)]);
         let c = folded(&[("m;x", 90), ("m;y", 10)]);
         assert_eq!(median_rank(&[(1, c), (2, a), (3, b)]), Some(2));
+    }
+
+    #[test]
+    fn windows_survive_the_wire_and_fold() {
+        use slowrank_shared::wire::{decode, encode, Batch, FoldedStack};
+        let w = StackWindow {
+            rank: 2,
+            view: StackView::Cpu,
+            start_ns: 10,
+            end_ns: 20,
+            strings: vec!["py [main]".into(), "train".into(), "load_batch".into()],
+            stacks: vec![
+                FoldedStack {
+                    frames: vec![0, 1, 2],
+                    weight: 7,
+                },
+                FoldedStack {
+                    frames: vec![0, 1],
+                    weight: 3,
+                },
+            ],
+            records: 10,
+            truncated: 1,
+            overflow_weight: 0,
+        };
+        let batch = Batch {
+            stacks: vec![w],
+            ..Default::default()
+        };
+        let back: Batch = decode(&encode(&batch).unwrap()).unwrap();
+        assert_eq!(back, batch);
+        let f = fold(&back.stacks, 2, StackView::Cpu, 0, 100).unwrap();
+        assert_eq!(
+            f.lines(),
+            "py [main];train 3\npy [main];train;load_batch 7\n"
+        );
+        assert!(fold(&back.stacks, 2, StackView::Cpu, 20, 30)
+            .unwrap()
+            .stacks
+            .is_empty());
     }
 
     #[test]

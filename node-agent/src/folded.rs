@@ -231,12 +231,16 @@ mod tests {
     use slowrank_shared::stack::{MAX_KERNEL_FRAMES, MAX_USER_FRAMES};
 
     fn ev(pid: u32, kind: StackKind, weight_ns: u64, user: &[u64]) -> StackEvent {
+        ev_on(pid, pid, kind, weight_ns, user)
+    }
+
+    fn ev_on(pid: u32, tid: u32, kind: StackKind, weight_ns: u64, user: &[u64]) -> StackEvent {
         let mut e = StackEvent {
             ts_ns: 0,
             weight_ns,
             addr: 0,
             pid,
-            tid: pid,
+            tid,
             kind: kind as u32,
             flags: 0,
             user_len: user.len() as u32,
@@ -277,5 +281,30 @@ mod tests {
             assert!(s.frames.iter().all(|&i| (i as usize) < w.strings.len()));
         }
         assert!(f.cut(200, 200).is_empty(), "the next window starts empty");
+    }
+
+    #[test]
+    fn distinct_stacks_beyond_the_bound_are_counted_not_lost() {
+        let mut sym = Symbolizer::new();
+        let mut f = Folder::new(0, 2);
+        f.set_rank(999_999, 0);
+        // Main thread vs other threads give distinct root frames.
+        for (tid, w) in [(999_999, 1_000u64), (1, 2_000), (2, 3_000), (2, 4_000)] {
+            let mut e = ev_on(999_999, tid, StackKind::OnCpu, w, &[1]);
+            e.comm = [b'a' + (tid % 26) as u8; 16];
+            f.add(&e, &mut sym);
+        }
+        let w = f.cut(1, 1).remove(0);
+        assert_eq!(
+            w.overflow_weight, 7,
+            "the third and fourth record overflowed"
+        );
+        let total: u64 = w.stacks.iter().map(|s| s.weight).sum();
+        assert_eq!(total, 10);
+        let other = w.strings.iter().position(|s| s == OTHER).unwrap() as u32;
+        assert!(w
+            .stacks
+            .iter()
+            .any(|s| s.frames == vec![other] && s.weight == 7));
     }
 }

@@ -318,7 +318,11 @@ fn host_slow_dataloader_top_differing_frame_is_load_batch() {
     assert!(top.flagged_share > top.reference_share);
     // Frame pointers (scenarios/build-fp-trainer.sh) carry the walk above
     // the leaf into the training loop.
-    assert!(top.path.contains("train_step"), "shallow stack: {}", top.path);
+    assert!(
+        top.path.contains("train_step"),
+        "shallow stack: {}",
+        top.path
+    );
     for svg in [&f.diff_svg, &f.flagged_svg, &f.reference_svg] {
         let text = std::fs::read_to_string(svg).unwrap();
         assert!(
