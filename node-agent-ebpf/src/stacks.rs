@@ -199,7 +199,38 @@ pub fn stack_sync_return(_ctx: RetProbeContext) -> u32 {
 
 /// Offsets in the classic sched_switch record (stable tracepoint ABI, see
 /// /sys/kernel/tracing/events/sched/sched_switch/format).
+const PREV_STATE_OFFSET: usize = 32;
 const NEXT_PID_OFFSET: usize = 56;
+/// `prev_state` bits of a thread that is exiting (X = dead, Z = zombie).
+const EXITING: i64 = 0x10 | 0x20;
+
+/// Captures the stack of a followed thread leaving the CPU.
+#[inline(always)]
+fn switch_out(ctx: &TracePointContext, who: (u32, u32), now: u64) {
+    let tid = who.1;
+    // SAFETY: offset inside the tracepoint record.
+    let state: i64 = unsafe { ctx.read_at(PREV_STATE_OFFSET) }.unwrap_or(0);
+    if state & EXITING != 0 {
+        // Its last switch: free the slot, or the map fills with dead threads.
+        let _ = OFF_CPU.remove(tid);
+        return;
+    }
+    if OFF_CPU.get_ptr_mut(tid).is_none() {
+        if let Some(zero) = OFF_CPU_ZERO.get_ptr(0) {
+            // SAFETY: map value pointer of the right type.
+            let _ = OFF_CPU.insert(tid, unsafe { &*zero }, 0);
+        }
+    }
+    if let Some(st) = OFF_CPU.get_ptr_mut(tid) {
+        // SAFETY: map value of this thread; only this CPU runs it now.
+        unsafe {
+            (*st).ts_out = now;
+            (*st).ev.kind = StackKind::OffCpu as u32;
+            (*st).ev.addr = 0;
+            fill(ctx.as_ptr(), core::ptr::addr_of_mut!((*st).ev), who, true);
+        }
+    }
+}
 
 #[tracepoint]
 pub fn stack_switch(ctx: TracePointContext) -> u32 {
@@ -207,22 +238,7 @@ pub fn stack_switch(ctx: TracePointContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     // Switch-out: `current` is still the previous task.
     if let Some(who) = followed() {
-        let tid = who.1;
-        if OFF_CPU.get_ptr_mut(tid).is_none() {
-            if let Some(zero) = OFF_CPU_ZERO.get_ptr(0) {
-                // SAFETY: map value pointer of the right type.
-                let _ = OFF_CPU.insert(tid, unsafe { &*zero }, 0);
-            }
-        }
-        if let Some(st) = OFF_CPU.get_ptr_mut(tid) {
-            // SAFETY: map value of this thread; only this CPU runs it now.
-            unsafe {
-                (*st).ts_out = now;
-                (*st).ev.kind = StackKind::OffCpu as u32;
-                (*st).ev.addr = 0;
-                fill(ctx.as_ptr(), core::ptr::addr_of_mut!((*st).ev), who, true);
-            }
-        }
+        switch_out(&ctx, who, now);
     }
     // Switch-in of a thread we saw leave.
     // SAFETY: offset inside the tracepoint record.

@@ -90,6 +90,9 @@ impl StackConfig {
     }
 }
 
+/// Size of the kernel's per-thread off-CPU value (two u64 + a StackEvent).
+const OFF_CPU_VALUE_SIZE: usize = 16 + slowrank_shared::stack::STACK_EVENT_SIZE;
+
 /// Kernel-side counters, summed over CPUs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct StackCounters {
@@ -259,6 +262,18 @@ impl StackSampler {
             }
         }
         (n, bad)
+    }
+
+    /// Threads with off-CPU state held in the kernel (exited threads free
+    /// theirs on their last context switch).
+    pub fn off_cpu_threads(&self) -> Result<usize, StackError> {
+        let map = self
+            .ebpf
+            .map("OFF_CPU")
+            .ok_or(StackError::MissingMap("OFF_CPU"))?;
+        let keys: HashMap<_, u32, [u8; OFF_CPU_VALUE_SIZE]> =
+            HashMap::try_from(map).map_err(map_err("OFF_CPU"))?;
+        Ok(keys.keys().filter(Result::is_ok).count())
     }
 
     /// Reads the kernel-side counters.

@@ -158,6 +158,7 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     let mut events: Vec<StackEvent> = Vec::new();
     let mut windows = Vec::new();
     let mut last_cut = Instant::now();
+    let mut max_off_threads = 0;
     let deadline = Instant::now() + Duration::from_secs(150);
     loop {
         let done = child.try_wait().expect("wait for scenario").is_some();
@@ -191,6 +192,7 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
         for e in &events {
             folder.add(e, &mut sym);
         }
+        max_off_threads = max_off_threads.max(sampler.off_cpu_threads().unwrap());
         if !trace && last_cut.elapsed() > Duration::from_secs(1) {
             let now = mono_ns();
             windows.extend(folder.cut(now, now));
@@ -230,6 +232,9 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
         folder.unknown_pid_records
     );
     assert!(c.on_cpu > 0 && c.off_cpu > 0, "no samples: {c:?}");
+    // Every rank thread exited; their off-CPU slots must be gone too.
+    assert!(max_off_threads >= 4, "off-CPU state of running threads: {max_off_threads}");
+    assert_eq!(sampler.off_cpu_threads().unwrap(), 0, "off-CPU state leaked");
 
     let truth: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("truth.json")).expect("truth.json"))
