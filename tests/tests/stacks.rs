@@ -233,8 +233,15 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     );
     assert!(c.on_cpu > 0 && c.off_cpu > 0, "no samples: {c:?}");
     // Every rank thread exited; their off-CPU slots must be gone too.
-    assert!(max_off_threads >= 4, "off-CPU state of running threads: {max_off_threads}");
-    assert_eq!(sampler.off_cpu_threads().unwrap(), 0, "off-CPU state leaked");
+    assert!(
+        max_off_threads >= 4,
+        "off-CPU state of running threads: {max_off_threads}"
+    );
+    assert_eq!(
+        sampler.off_cpu_threads().unwrap(),
+        0,
+        "off-CPU state leaked"
+    );
 
     let truth: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("truth.json")).expect("truth.json"))
