@@ -94,6 +94,12 @@ impl Folder {
         self.ranks.insert(pid, rank);
     }
 
+    /// Forgets process `pid` (exited; its last window was cut).
+    pub fn forget(&mut self, pid: u32) {
+        self.ranks.remove(&pid);
+        self.gpu.forget(pid);
+    }
+
     /// Folds one record; symbolizes it through `sym`.
     pub fn add(&mut self, ev: &StackEvent, sym: &mut Symbolizer) {
         let Some(&rank) = self.ranks.get(&ev.pid) else {

@@ -9,5 +9,6 @@ pub mod output;
 pub mod probes;
 pub mod ship;
 pub mod spool;
+pub mod stack_collector;
 pub mod stacks;
 pub mod symbolize;

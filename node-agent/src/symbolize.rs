@@ -2,8 +2,9 @@
 //!
 //! A process's memory maps are cached in blazesym when it is first seen
 //! ([`Symbolizer::register`]), so stacks recorded shortly before it exits
-//! still symbolize. Names are cached per (pid, address); inlined functions
-//! become frames of their own (Rust and C++ inline a lot).
+//! still symbolize. Names are cached per (pid, address). Where blazesym
+//! reports inlined functions (with its `dwarf` feature, off for now: the
+//! symbol tables are much cheaper) they become frames of their own.
 
 use std::{collections::HashMap, sync::Arc};
 

@@ -12,16 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slowrank_agent::{
-    folded::Folder,
-    stacks::{StackConfig, StackSampler},
-    symbolize::Symbolizer,
-};
+use slowrank_agent::{stack_collector::StackCollector, stacks::StackConfig};
 use slowrank_coordinator::flame::{self, DiffRequest, FlameRef, Threads};
-use slowrank_shared::{
-    stack::StackEvent,
-    wire::{StackView, StackWindow},
-};
+use slowrank_shared::wire::{StackView, StackWindow};
 
 fn root_or_skip(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -117,12 +110,22 @@ struct Sampled {
     ranks: BTreeMap<u32, u32>,
 }
 
+/// One scenario at a time: two 4-rank jobs plus two symbolizers on a small
+/// machine starve each other (ring-buffer drops, distorted steps).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `spec` with the stack sampler attached to every rank. With `trace`,
 /// the run logs every collective's GPU-side arrival and completion, which
 /// stand in for the agent's verbs fold (first send / last completion) as
 /// the launch view's collective progress marks; then everything is folded
 /// into one window at the end.
 fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let world = spec
+        .lines()
+        .find_map(|l| l.strip_prefix("dp = "))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .expect("dp-only spec: dp = N");
     let (scenario, trainer) = build();
     let out = workspace().join("target/stacks-test").join(name);
     let _ = std::fs::remove_dir_all(&out);
@@ -132,9 +135,8 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     let run_dir = out.join("run");
     let lib_dir = run_dir.join("lib").display().to_string();
 
-    let mut sampler = StackSampler::start(config).expect("load and attach the stack programs");
-    let mut sym = Symbolizer::new();
-    let mut folder = Folder::new(mono_ns(), 4096);
+    let mut stacks =
+        StackCollector::start(config, true, mono_ns()).expect("load and attach the stack programs");
     let mut cmd = Command::new(&scenario);
     cmd.args([
         "run",
@@ -154,8 +156,6 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
         .spawn()
         .expect("start slowrank-scenario");
     let mut followed: HashMap<u32, u32> = HashMap::new();
-    let mut launch_attached = false;
-    let mut events: Vec<StackEvent> = Vec::new();
     let mut windows = Vec::new();
     let mut last_cut = Instant::now();
     let mut max_off_threads = 0;
@@ -166,36 +166,32 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
             if followed.contains_key(&pid) {
                 continue;
             }
-            // Register once the CUDA runtime is mapped (dlopen'ed at start),
-            // so blazesym caches the maps with it.
+            // Follow once the CUDA runtime is mapped (dlopen'ed at start), so
+            // the symbolizer caches the maps with it.
             let Some(cudart) = mapped(pid, "libcudart.so.12") else {
                 continue;
             };
-            if sym.register(pid).is_err() {
+            match stacks.follow(pid, rank, Some(&cudart)) {
+                Ok(()) => {
+                    followed.insert(pid, rank);
+                }
+                Err(e) => eprintln!("rank {rank} pid {pid} not followed yet: {e}"),
+            }
+        }
+        // Find every rank before the first (cold, slow) symbolization so
+        // none starts unobserved.
+        if followed.len() < world {
+            std::thread::sleep(Duration::from_millis(5));
+            if !done {
+                assert!(Instant::now() < deadline, "ranks not found");
                 continue;
             }
-            sampler.follow(pid, rank).expect("follow rank");
-            folder.set_rank(pid, rank);
-            if !launch_attached {
-                sampler
-                    .attach_launches(&cudart)
-                    .expect("attach cudaLaunchKernel");
-                sampler
-                    .attach_syncs(&cudart)
-                    .expect("attach CUDA sync calls");
-                launch_attached = true;
-            }
-            followed.insert(pid, rank);
         }
-        events.clear();
-        sampler.drain(&mut events);
-        for e in &events {
-            folder.add(e, &mut sym);
-        }
-        max_off_threads = max_off_threads.max(sampler.off_cpu_threads().unwrap());
+        stacks.poll();
+        max_off_threads = max_off_threads.max(stacks.off_cpu_threads().unwrap());
         if !trace && last_cut.elapsed() > Duration::from_secs(1) {
             let now = mono_ns();
-            windows.extend(folder.cut(now, now));
+            windows.extend(stacks.cut(now, now));
             last_cut = Instant::now();
         }
         if done {
@@ -204,11 +200,7 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
         assert!(Instant::now() < deadline, "scenario did not finish");
         std::thread::sleep(Duration::from_millis(20));
     }
-    events.clear();
-    sampler.drain(&mut events);
-    for e in &events {
-        folder.add(e, &mut sym);
-    }
+    stacks.poll();
     if trace {
         for (&pid, &rank) in &followed {
             let log = std::fs::read_to_string(run_dir.join(format!("sim/coll-rank-{rank}.log")))
@@ -220,28 +212,27 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
                     .filter_map(|x| x.parse().ok())
                     .collect();
                 if let [host, arrive, _release, done] = v[..] {
-                    folder.gpu_collective(pid, host, arrive, Some(done));
+                    stacks.gpu_collective(pid, host, arrive, Some(done));
                 }
             }
         }
     }
-    windows.extend(folder.cut(mono_ns(), u64::MAX));
-    let c = sampler.counters().unwrap();
+    windows.extend(stacks.cut(mono_ns(), u64::MAX));
+    let c = stacks.counters().unwrap();
     eprintln!(
-        "{name}: counters {c:?}; followed {followed:?}; unknown-pid records {}",
-        folder.unknown_pid_records
+        "{name}: counters {c:?}; followed {followed:?}; unknown-pid records {}; bad records {}",
+        stacks.unknown_pid_records(),
+        stacks.bad_records
     );
+    assert_eq!(stacks.bad_records, 0);
+    assert_eq!(c.ringbuf_drops, 0, "ring buffer drops: {c:?}");
     assert!(c.on_cpu > 0 && c.off_cpu > 0, "no samples: {c:?}");
-    // Every rank thread exited; their off-CPU slots must be gone too.
     assert!(
         max_off_threads >= 4,
-        "off-CPU state of running threads: {max_off_threads}"
+        "off-CPU state of running threads: {max_off_threads}; {c:?}; followed {followed:?}"
     );
-    assert_eq!(
-        sampler.off_cpu_threads().unwrap(),
-        0,
-        "off-CPU state leaked"
-    );
+    // Every rank thread exited; their off-CPU slots must be gone too.
+    assert_eq!(stacks.off_cpu_threads().unwrap(), 0, "off-CPU state leaked");
 
     let truth: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("truth.json")).expect("truth.json"))
