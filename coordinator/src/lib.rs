@@ -12,6 +12,7 @@
 pub mod analyzer;
 pub mod classify;
 pub mod clock;
+pub mod flame;
 pub mod graph;
 pub mod ingest;
 pub mod intervals;

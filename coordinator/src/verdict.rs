@@ -96,6 +96,9 @@ pub struct Verdict {
     pub subject: Subject,
     #[serde(skip)]
     exposure_ns: f64,
+    /// Where the rank differs from a healthy peer (stacks), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flamegraph: Option<crate::flame::FlameRef>,
 }
 
 impl Verdict {
@@ -319,6 +322,7 @@ impl Lifecycle {
                         episodes: 1,
                         subject: s,
                         exposure_ns: exposure,
+                        flamegraph: None,
                     },
                 );
                 t.verdict = Some(id);

@@ -18,6 +18,8 @@ use aya_ebpf::{
 };
 use slowrank_shared::probe::{counter, CallEvent, CallKind, MAX_ARGS};
 
+mod stacks;
+
 /// Call events for user space. The agent may resize it before load.
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);

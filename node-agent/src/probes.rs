@@ -211,7 +211,7 @@ impl Probes {
 
 /// The one place that calls `UProbe::attach`: its shape changes between aya
 /// releases (0.14 takes an attach point with a cookie and a scope).
-fn attach_one(
+pub(crate) fn attach_one(
     ebpf: &mut Ebpf,
     prog: &'static str,
     path: &Path,

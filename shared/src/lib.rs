@@ -8,5 +8,6 @@
 #![cfg_attr(not(feature = "user"), no_std)]
 
 pub mod probe;
+pub mod stack;
 #[cfg(feature = "user")]
 pub mod wire;

@@ -299,6 +299,8 @@ pub struct Batch {
     pub ringbuf_drops: u64,
     /// Batches the agent's spool discarded since it started (bound hit).
     pub spool_drops: u64,
+    /// Folded stacks per rank, view and window (CPU and launch sites).
+    pub stacks: Vec<StackWindow>,
 }
 impl Message for Batch {
     const KIND: MessageKind = MessageKind::Batch;
@@ -460,4 +462,45 @@ mod tests {
         b.extend(std::iter::repeat_n(0xAB, good.len() - HEADER_LEN));
         assert!(matches!(decode::<Batch>(&b), Err(WireError::Invalid(_))));
     }
+}
+
+/// Which stacks a [`StackWindow`] folds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[rkyv(derive(Debug, PartialEq))]
+#[repr(u8)]
+pub enum StackView {
+    /// Where the rank's threads spend wall time: on-CPU samples plus off-CPU
+    /// time, weights in microseconds of thread time.
+    Cpu = 0,
+    /// Where the rank launches GPU kernels: the launching user stack with a
+    /// `GPU:<kernel>` leaf, weights in launches.
+    Launch = 1,
+}
+
+/// One distinct stack and its weight.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FoldedStack {
+    /// Indices into [`StackWindow::strings`], root first.
+    pub frames: Vec<u32>,
+    pub weight: u64,
+}
+
+/// Folded stacks of one rank over one window, with an interned string table.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct StackWindow {
+    pub rank: u32,
+    pub view: StackView,
+    /// Agent monotonic clock (ns).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Frame names, referenced by index from `stacks`.
+    pub strings: Vec<String>,
+    pub stacks: Vec<FoldedStack>,
+    /// Raw records folded into this window.
+    pub records: u64,
+    /// Records whose user or kernel stack hit the frame limit (cut at the root end).
+    pub truncated: u64,
+    /// Weight of distinct stacks beyond the agent's bound, folded into one
+    /// `[other stacks]` entry instead.
+    pub overflow_weight: u64,
 }

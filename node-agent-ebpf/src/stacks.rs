@@ -1,0 +1,272 @@
+//! Stack programs: where followed rank processes spend their time (on and
+//! off the CPU) and which code launches which GPU kernels.
+//!
+//! - `stack_sample` (perf event, CPU clock, per CPU): user + kernel stack of
+//!   the running thread.
+//! - `stack_switch` (tracepoint sched/sched_switch): captures the stack of a
+//!   followed thread as it leaves the CPU and, when it comes back, adds the
+//!   time it was away to a per-thread total; once that total reaches the
+//!   off-CPU period it emits the stack with the total as its weight. That
+//!   samples off-CPU time by *time* (like the CPU clock samples on-CPU time),
+//!   so the ring buffer rate stays bounded however often a thread switches.
+//! - `stack_launch` (uprobe on `cudaLaunchKernel`, deep set): user stack at
+//!   the launch plus the kernel's function pointer.
+//!
+//! Stacks go through the ring buffer (`bpf_get_stack`), never a stack-id map
+//! (which collides and silently merges stacks when full). Processes are
+//! selected by `STACK_PIDS`, separate from the call probes' `FOLLOWED`, so
+//! stacks can be switched on for a few ranks only.
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns},
+    macros::{map, perf_event, tracepoint, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext,
+};
+use slowrank_shared::stack::{
+    flag, stack_counter, StackEvent, StackKind, MAX_KERNEL_FRAMES, MAX_USER_FRAMES,
+};
+
+/// Stack records for user space.
+#[map]
+static STACKS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+
+/// Processes (tgid) whose stacks are recorded; the value is unused (rank).
+#[map]
+static STACK_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+
+/// Settings written by the agent: index 0 = off-CPU period in ns (0 = off).
+#[map]
+static STACK_CONFIG: Array<u64> = Array::with_max_entries(4, 0);
+
+/// Per-CPU counters indexed by `slowrank_shared::stack::stack_counter`.
+#[map]
+static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stack_counter::COUNT, 0);
+
+/// Off-CPU state of one thread: when it left the CPU, the time accumulated
+/// since its last record, and the stack it left with.
+#[repr(C)]
+pub struct OffCpu {
+    ts_out: u64,
+    acc_ns: u64,
+    ev: StackEvent,
+}
+
+#[map]
+static OFF_CPU: HashMap<u32, OffCpu> = HashMap::with_max_entries(16384, 0);
+
+/// A zeroed `OffCpu` to insert from (too big for the 512-byte BPF stack).
+#[map]
+static OFF_CPU_ZERO: PerCpuArray<OffCpu> = PerCpuArray::with_max_entries(1, 0);
+
+const USER_BYTES: u32 = (MAX_USER_FRAMES * 8) as u32;
+const KERNEL_BYTES: u32 = (MAX_KERNEL_FRAMES * 8) as u32;
+
+#[inline(always)]
+fn bump(index: u32) {
+    if let Some(slot) = STACK_COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// (tgid, tid) of the current thread when its process is followed.
+#[inline(always)]
+fn followed() -> Option<(u32, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    // SAFETY: read-only lookup of a plain value.
+    unsafe { STACK_PIDS.get(pid) }?;
+    Some((pid, pid_tgid as u32))
+}
+
+/// Fills the stacks, identity and comm of `ev` for the current thread.
+///
+/// # Safety
+/// `ev` must point to writable memory for a whole `StackEvent` (a ring-buffer
+/// reservation or a map value).
+#[inline(always)]
+unsafe fn fill(ctx: *mut core::ffi::c_void, ev: *mut StackEvent, who: (u32, u32), kernel: bool) {
+    let mut flags = 0;
+    let n = bpf_get_stack(
+        ctx,
+        (*ev).user.as_mut_ptr().cast(),
+        USER_BYTES,
+        BPF_F_USER_STACK as u64,
+    );
+    if n < 0 {
+        flags |= flag::USER_ERROR;
+        (*ev).user_len = 0;
+    } else {
+        (*ev).user_len = (n as u32) / 8;
+        if n as u32 >= USER_BYTES {
+            flags |= flag::USER_TRUNCATED;
+        }
+    }
+    (*ev).kernel_len = 0;
+    if kernel {
+        let n = bpf_get_stack(ctx, (*ev).kernel.as_mut_ptr().cast(), KERNEL_BYTES, 0);
+        if n < 0 {
+            flags |= flag::KERNEL_ERROR;
+        } else {
+            (*ev).kernel_len = (n as u32) / 8;
+            if n as u32 >= KERNEL_BYTES {
+                flags |= flag::KERNEL_TRUNCATED;
+            }
+        }
+    }
+    (*ev).flags = flags;
+    (*ev).pid = who.0;
+    (*ev).tid = who.1;
+    (*ev).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+}
+
+/// Reserves, fills and submits one record.
+#[inline(always)]
+fn emit(ctx: *mut core::ffi::c_void, kind: StackKind, addr: u64, who: (u32, u32), kernel: bool) {
+    let Some(mut slot) = STACKS.reserve::<StackEvent>(0) else {
+        bump(stack_counter::RINGBUF_DROPS);
+        return;
+    };
+    let ev = slot.as_mut_ptr();
+    // SAFETY: `ev` is the reservation, sized for a StackEvent.
+    unsafe {
+        (*ev).ts_ns = bpf_ktime_get_ns();
+        (*ev).weight_ns = 0;
+        (*ev).addr = addr;
+        (*ev).kind = kind as u32;
+        fill(ctx, ev, who, kernel);
+    }
+    slot.submit(0);
+}
+
+#[perf_event]
+pub fn stack_sample(ctx: PerfEventContext) -> u32 {
+    let Some(who) = followed() else { return 0 };
+    bump(stack_counter::ON_CPU);
+    emit(ctx.as_ptr(), StackKind::OnCpu, 0, who, true);
+    0
+}
+
+#[uprobe]
+pub fn stack_launch(ctx: ProbeContext) -> u32 {
+    let Some(who) = followed() else { return 0 };
+    bump(stack_counter::LAUNCH);
+    let func: u64 = ctx.arg(0).unwrap_or(0);
+    emit(ctx.as_ptr(), StackKind::Launch, func, who, false);
+    0
+}
+
+/// A sync call boundary: no stack, just who and when (GPU progress marks
+/// for the launch view's GPU time estimate).
+#[inline(always)]
+fn sync_mark(kind: StackKind) {
+    let Some(who) = followed() else { return };
+    let Some(mut slot) = STACKS.reserve::<StackEvent>(0) else {
+        bump(stack_counter::RINGBUF_DROPS);
+        return;
+    };
+    let ev = slot.as_mut_ptr();
+    // SAFETY: `ev` is the reservation, sized for a StackEvent; only the
+    // header is meaningful (user_len = kernel_len = 0).
+    unsafe {
+        (*ev).ts_ns = bpf_ktime_get_ns();
+        (*ev).weight_ns = 0;
+        (*ev).addr = 0;
+        (*ev).pid = who.0;
+        (*ev).tid = who.1;
+        (*ev).kind = kind as u32;
+        (*ev).flags = 0;
+        (*ev).user_len = 0;
+        (*ev).kernel_len = 0;
+        (*ev).comm = [0; 16];
+    }
+    slot.submit(0);
+}
+
+#[uprobe]
+pub fn stack_sync_call(_ctx: ProbeContext) -> u32 {
+    sync_mark(StackKind::SyncCall);
+    0
+}
+
+#[uretprobe]
+pub fn stack_sync_return(_ctx: RetProbeContext) -> u32 {
+    sync_mark(StackKind::SyncReturn);
+    0
+}
+
+/// Offsets in the classic sched_switch record (stable tracepoint ABI, see
+/// /sys/kernel/tracing/events/sched/sched_switch/format).
+const PREV_STATE_OFFSET: usize = 32;
+const NEXT_PID_OFFSET: usize = 56;
+/// `prev_state` bits of a thread that is exiting (X = dead, Z = zombie).
+const EXITING: i64 = 0x10 | 0x20;
+
+/// Captures the stack of a followed thread leaving the CPU.
+#[inline(always)]
+fn switch_out(ctx: &TracePointContext, who: (u32, u32), now: u64) {
+    let tid = who.1;
+    // SAFETY: offset inside the tracepoint record.
+    let state: i64 = unsafe { ctx.read_at(PREV_STATE_OFFSET) }.unwrap_or(0);
+    if state & EXITING != 0 {
+        // Its last switch: free the slot, or the map fills with dead threads.
+        let _ = OFF_CPU.remove(tid);
+        return;
+    }
+    if OFF_CPU.get_ptr_mut(tid).is_none() {
+        if let Some(zero) = OFF_CPU_ZERO.get_ptr(0) {
+            // SAFETY: map value pointer of the right type.
+            let _ = OFF_CPU.insert(tid, unsafe { &*zero }, 0);
+        }
+    }
+    if let Some(st) = OFF_CPU.get_ptr_mut(tid) {
+        // SAFETY: map value of this thread; only this CPU runs it now.
+        unsafe {
+            (*st).ts_out = now;
+            (*st).ev.kind = StackKind::OffCpu as u32;
+            (*st).ev.addr = 0;
+            fill(ctx.as_ptr(), core::ptr::addr_of_mut!((*st).ev), who, true);
+        }
+    }
+}
+
+#[tracepoint]
+pub fn stack_switch(ctx: TracePointContext) -> u32 {
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Switch-out: `current` is still the previous task.
+    if let Some(who) = followed() {
+        switch_out(&ctx, who, now);
+    }
+    // Switch-in of a thread we saw leave.
+    // SAFETY: offset inside the tracepoint record.
+    let next: i32 = match unsafe { ctx.read_at(NEXT_PID_OFFSET) } {
+        Ok(v) => v,
+        Err(_) => return 0,
+    };
+    let next = next as u32;
+    let Some(st) = OFF_CPU.get_ptr_mut(next) else {
+        return 0;
+    };
+    let period = STACK_CONFIG.get(0).copied().unwrap_or(0);
+    // SAFETY: map value; the thread is not running, nobody else writes it.
+    unsafe {
+        if (*st).ts_out != 0 && now > (*st).ts_out {
+            (*st).acc_ns += now - (*st).ts_out;
+        }
+        (*st).ts_out = 0;
+        if period != 0 && (*st).acc_ns >= period {
+            (*st).ev.weight_ns = (*st).acc_ns;
+            (*st).ev.ts_ns = now;
+            (*st).acc_ns = 0;
+            if STACKS.output::<StackEvent>(&(*st).ev, 0).is_err() {
+                bump(stack_counter::RINGBUF_DROPS);
+            } else {
+                bump(stack_counter::OFF_CPU);
+            }
+        }
+    }
+    0
+}

@@ -1,0 +1,322 @@
+//! Loading and attaching the stack programs (`node-agent-ebpf/src/stacks.rs`)
+//! and reading their records.
+//!
+//! One perf event per online CPU samples whatever runs there; one
+//! sched_switch tracepoint gives off-CPU time; in the deep set a uprobe on
+//! `cudaLaunchKernel` records launch sites. Which processes count is decided
+//! in the kernel by `STACK_PIDS` ([`StackSampler::follow`]).
+
+use std::path::Path;
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        PerfEvent, ProgramError, TracePoint, UProbe,
+    },
+    Ebpf, EbpfError, EbpfLoader,
+};
+use slowrank_shared::stack::{stack_counter, StackEvent, StackKind};
+
+/// The same object `probes.rs` loads; a separate instance keeps the stack
+/// maps and programs independent of the call probes.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-agent"));
+
+const SAMPLE_PROG: &str = "stack_sample";
+const SWITCH_PROG: &str = "stack_switch";
+const LAUNCH_PROG: &str = "stack_launch";
+const SYNC_CALL_PROG: &str = "stack_sync_call";
+const SYNC_RETURN_PROG: &str = "stack_sync_return";
+
+/// CUDA runtime calls that return only once the GPU drained (the work
+/// enqueued before them is done): progress marks for GPU time estimates.
+pub const SYNC_SYMBOLS: [&str; 3] = [
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error("cannot load the eBPF object (are you root, kernel ≥ 5.15?)")]
+    Load(#[source] Box<EbpfError>),
+    #[error("eBPF program {0} missing from the object")]
+    MissingProgram(&'static str),
+    #[error("eBPF map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("cannot load or attach {name}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("cannot list online CPUs")]
+    Cpus(#[source] std::io::Error),
+    #[error("tracefs is not mounted at /sys/kernel/tracing and mounting it failed")]
+    Tracefs(#[source] std::io::Error),
+    #[error("map operation on {map} failed")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+}
+
+/// What to sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackConfig {
+    /// On-CPU sampling frequency per CPU (Hz).
+    pub cpu_hz: u64,
+    /// Record off-CPU time too (sampled by time at the same rate).
+    pub off_cpu: bool,
+}
+
+impl StackConfig {
+    /// Default probe set: cheap enough to leave on (49 Hz is off the 50/100 Hz
+    /// beat of periodic work).
+    pub const DEFAULT: Self = Self {
+        cpu_hz: 49,
+        off_cpu: true,
+    };
+    /// Deep set, for a suspect and its reference ranks over a window.
+    pub const DEEP: Self = Self {
+        cpu_hz: 199,
+        off_cpu: true,
+    };
+
+    /// The time one on-CPU sample stands for.
+    pub fn period_ns(&self) -> u64 {
+        1_000_000_000 / self.cpu_hz.max(1)
+    }
+}
+
+/// Size of the kernel's per-thread off-CPU value (two u64 + a StackEvent).
+const OFF_CPU_VALUE_SIZE: usize = 16 + slowrank_shared::stack::STACK_EVENT_SIZE;
+
+/// Kernel-side counters, summed over CPUs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StackCounters {
+    pub ringbuf_drops: u64,
+    pub on_cpu: u64,
+    pub off_cpu: u64,
+    pub launches: u64,
+}
+
+/// The loaded and attached stack programs.
+pub struct StackSampler {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    config: StackConfig,
+}
+
+fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> StackError {
+    move |e| StackError::Program {
+        name,
+        source: Box::new(e),
+    }
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> StackError {
+    move |e| StackError::Map {
+        map,
+        source: Box::new(e),
+    }
+}
+
+impl StackSampler {
+    /// Loads the programs and starts sampling (no process is followed yet).
+    pub fn start(config: StackConfig) -> Result<Self, StackError> {
+        let mut ebpf = EbpfLoader::new()
+            .load(OBJECT)
+            .map_err(|e| StackError::Load(Box::new(e)))?;
+        let period = config.period_ns();
+        {
+            let mut cfg: Array<_, u64> = Array::try_from(
+                ebpf.map_mut("STACK_CONFIG")
+                    .ok_or(StackError::MissingMap("STACK_CONFIG"))?,
+            )
+            .map_err(map_err("STACK_CONFIG"))?;
+            // Off-CPU time is emitted once per period per thread, like a sample.
+            cfg.set(0, if config.off_cpu { period } else { 0 }, 0)
+                .map_err(map_err("STACK_CONFIG"))?;
+        }
+        let sample: &mut PerfEvent = ebpf
+            .program_mut(SAMPLE_PROG)
+            .ok_or(StackError::MissingProgram(SAMPLE_PROG))?
+            .try_into()
+            .map_err(prog_err(SAMPLE_PROG))?;
+        sample.load().map_err(prog_err(SAMPLE_PROG))?;
+        let cpus = aya::util::online_cpus().map_err(|(_, e)| StackError::Cpus(e))?;
+        for cpu in cpus {
+            sample
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(config.cpu_hz),
+                    false,
+                )
+                .map_err(prog_err(SAMPLE_PROG))?;
+        }
+        if config.off_cpu {
+            ensure_tracefs()?;
+            let switch: &mut TracePoint = ebpf
+                .program_mut(SWITCH_PROG)
+                .ok_or(StackError::MissingProgram(SWITCH_PROG))?
+                .try_into()
+                .map_err(prog_err(SWITCH_PROG))?;
+            switch.load().map_err(prog_err(SWITCH_PROG))?;
+            switch
+                .attach("sched", "sched_switch")
+                .map_err(prog_err(SWITCH_PROG))?;
+        }
+        let ring = RingBuf::try_from(
+            ebpf.take_map("STACKS")
+                .ok_or(StackError::MissingMap("STACKS"))?,
+        )
+        .map_err(map_err("STACKS"))?;
+        Ok(Self { ebpf, ring, config })
+    }
+
+    pub fn config(&self) -> StackConfig {
+        self.config
+    }
+
+    /// Records launch sites: a uprobe on `cudaLaunchKernel` in the CUDA
+    /// runtime file `cudart` (exact path from /proc/PID/maps). Deep set.
+    pub fn attach_launches(&mut self, cudart: &Path) -> Result<(), StackError> {
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(LAUNCH_PROG)
+            .ok_or(StackError::MissingProgram(LAUNCH_PROG))?
+            .try_into()
+            .map_err(prog_err(LAUNCH_PROG))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(prog_err(LAUNCH_PROG))?;
+        }
+        crate::probes::attach_one(&mut self.ebpf, LAUNCH_PROG, cudart, "cudaLaunchKernel", 0)
+            .map_err(prog_err(LAUNCH_PROG))
+    }
+
+    /// Records entry and return of the CUDA sync calls ([`SYNC_SYMBOLS`]) in
+    /// `cudart`: when the GPU is known to have drained. Deep set, with
+    /// [`StackSampler::attach_launches`].
+    pub fn attach_syncs(&mut self, cudart: &Path) -> Result<(), StackError> {
+        for name in [SYNC_CALL_PROG, SYNC_RETURN_PROG] {
+            let prog: &mut UProbe = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(StackError::MissingProgram(name))?
+                .try_into()
+                .map_err(prog_err(name))?;
+            if prog.fd().is_err() {
+                prog.load().map_err(prog_err(name))?;
+            }
+            for sym in SYNC_SYMBOLS {
+                crate::probes::attach_one(&mut self.ebpf, name, cudart, sym, 0)
+                    .map_err(prog_err(name))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts recording stacks of process `pid`.
+    pub fn follow(&mut self, pid: u32, rank: u32) -> Result<(), StackError> {
+        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("STACK_PIDS")
+                .ok_or(StackError::MissingMap("STACK_PIDS"))?,
+        )
+        .map_err(map_err("STACK_PIDS"))?;
+        map.insert(pid, rank, 0).map_err(map_err("STACK_PIDS"))
+    }
+
+    /// Stops recording `pid` (e.g. it exited).
+    pub fn unfollow(&mut self, pid: u32) -> Result<(), StackError> {
+        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("STACK_PIDS")
+                .ok_or(StackError::MissingMap("STACK_PIDS"))?,
+        )
+        .map_err(map_err("STACK_PIDS"))?;
+        match map.remove(&pid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err("STACK_PIDS")(e)),
+        }
+    }
+
+    /// Moves pending records into `out` (on-CPU samples get the sampling
+    /// period as weight). Returns (records, records of the wrong size).
+    pub fn drain(&mut self, out: &mut Vec<StackEvent>) -> (usize, usize) {
+        let (mut n, mut bad) = (0, 0);
+        let period = self.config.period_ns();
+        while let Some(item) = self.ring.next() {
+            match StackEvent::from_bytes(&item) {
+                Some(mut ev) => {
+                    if StackKind::from_raw(ev.kind) == Some(StackKind::OnCpu) {
+                        ev.weight_ns = period;
+                    }
+                    out.push(ev);
+                    n += 1;
+                }
+                None => bad += 1,
+            }
+        }
+        (n, bad)
+    }
+
+    /// Threads with off-CPU state held in the kernel (exited threads free
+    /// theirs on their last context switch).
+    pub fn off_cpu_threads(&self) -> Result<usize, StackError> {
+        let map = self
+            .ebpf
+            .map("OFF_CPU")
+            .ok_or(StackError::MissingMap("OFF_CPU"))?;
+        let keys: HashMap<_, u32, [u8; OFF_CPU_VALUE_SIZE]> =
+            HashMap::try_from(map).map_err(map_err("OFF_CPU"))?;
+        Ok(keys.keys().filter(Result::is_ok).count())
+    }
+
+    /// Reads the kernel-side counters.
+    pub fn counters(&self) -> Result<StackCounters, StackError> {
+        let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map("STACK_COUNTERS")
+                .ok_or(StackError::MissingMap("STACK_COUNTERS"))?,
+        )
+        .map_err(map_err("STACK_COUNTERS"))?;
+        let sum = |i: u32| -> Result<u64, StackError> {
+            Ok(arr
+                .get(&i, 0)
+                .map_err(map_err("STACK_COUNTERS"))?
+                .iter()
+                .sum())
+        };
+        Ok(StackCounters {
+            ringbuf_drops: sum(stack_counter::RINGBUF_DROPS)?,
+            on_cpu: sum(stack_counter::ON_CPU)?,
+            off_cpu: sum(stack_counter::OFF_CPU)?,
+            launches: sum(stack_counter::LAUNCH)?,
+        })
+    }
+}
+
+/// The tracepoint attach reads event ids from tracefs; mount it when a
+/// minimal system (container, VM) has not.
+fn ensure_tracefs() -> Result<(), StackError> {
+    let dir = Path::new("/sys/kernel/tracing");
+    if dir.join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
+        return Ok(());
+    }
+    tracing::info!("mounting tracefs at /sys/kernel/tracing");
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status()
+        .map_err(StackError::Tracefs)?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(StackError::Tracefs(std::io::Error::other(format!(
+            "mount exited with {status}"
+        ))))
+    }
+}
