@@ -215,6 +215,7 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
     let mut done = HashSet::new();
     let mut exits: Vec<Option<i32>> = vec![None; spec.world_size() as usize];
     let mut hang_since: Option<Instant> = None;
+    let mut all_exited: Option<Instant> = None;
     let mut last_progress = Instant::now();
     let mut last_print = Instant::now();
     let (outcome, reason) = loop {
@@ -277,7 +278,14 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             break (Outcome::Failed, why);
         }
         if exits.iter().all(|e| *e == Some(0)) {
-            break (Outcome::Completed, "every rank finished".to_string());
+            // A rank's last reports travel through the hub thread and may
+            // still be queued when its exit is seen: wait for every `Done`
+            // (bounded) so the truth counts the final iteration.
+            let since = *all_exited.get_or_insert_with(Instant::now);
+            if done.len() as u32 >= spec.world_size() || since.elapsed() >= Duration::from_secs(3) {
+                break (Outcome::Completed, "every rank finished".to_string());
+            }
+            continue;
         }
         if let Some(h) = hang_since {
             if h.elapsed() >= Duration::from_secs_f64(spec.run.hang_hold_s) {
