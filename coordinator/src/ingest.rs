@@ -111,7 +111,8 @@ impl Ingest {
 
     /// Stops accepting and closes every connection.
     pub fn close(&self) {
-        self.endpoint.close(0u32.into(), b"coordinator shutting down");
+        self.endpoint
+            .close(0u32.into(), b"coordinator shutting down");
     }
 
     /// Accepts connections until the endpoint is closed, forwarding what they
@@ -139,11 +140,7 @@ fn token_matches(given: &str, expected: &str) -> bool {
     diff == 0
 }
 
-async fn handshake(
-    conn: &Connection,
-    token: &str,
-    stats: &IngestStats,
-) -> Result<Hello, String> {
+async fn handshake(conn: &Connection, token: &str, stats: &IngestStats) -> Result<Hello, String> {
     let (mut send, mut recv) = tokio::time::timeout(HELLO_TIMEOUT, conn.accept_bi())
         .await
         .map_err(|_| "no hello within 10 s".to_owned())?
@@ -243,7 +240,9 @@ async fn serve_connection(
                 // The connection's identity wins over what the batch says.
                 batch.host = hello.host.clone();
                 stats.batches_ok.fetch_add(1, Ordering::Relaxed);
-                stats.bytes_ok.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                stats
+                    .bytes_ok
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 if let Some(mut a) = stats.agents.get_mut(&agent_id) {
                     a.batches += 1;
                     a.last_seq = Some(batch.seq);

@@ -37,7 +37,12 @@ struct ServeArgs {
     #[arg(long, default_value = "./slowrank-tls", value_name = "DIR")]
     tls_dir: PathBuf,
     /// Job token agents must present (or env SLOWRANK_TOKEN).
-    #[arg(long, env = "SLOWRANK_TOKEN", hide_env_values = true, default_value = "")]
+    #[arg(
+        long,
+        env = "SLOWRANK_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
     token: String,
     /// Print every probed call as it arrives (for the generic --probe set).
     #[arg(long)]
@@ -50,8 +55,7 @@ struct ServeArgs {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

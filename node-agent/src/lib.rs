@@ -1,7 +1,13 @@
-//! The slowrank node agent as a library: probes (eBPF) → fold → ship.
+//! The slowrank node agent as a library: discover → probes (eBPF) → fold →
+//! ship.
 //!
 //! The binary in `main.rs` wires these together; tests use them directly.
+pub mod agent;
+pub mod catalog;
 pub mod clock;
+pub mod commlayout;
+pub mod discover;
+pub mod fold;
 pub mod launch;
 pub mod output;
 pub mod probes;

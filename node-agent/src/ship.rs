@@ -230,14 +230,17 @@ async fn uplink_task(
             continue;
         }
         if conn.is_none() {
-            match Shipper::connect(cfg.addr, &cfg.server_name, cfg.client.clone(), &cfg.hello).await {
+            match Shipper::connect(cfg.addr, &cfg.server_name, cfg.client.clone(), &cfg.hello).await
+            {
                 Ok(s) => {
                     tracing::info!(addr = %cfg.addr, spooled = spool.len(), "connected to coordinator");
                     backoff = Duration::from_millis(200);
                     conn = Some(s);
                 }
                 Err(ShipError::Refused(reason)) => {
-                    tracing::error!("coordinator refused this agent: {reason}; keeping records spooled");
+                    tracing::error!(
+                        "coordinator refused this agent: {reason}; keeping records spooled"
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(addr = %cfg.addr, spooled = spool.len(), "coordinator unreachable: {e}");

@@ -413,7 +413,10 @@ mod tests {
     fn every_truncation_is_an_error() {
         let bytes = encode(&batch()).unwrap();
         for len in 0..bytes.len() {
-            assert!(decode::<Batch>(&bytes[..len]).is_err(), "len {len} accepted");
+            assert!(
+                decode::<Batch>(&bytes[..len]).is_err(),
+                "len {len} accepted"
+            );
         }
     }
 
