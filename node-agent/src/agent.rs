@@ -16,7 +16,7 @@ use slowrank_shared::{
 use crate::{
     catalog::{self, Role},
     clock::{self, HostClock},
-    commlayout::CommLayout,
+    commlayout::{self, CommLayout},
     discover::{self, DiscoverError, LibKind, Scanner},
     fold::{FoldDrops, Folder, Limits},
     probes::{ProbeError, Probes, RawEvent},
@@ -48,8 +48,8 @@ pub struct LibStatus {
     pub mapped_by: Vec<u32>,
 }
 
-/// Splits given up on after this many cuts without an answer.
-const SPLIT_TRIES: u32 = 25;
+/// Splits given up on after this many polls (5 ms each) without an answer.
+const SPLIT_TRIES: u32 = 2000;
 
 pub struct Agent {
     probes: Probes,
@@ -141,6 +141,12 @@ impl Agent {
         if self.scans % 20 == 0 {
             self.probes
                 .prune_tree(&|pid| Path::new(&format!("/proc/{pid}")).exists())?;
+        }
+        if !changes.gone.is_empty() {
+            // Their final launch counts, before the counters are forgotten.
+            self.poll();
+            let counts = self.probes.cuda_counts()?;
+            self.folder.launch_counts(&counts);
         }
         for r in changes.gone {
             let pid = r.identity.pid;
@@ -276,6 +282,41 @@ impl Agent {
         self.folder.feed(&mut events);
         events.clear();
         self.events = events;
+        self.resolve_splits(false);
+    }
+
+    /// Learns the communicator layout from new inits and completes pending
+    /// splits. Objects are read while the process is surely alive (right
+    /// after the call); `last` gives up on what is still ambiguous.
+    fn resolve_splits(&mut self, last: bool) {
+        for (pid, ptr, rank, nranks) in self.folder.take_inits() {
+            self.layout.learn(pid, ptr, rank, nranks);
+        }
+        let mut done: Vec<(u32, u64, Option<(u32, u32)>)> = Vec::new();
+        for s in self.folder.pending_splits().iter_mut() {
+            if s.snapshot.is_none() {
+                s.snapshot = commlayout::read_object(s.pid, s.comm_ptr);
+            }
+            let found = s.snapshot.as_deref().and_then(|m| self.layout.decode(m));
+            let t = self.split_tries.entry((s.pid, s.comm_ptr)).or_insert(0);
+            *t += 1;
+            if found.is_some() || last || *t >= SPLIT_TRIES {
+                done.push((s.pid, s.comm_ptr, found));
+            }
+        }
+        for (pid, ptr, found) in done {
+            self.split_tries.remove(&(pid, ptr));
+            if found.is_none() {
+                tracing::warn!(pid, candidates = ?self.layout.candidates(), "cannot tell a split communicator's members; its collectives will be unknown to the coordinator");
+            }
+            self.folder.resolve_split(pid, ptr, found);
+        }
+    }
+
+    /// Before the last cut: splits still ambiguous are given up (counted).
+    pub fn finish(&mut self) {
+        self.poll();
+        self.resolve_splits(true);
     }
 
     /// Folds what is pending and cuts a batch (None when there is nothing
@@ -290,32 +331,6 @@ impl Agent {
         self.poll();
         let counts = self.probes.cuda_counts()?;
         self.folder.launch_counts(&counts);
-        for (pid, ptr, rank, nranks) in self.folder.take_inits() {
-            self.layout.learn(pid, ptr, rank, nranks);
-        }
-        let pending: Vec<(u32, u64)> = self
-            .folder
-            .pending_splits()
-            .iter()
-            .map(|s| (s.pid, s.comm_ptr))
-            .collect();
-        for (pid, ptr) in pending {
-            match self.layout.read(pid, ptr) {
-                Some(found) => {
-                    self.split_tries.remove(&(pid, ptr));
-                    self.folder.resolve_split(pid, ptr, Some(found));
-                }
-                None => {
-                    let t = self.split_tries.entry((pid, ptr)).or_insert(0);
-                    *t += 1;
-                    if *t >= SPLIT_TRIES {
-                        tracing::warn!(pid, candidates = ?self.layout.candidates(), "cannot tell a split communicator's members; its collectives will be unknown to the coordinator");
-                        self.split_tries.remove(&(pid, ptr));
-                        self.folder.resolve_split(pid, ptr, None);
-                    }
-                }
-            }
-        }
         if close_interval {
             self.folder.close_intervals(clock::mono_ns());
         }

@@ -51,11 +51,16 @@ impl CommLayout {
     /// unambiguous: every candidate offset gives the same value and
     /// rank < nranks.
     pub fn read(&self, pid: u32, comm_ptr: u64) -> Option<(u32, u32)> {
+        self.decode(&read_object(pid, comm_ptr)?)
+    }
+
+    /// Like [`CommLayout::read`], from a snapshot of the object taken
+    /// earlier (the process may have exited since).
+    pub fn decode(&self, mem: &[u8]) -> Option<(u32, u32)> {
         let (ra, na) = (self.rank_at.as_ref()?, self.nranks_at.as_ref()?);
         if ra.is_empty() || na.is_empty() {
             return None;
         }
-        let mem = read_object(pid, comm_ptr)?;
         let at = |o: usize| u32::from_le_bytes(mem.get(o..o + 4)?.try_into().ok()?).into();
         let one = |set: &BTreeSet<usize>| -> Option<u32> {
             let vals: BTreeSet<u32> = set.iter().map(|&o| at(o)).collect::<Option<_>>()?;
@@ -76,7 +81,7 @@ impl CommLayout {
 
 /// Reads up to [`SPAN`] bytes of another process's memory at `addr`,
 /// shrinking the read when it runs into an unmapped page.
-fn read_object(pid: u32, addr: u64) -> Option<Vec<u8>> {
+pub fn read_object(pid: u32, addr: u64) -> Option<Vec<u8>> {
     let f = File::open(format!("/proc/{pid}/mem")).ok()?;
     let mut span = SPAN;
     while span >= 64 {

@@ -94,6 +94,8 @@ pub struct SplitPending {
     pub pid: u32,
     pub comm_ptr: u64,
     pub record: CommRecord,
+    /// The communicator object's bytes, read right after the split returned.
+    pub snapshot: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -228,8 +230,15 @@ impl Folder {
     /// A followed rank process ended (seen at raw time `now_raw`).
     pub fn remove_rank(&mut self, pid: u32, now_raw: u64) {
         self.limbo.remove(&pid);
+        if self.procs.contains_key(&pid) {
+            // The rank's last, partial interval.
+            self.close_interval(pid, now_raw);
+        }
         if let Some(p) = self.procs.remove(&pid) {
-            self.splits.retain(|s| s.pid != pid);
+            // Splits with a snapshot can still be resolved; others cannot.
+            let before = self.splits.len();
+            self.splits.retain(|s| s.pid != pid || s.snapshot.is_some());
+            self.drops.split_unresolved += (before - self.splits.len()) as u64;
             self.out.exits.push(RankExit {
                 pid,
                 rank: p.rank,
@@ -407,6 +416,7 @@ impl Folder {
                         rank_in_comm: open.args[2] as u32,
                         created_ns: clock.map(ret_ts),
                     },
+                    snapshot: None,
                 });
             }
             Role::CommDestroy => {
@@ -458,8 +468,8 @@ impl Folder {
     }
 
     /// Splits waiting for their member position and size.
-    pub fn pending_splits(&self) -> &[SplitPending] {
-        &self.splits
+    pub fn pending_splits(&mut self) -> &mut [SplitPending] {
+        &mut self.splits
     }
 
     /// Completes a pending split with what was read from the communicator
@@ -495,7 +505,14 @@ impl Folder {
 
     /// Closes the current interval of every rank at raw time `now_raw`.
     pub fn close_intervals(&mut self, now_raw: u64) {
-        for (&pid, p) in &mut self.procs {
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            self.close_interval(pid, now_raw);
+        }
+    }
+
+    fn close_interval(&mut self, pid: u32, now_raw: u64) {
+        if let Some(p) = self.procs.get_mut(&pid) {
             let launches = p.last_launches.saturating_sub(p.iv_launches_base);
             self.out.intervals.push(RankInterval {
                 pid,

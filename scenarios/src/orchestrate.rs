@@ -123,7 +123,20 @@ pub fn start(spec: &Spec, run_dir: &Path, mode: Mode) -> Result<Services, Orches
     }
 }
 
+/// A helper binary: `$SLOWRANK_AGENT_BIN` / `$SLOWRANK_COORDINATOR_BIN` when
+/// set (tests point them at what cargo just built), else next to this
+/// executable, else in cargo's target directory.
 fn binary(name: &'static str) -> Result<PathBuf, OrchestrateError> {
+    let var = match name {
+        "slowrank-agent" => "SLOWRANK_AGENT_BIN",
+        _ => "SLOWRANK_COORDINATOR_BIN",
+    };
+    if let Some(p) = std::env::var_os(var)
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+    {
+        return Ok(p);
+    }
     std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(|d| d.join(name)))
@@ -212,6 +225,12 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
             .arg("--host")
             .arg(format!("host-{}", h.host))
             .arg(format!("--only-env=GROUP_RANK={}", h.host))
+            // This run's ranks only, not another scenario's on the machine.
+            .arg(format!(
+                "--only-env={}={}",
+                slowrank_sim::env::HUB,
+                crate::run::socket_path(run_dir).display()
+            ))
             .arg("--output")
             .arg(&out)
             .arg("--watch-tree")
