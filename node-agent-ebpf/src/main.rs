@@ -66,7 +66,7 @@ fn followed() -> Option<(u32, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     // SAFETY: read-only lookups of plain u32 values.
-    if unsafe { FOLLOWED.get(&pid) }.is_none() && unsafe { TREE.get(&pid) }.is_none() {
+    if unsafe { FOLLOWED.get(pid) }.is_none() && unsafe { TREE.get(pid) }.is_none() {
         bump(counter::UNFOLLOWED_HITS);
         return None;
     }
@@ -152,7 +152,7 @@ fn remember_out_ptr(ctx: &ProbeContext, cookie: u64) {
         let Ok(ptr) = (unsafe { bpf_probe_read_kernel(addr as *const u64) }) else {
             return;
         };
-        let _ = OUT_PTRS.insert(&bpf_get_current_pid_tgid(), &ptr, 0);
+        let _ = OUT_PTRS.insert(bpf_get_current_pid_tgid(), ptr, 0);
     }
 }
 
@@ -160,7 +160,7 @@ fn remember_out_ptr(ctx: &ProbeContext, cookie: u64) {
 #[inline(always)]
 fn launches_of(pid: u32) -> u64 {
     // SAFETY: read-only lookup of plain integers.
-    match unsafe { CUDA_COUNTS.get(&pid) } {
+    match unsafe { CUDA_COUNTS.get(pid) } {
         Some(c) => {
             c.counts[cuda_count::LAUNCH as usize] + c.counts[cuda_count::GRAPH_LAUNCH as usize]
         }
@@ -223,7 +223,7 @@ pub fn call_return_out(ctx: RetProbeContext) -> u32 {
     let key = bpf_get_current_pid_tgid();
     let mut args = [0u64; MAX_ARGS];
     // SAFETY: read-only lookup of a plain u64.
-    if let Some(ptr) = unsafe { OUT_PTRS.get(&key) } {
+    if let Some(ptr) = unsafe { OUT_PTRS.get(key) } {
         let ptr = *ptr;
         // SAFETY: reads user memory through the checked helper.
         match unsafe { bpf_probe_read_user(ptr as *const u64) } {
@@ -231,7 +231,7 @@ pub fn call_return_out(ctx: RetProbeContext) -> u32 {
             Err(_) => bump(counter::OUT_READ_FAILED),
         }
         args[1] = ptr;
-        let _ = OUT_PTRS.remove(&key);
+        let _ = OUT_PTRS.remove(key);
     }
     let ret: u64 = ctx.ret();
     emit(ctx.as_ptr(), CallKind::Return, args, ret, who);
@@ -260,7 +260,7 @@ unsafe fn atomic_add(slot: *mut u64, v: u64) {
 pub fn on_fork(ctx: TracePointContext) -> u32 {
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: read-only lookups of plain u32 values.
-    if unsafe { TREE.get(&parent) }.is_none() {
+    if unsafe { TREE.get(parent) }.is_none() {
         return 0;
     }
     let Some(&off) = CONFIG.get(0) else { return 0 };
@@ -269,7 +269,7 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
     }
     // SAFETY: reads the tracepoint record through the checked helper.
     if let Ok(child) = unsafe { ctx.read_at::<i32>(off as usize) } {
-        let _ = TREE.insert(&(child as u32), &parent, 0);
+        let _ = TREE.insert(child as u32, parent, 0);
     }
     0
 }
@@ -285,10 +285,10 @@ pub fn count_call(ctx: ProbeContext) -> u32 {
     if class as usize >= cuda_count::SLOTS {
         return 0;
     }
-    let mut ptr = CUDA_COUNTS.get_ptr_mut(&pid);
+    let mut ptr = CUDA_COUNTS.get_ptr_mut(pid);
     if ptr.is_none() {
-        let _ = CUDA_COUNTS.insert(&pid, &CudaCounts::default(), BPF_NOEXIST as u64);
-        ptr = CUDA_COUNTS.get_ptr_mut(&pid);
+        let _ = CUDA_COUNTS.insert(pid, CudaCounts::default(), BPF_NOEXIST as u64);
+        ptr = CUDA_COUNTS.get_ptr_mut(pid);
     }
     let Some(ptr) = ptr else {
         bump(counter::COUNTS_FULL);

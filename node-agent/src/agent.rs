@@ -138,7 +138,7 @@ impl Agent {
             self.folder.forget_limbo(pid);
         }
         self.scans += 1;
-        if self.scans % 20 == 0 {
+        if self.scans.is_multiple_of(20) {
             self.probes
                 .prune_tree(&|pid| Path::new(&format!("/proc/{pid}")).exists())?;
         }
@@ -292,7 +292,8 @@ impl Agent {
         for (pid, ptr, rank, nranks) in self.folder.take_inits() {
             self.layout.learn(pid, ptr, rank, nranks);
         }
-        let mut done: Vec<(u32, u64, Option<(u32, u32)>)> = Vec::new();
+        type Done = (u32, u64, Option<(u32, u32)>);
+        let mut done: Vec<Done> = Vec::new();
         for s in self.folder.pending_splits().iter_mut() {
             if s.snapshot.is_none() {
                 s.snapshot = commlayout::read_object(s.pid, s.comm_ptr);

@@ -142,6 +142,7 @@ impl Scanner {
     /// command has started).
     pub fn set_root(&mut self, pid: u32) {
         self.root_pid = Some(pid);
+        self.ignored.clear();
     }
 
     /// Ranks currently followed.
@@ -153,7 +154,7 @@ impl Scanner {
     pub fn scan(&mut self, now_ns: u64) -> Result<Changes, DiscoverError> {
         let mut changes = Changes::default();
         self.scans += 1;
-        if self.scans % RECHECK_SCANS == 0 {
+        if self.scans.is_multiple_of(RECHECK_SCANS) {
             self.ignored.clear();
         }
         let entries = fs::read_dir(&self.proc_root).map_err(|source| DiscoverError::Proc {
