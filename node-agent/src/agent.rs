@@ -297,6 +297,13 @@ impl Agent {
         for s in self.folder.pending_splits().iter_mut() {
             if s.snapshot.is_none() {
                 s.snapshot = commlayout::read_object(s.pid, s.comm_ptr);
+                if s.snapshot.is_none() {
+                    tracing::debug!(
+                        pid = s.pid,
+                        ptr = s.comm_ptr,
+                        "cannot read a split communicator object"
+                    );
+                }
             }
             let found = s.snapshot.as_deref().and_then(|m| self.layout.decode(m));
             let t = self.split_tries.entry((s.pid, s.comm_ptr)).or_insert(0);
@@ -308,7 +315,7 @@ impl Agent {
         for (pid, ptr, found) in done {
             self.split_tries.remove(&(pid, ptr));
             if found.is_none() {
-                tracing::warn!(pid, candidates = ?self.layout.candidates(), "cannot tell a split communicator's members; its collectives will be unknown to the coordinator");
+                tracing::warn!(pid, ptr, candidates = ?self.layout.candidates(), "cannot tell a split communicator's members; its collectives will be unknown to the coordinator");
             }
             self.folder.resolve_split(pid, ptr, found);
         }

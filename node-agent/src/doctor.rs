@@ -119,6 +119,13 @@ pub fn run(args: DoctorArgs) -> Result<()> {
         "\nkernel counters: ring-buffer drops {}, hits from unfollowed processes {}, counter map full {}, out-pointer reads failed {}",
         c.ringbuf_drops, c.unfollowed_hits, c.counts_full, c.out_read_failed
     );
-    println!("fold drops: {:?}", agent.drops());
+    let d = agent.drops();
+    println!("fold drops: {d:?}");
+    if d.unknown_comm > 0 {
+        println!(
+            "  {} collectives ran on communicators created before the probes were attached: start the agent before the job (or give --lib), records need the ncclCommInitRank/ncclCommSplit of each communicator",
+            d.unknown_comm
+        );
+    }
     Ok(())
 }

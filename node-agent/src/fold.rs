@@ -238,7 +238,15 @@ impl Folder {
             // Splits with a snapshot can still be resolved; others cannot.
             let before = self.splits.len();
             self.splits.retain(|s| s.pid != pid || s.snapshot.is_some());
-            self.drops.split_unresolved += (before - self.splits.len()) as u64;
+            let lost = before - self.splits.len();
+            if lost > 0 {
+                tracing::warn!(
+                    pid,
+                    lost,
+                    "rank exited before its split communicators could be read"
+                );
+            }
+            self.drops.split_unresolved += lost as u64;
             self.out.exits.push(RankExit {
                 pid,
                 rank: p.rank,
