@@ -8,6 +8,7 @@
 //!   - bpftrace timestamping entry and return into its output buffer;
 //!   - slowrank's own NCCL collective probe pair (entry with stack words +
 //!     return), followed via the FOLLOWED map, drained by a thread.
+//!
 //! Then a paced load of 10,000 collectives/s and 100,000 `cudaLaunchKernel`
 //! calls/s (counted in-kernel) for a few seconds, measuring the CPU time of
 //! the thread that drains and folds (the agent's user-space work).
@@ -75,7 +76,7 @@ fn find_lib(artifact: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{artifact} not found: cargo build -p slowrank-scenarios"))
 }
 
-unsafe fn sym<T: Copy>(lib: &PathBuf, name: &str) -> T {
+unsafe fn sym<T: Copy>(lib: &std::path::Path, name: &str) -> T {
     let path = CString::new(lib.to_str().unwrap()).unwrap();
     // SAFETY: loading a stand-in library; RTLD_NOW resolves everything up front.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
