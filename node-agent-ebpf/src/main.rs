@@ -303,6 +303,127 @@ pub fn count_call(ctx: ProbeContext) -> u32 {
     0
 }
 
+// ---- Verbs (deep set) -------------------------------------------------
+// Offsets from rdma-core's <infiniband/verbs.h> (x86-64), checked against
+// the installed header by scenarios/tests/abi.rs on the stand-in's copy.
+const QP_NUM_OFF: u64 = 52; // struct ibv_qp.qp_num
+const WR_SG_LIST_OFF: u64 = 16; // struct ibv_send_wr.sg_list
+const WR_NUM_SGE_OFF: u64 = 24; // .num_sge
+const WR_OPCODE_OFF: u64 = 28; // .opcode
+const SGE_LENGTH_OFF: u64 = 8; // struct ibv_sge.length
+const WC_SIZE: u64 = 48; // sizeof(struct ibv_wc)
+const WC_STATUS_OFF: u64 = 8;
+const WC_BYTE_LEN_OFF: u64 = 20;
+const WC_QP_NUM_OFF: u64 = 28;
+const ATTR_STATE_OFF: u64 = 0; // struct ibv_qp_attr.qp_state
+const ATTR_DEST_QPN_OFF: u64 = 28; // .dest_qp_num
+const ATTR_DLID_OFF: u64 = 80; // .ah_attr.dlid
+/// Completions reported per poll_cq return (the rest are counted in args[4]).
+const WC_PER_POLL: u64 = 4;
+
+/// `wc` array of a poll_cq in flight (pid_tgid → address).
+#[map]
+static WC_PTRS: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
+
+#[inline(always)]
+fn user<T>(addr: u64) -> T
+where
+    T: Default,
+{
+    // SAFETY: reads user memory through the checked helper; 0 on a fault.
+    unsafe { bpf_probe_read_user(addr as *const T) }.unwrap_or_default()
+}
+
+/// The provider's `post_send(qp, wr, bad_wr)`, attached at its file offset
+/// (found through `ibv_context.ops`). Entry only: args = [qp, qp_num,
+/// bytes of the first sge, wr_id, opcode, num_sge].
+#[uprobe]
+pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
+    let Some(who) = followed() else { return 0 };
+    let qp: u64 = ctx.arg(0).unwrap_or(0);
+    let wr: u64 = ctx.arg(1).unwrap_or(0);
+    let sg: u64 = user(wr + WR_SG_LIST_OFF);
+    let args = [
+        qp,
+        u64::from(user::<u32>(qp + QP_NUM_OFF)),
+        u64::from(user::<u32>(sg + SGE_LENGTH_OFF)),
+        user::<u64>(wr),
+        user::<u32>(wr + WR_OPCODE_OFF) as u64,
+        user::<u32>(wr + WR_NUM_SGE_OFF) as u64,
+    ];
+    emit(ctx.as_ptr(), CallKind::Entry, args, 0, who);
+    0
+}
+
+/// The provider's `poll_cq(cq, n, wc)` entry: remembers `wc`, emits nothing
+/// (NCCL's proxy spins on it).
+#[uprobe]
+pub fn verbs_poll_entry(ctx: ProbeContext) -> u32 {
+    if followed().is_none() {
+        return 0;
+    }
+    let wc: u64 = ctx.arg(2).unwrap_or(0);
+    let _ = WC_PTRS.insert(bpf_get_current_pid_tgid(), wc, 0);
+    0
+}
+
+/// `poll_cq` return: one event per completion (up to WC_PER_POLL), only
+/// when it returned completions. args = [wr_id, qp_num, byte_len, status,
+/// completions returned, index].
+#[uretprobe]
+pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
+    let Some(who) = followed() else { return 0 };
+    let key = bpf_get_current_pid_tgid();
+    // SAFETY: read-only lookup of a plain u64.
+    let Some(&wc) = (unsafe { WC_PTRS.get(key) }) else {
+        return 0;
+    };
+    let _ = WC_PTRS.remove(key);
+    let n: i32 = ctx.ret();
+    if n <= 0 {
+        return 0;
+    }
+    let n = n as u64;
+    let mut i = 0u64;
+    while i < WC_PER_POLL {
+        if i >= n {
+            break;
+        }
+        let e = wc + i * WC_SIZE;
+        let args = [
+            user::<u64>(e),
+            u64::from(user::<u32>(e + WC_QP_NUM_OFF)),
+            u64::from(user::<u32>(e + WC_BYTE_LEN_OFF)),
+            user::<u32>(e + WC_STATUS_OFF) as u64,
+            n,
+            i,
+        ];
+        emit(ctx.as_ptr(), CallKind::Return, args, n, who);
+        i += 1;
+    }
+    0
+}
+
+/// `ibv_modify_qp(qp, attr, mask)` entry: args = [qp, qp_num, mask,
+/// dest_qp_num, dlid, new state].
+#[uprobe]
+pub fn verbs_modify_qp(ctx: ProbeContext) -> u32 {
+    let Some(who) = followed() else { return 0 };
+    let qp: u64 = ctx.arg(0).unwrap_or(0);
+    let attr: u64 = ctx.arg(1).unwrap_or(0);
+    let mask: u64 = ctx.arg(2).unwrap_or(0);
+    let args = [
+        qp,
+        u64::from(user::<u32>(qp + QP_NUM_OFF)),
+        mask & 0xffff_ffff,
+        u64::from(user::<u32>(attr + ATTR_DEST_QPN_OFF)),
+        u64::from(user::<u16>(attr + ATTR_DLID_OFF)),
+        user::<u32>(attr + ATTR_STATE_OFF) as u64,
+    ];
+    emit(ctx.as_ptr(), CallKind::Entry, args, 0, who);
+    0
+}
+
 #[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

@@ -68,6 +68,25 @@ pub struct Agent {
     hits: Vec<u64>,
     scans: u64,
     seq: u64,
+    /// Provider functions found through `ibv_context.ops`: (file, offset,
+    /// role) → probe id while attached.
+    deep_targets: BTreeMap<(PathBuf, u64, DeepFn), Option<u32>>,
+    deep: Deep,
+}
+
+/// Which provider function a deep target is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DeepFn {
+    PostSend,
+    PollCq,
+}
+
+/// Whether the deep probe set is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deep {
+    Off,
+    On,
+    Until(std::time::Instant),
 }
 
 impl Agent {
@@ -87,6 +106,8 @@ impl Agent {
             hits: Vec::new(),
             scans: 0,
             seq: 0,
+            deep_targets: BTreeMap::new(),
+            deep: Deep::Off,
         }
     }
 
@@ -283,6 +304,109 @@ impl Agent {
         events.clear();
         self.events = events;
         self.resolve_splits(false);
+        self.find_provider_functions();
+        if let Deep::Until(t) = self.deep {
+            if std::time::Instant::now() >= t {
+                self.set_deep(Deep::Off);
+            }
+        }
+    }
+
+    /// Switches the deep probe set (the verbs provider's post_send/poll_cq)
+    /// on, off, or on until a deadline. Attaching and detaching uprobes is
+    /// slow (a kernel synchronisation each), so windows should be seconds,
+    /// not milliseconds.
+    pub fn set_deep(&mut self, deep: Deep) {
+        self.deep = deep;
+        let on = deep != Deep::Off;
+        let keys: Vec<(PathBuf, u64, DeepFn)> = self.deep_targets.keys().cloned().collect();
+        for key in keys {
+            let attached = self.deep_targets[&key];
+            match (on, attached) {
+                (true, None) => {
+                    let (how, role) = match key.2 {
+                        DeepFn::PostSend => (crate::probes::Attach::VerbsPostSend, Role::PostSend),
+                        DeepFn::PollCq => (crate::probes::Attach::VerbsPollCq, Role::PollCq),
+                    };
+                    match self.probes.attach_offset(&key.0, key.1, how) {
+                        Ok(id) => {
+                            self.folder.set_role(id, role);
+                            self.mark_generic(id, false);
+                            tracing::info!(path = %key.0.display(), offset = key.1, func = ?key.2, probe = id, "deep probe attached");
+                            self.deep_targets.insert(key, Some(id));
+                        }
+                        Err(e) => {
+                            tracing::warn!(path = %key.0.display(), offset = key.1, error = %error_chain(&e), "deep probe not attached")
+                        }
+                    }
+                }
+                (false, Some(id)) => {
+                    self.probes.detach(id);
+                    self.deep_targets.insert(key, None);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Opens a deep window of `dur` from now (the control stream's entry
+    /// point; `--deep` keeps it open for good).
+    pub fn open_deep_window(&mut self, dur: std::time::Duration) {
+        self.set_deep(Deep::Until(std::time::Instant::now() + dur));
+    }
+
+    /// Deep targets found so far: (file, offset, function, attached probe).
+    pub fn deep_targets(&self) -> Vec<(PathBuf, u64, DeepFn, Option<u32>)> {
+        self.deep_targets
+            .iter()
+            .map(|((p, o, f), id)| (p.clone(), *o, *f, *id))
+            .collect()
+    }
+
+    /// QPs of `pid` mapped to a peer (qp_num, dest_qp_num, dlid).
+    pub fn qp_peers(&self, pid: u32) -> Vec<(u32, u32, u16)> {
+        self.folder.qp_peers(pid)
+    }
+
+    /// Reads the ops table of every newly opened verbs context (Trap 2:
+    /// `ibv_post_send`/`ibv_poll_cq` are inline and jump through it) and
+    /// turns the function pointers into (file, offset) targets.
+    fn find_provider_functions(&mut self) {
+        let contexts = self.folder.take_contexts();
+        if contexts.is_empty() {
+            return;
+        }
+        let mut added = false;
+        for (pid, ctx) in contexts {
+            for (off, func) in [
+                (catalog::CTX_POST_SEND_OFF, DeepFn::PostSend),
+                (catalog::CTX_POLL_CQ_OFF, DeepFn::PollCq),
+            ] {
+                let Some(addr) = commlayout::read_object(pid, ctx + off).and_then(|b| {
+                    b.get(..8)
+                        .map(|w| u64::from_le_bytes(w.try_into().expect("8")))
+                }) else {
+                    tracing::warn!(pid, ctx, "cannot read the verbs context's ops table");
+                    continue;
+                };
+                match discover::file_offset(pid, addr) {
+                    Some((path, offset)) => {
+                        if !self
+                            .deep_targets
+                            .contains_key(&(path.clone(), offset, func))
+                        {
+                            tracing::info!(pid, path = %path.display(), offset, ?func, "verbs provider function found through ibv_context.ops");
+                            self.deep_targets.insert((path, offset, func), None);
+                            added = true;
+                        }
+                    }
+                    None => tracing::warn!(pid, addr, "provider function not in a mapped file"),
+                }
+            }
+        }
+        if added && self.deep != Deep::Off {
+            self.set_deep(self.deep);
+        }
     }
 
     /// Learns the communicator layout from new inits and completes pending
@@ -359,7 +483,7 @@ impl Agent {
             comms: folded.comms,
             collectives: folded.collectives,
             intervals: folded.intervals,
-            links: Vec::new(),
+            links: folded.links,
             probes: if self.calls.is_empty() {
                 Vec::new()
             } else {

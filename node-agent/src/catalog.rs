@@ -30,6 +30,14 @@ pub enum Role {
     Count,
     /// A user-given `--probe FILE:SYMBOL`.
     Generic,
+    /// `ibv_open_device(device)`: returns the context whose ops table holds
+    /// the provider's post_send/poll_cq.
+    VerbsOpen,
+    /// `ibv_modify_qp(qp, attr, mask)`: a QP's peer (dest QPN, DLID).
+    ModifyQp,
+    /// The provider's post_send / poll_cq (deep set, attached by offset).
+    PostSend,
+    PollCq,
 }
 
 /// Where a collective's count, datatype, comm, stream and peer/root are.
@@ -230,14 +238,37 @@ const CUDART: &[ProbeSpec] = &[
     sync("cudaDeviceSynchronize"),
 ];
 
-/// The default probe set of a library (verbs are the deep set, elsewhere).
+/// Rare verbs calls, always on: they tell the agent where the provider's
+/// data-path functions are and which QP talks to which peer. The data path
+/// itself (post_send/poll_cq) is the deep set, attached by offset.
+const VERBS: &[ProbeSpec] = &[
+    ProbeSpec {
+        symbol: "ibv_open_device",
+        role: Role::VerbsOpen,
+        how: Attach::Call,
+    },
+    ProbeSpec {
+        symbol: "ibv_modify_qp",
+        role: Role::ModifyQp,
+        how: Attach::VerbsModifyQp,
+    },
+];
+
+/// The default probe set of a library.
 pub fn default_set(kind: LibKind) -> &'static [ProbeSpec] {
     match kind {
         LibKind::Nccl => NCCL,
         LibKind::Cudart => CUDART,
-        LibKind::Verbs | LibKind::Provider => &[],
+        LibKind::Verbs => VERBS,
+        LibKind::Provider => &[],
     }
 }
+
+/// Byte offsets in `struct ibv_context` (rdma-core, x86-64) of the ops
+/// table's `poll_cq` and `post_send` pointers: `device` (8) + 11 and 25
+/// pointers into `struct ibv_context_ops`.
+pub const CTX_POLL_CQ_OFF: u64 = 8 + 11 * 8;
+pub const CTX_POST_SEND_OFF: u64 = 8 + 25 * 8;
 
 /// Bytes of one element of an `ncclDataType_t`; `None` for an unknown type.
 pub fn dtype_size(dtype: u64) -> Option<u64> {

@@ -351,9 +351,28 @@ pub fn mapped_libs(pid: u32) -> Vec<(LibKind, PathBuf)> {
     out
 }
 
+/// The file and file offset that address `addr` of process `pid` maps
+/// (for attaching a uprobe to a function known only by a pointer).
+pub fn file_offset(pid: u32, addr: u64) -> Option<(PathBuf, u64)> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let (range, _perms, off) = (f.next()?, f.next()?, f.next()?);
+        let path = f.nth(2)?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (
+            u64::from_str_radix(a, 16).ok()?,
+            u64::from_str_radix(b, 16).ok()?,
+        );
+        let off = u64::from_str_radix(off, 16).ok()?;
+        (a <= addr && addr < b && path.starts_with('/'))
+            .then(|| (PathBuf::from(path), addr - a + off))
+    })
+}
+
 /// Candidate libraries in a rank's `LD_LIBRARY_PATH` directories, resolved
-/// to real files (the same inode a later dlopen maps), NCCL and CUDA runtime
-/// only: verbs providers are found through the ops table.
+/// to real files (the same inode a later dlopen maps): NCCL, the CUDA
+/// runtime and libibverbs; verbs providers are found through the ops table.
 pub fn library_path_libs(dirs: &[PathBuf]) -> Vec<(LibKind, PathBuf)> {
     let mut out: Vec<(LibKind, PathBuf)> = Vec::new();
     for d in dirs {
@@ -361,7 +380,7 @@ pub fn library_path_libs(dirs: &[PathBuf]) -> Vec<(LibKind, PathBuf)> {
         for e in rd.flatten() {
             let p = e.path();
             let Some(k) = LibKind::of(&p) else { continue };
-            if !matches!(k, LibKind::Nccl | LibKind::Cudart) {
+            if !matches!(k, LibKind::Nccl | LibKind::Cudart | LibKind::Verbs) {
                 continue;
             }
             let Ok(real) = fs::canonicalize(&p) else {

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 
 use slowrank_shared::{
     probe::{cuda_count, CallKind, STACK_WORDS},
-    wire::{CollOp, CollectiveRecord, CommRecord, RankExit, RankIdentity, RankInterval},
+    wire::{
+        CollOp, CollectiveRecord, CommRecord, LinkRecord, RankExit, RankIdentity, RankInterval,
+    },
 };
 
 use crate::{
@@ -58,6 +60,8 @@ pub struct FoldDrops {
     pub records: u64,
     /// Split communicators whose member position could not be determined.
     pub split_unresolved: u64,
+    /// Verbs posts forgotten unmatched (table full) or QPs not tracked.
+    pub verbs: u64,
     /// Events of not-yet-classified processes dropped because the holding
     /// area was full.
     pub limbo: u64,
@@ -116,7 +120,27 @@ struct Proc {
     iv_sync_wait: u64,
     iv_launches_base: u64,
     last_launches: u64,
+    /// Per QP number (deep set): peer and traffic this interval.
+    qps: HashMap<u32, Qp>,
+    /// Posts waiting for their completion: (qp_num, wr_id) → post time.
+    posted: HashMap<(u32, u64), u64>,
 }
+
+#[derive(Debug, Default, Clone)]
+struct Qp {
+    dest_qp_num: u32,
+    dlid: u16,
+    posts: u64,
+    completions: u64,
+    bytes: u64,
+    post_to_completion_ns: u64,
+}
+
+/// Posts awaiting completion, per process, and QPs per process.
+const POSTED_MAX: usize = 65536;
+const QPS_MAX: usize = 4096;
+/// `IBV_QP_DEST_QPN` in `ibv_modify_qp`'s mask.
+const IBV_QP_DEST_QPN: u64 = 1 << 20;
 
 /// Output of the fold, taken by the batch cutter.
 #[derive(Debug, Default)]
@@ -126,6 +150,7 @@ pub struct Folded {
     pub comms: Vec<CommRecord>,
     pub collectives: Vec<CollectiveRecord>,
     pub intervals: Vec<RankInterval>,
+    pub links: Vec<LinkRecord>,
 }
 
 impl Folded {
@@ -135,6 +160,7 @@ impl Folded {
             && self.comms.is_empty()
             && self.collectives.is_empty()
             && self.intervals.is_empty()
+            && self.links.is_empty()
     }
 }
 
@@ -155,6 +181,9 @@ pub struct Folder {
     /// Events from processes in the watched tree that the /proc scan has not
     /// classified yet: replayed when one turns out to be a rank.
     limbo: HashMap<u32, (u64, Vec<RawEvent>)>,
+    /// (pid, `ibv_context*`) returned by `ibv_open_device`, for the agent to
+    /// find the provider's functions.
+    contexts: Vec<(u32, u64)>,
 }
 
 impl Folder {
@@ -169,6 +198,7 @@ impl Folder {
             splits: Vec::new(),
             inits: Vec::new(),
             limbo: HashMap::new(),
+            contexts: Vec::new(),
         }
     }
 
@@ -204,6 +234,8 @@ impl Folder {
                 iv_sync_wait: 0,
                 iv_launches_base: 0,
                 last_launches: 0,
+                qps: HashMap::new(),
+                posted: HashMap::new(),
             },
         );
         let pid = id.pid;
@@ -285,6 +317,47 @@ impl Folder {
             return;
         };
         let key = (c.tid, c.probe);
+        match role {
+            Role::ModifyQp => {
+                if p.qps.len() >= QPS_MAX && !p.qps.contains_key(&(c.args[1] as u32)) {
+                    self.drops.verbs += 1;
+                    return;
+                }
+                if c.args[2] & IBV_QP_DEST_QPN != 0 {
+                    let q = p.qps.entry(c.args[1] as u32).or_default();
+                    q.dest_qp_num = c.args[3] as u32;
+                    q.dlid = c.args[4] as u16;
+                }
+                return;
+            }
+            Role::PostSend => {
+                let qpn = c.args[1] as u32;
+                if p.qps.len() >= QPS_MAX && !p.qps.contains_key(&qpn) {
+                    self.drops.verbs += 1;
+                    return;
+                }
+                let q = p.qps.entry(qpn).or_default();
+                q.posts += 1;
+                q.bytes += c.args[2];
+                if p.posted.len() >= POSTED_MAX {
+                    p.posted.clear();
+                    self.drops.verbs += POSTED_MAX as u64;
+                }
+                p.posted.insert((qpn, c.args[3]), c.ts_ns);
+                return;
+            }
+            Role::PollCq => {
+                let qpn = c.args[1] as u32;
+                if let Some(q) = p.qps.get_mut(&qpn) {
+                    q.completions += 1;
+                    if let Some(t) = p.posted.remove(&(qpn, c.args[0])) {
+                        q.post_to_completion_ns += c.ts_ns.saturating_sub(t);
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
         match CallKind::from_raw(c.kind) {
             Some(CallKind::Entry) => {
                 if p.open_count >= self.limits.open_calls {
@@ -466,8 +539,29 @@ impl Folder {
                 p.iv_sync_calls += 1;
                 p.iv_sync_wait += wait;
             }
-            Role::Count | Role::Generic => {}
+            Role::VerbsOpen => {
+                if ret != 0 && self.contexts.len() < 1024 {
+                    self.contexts.push((pid, ret));
+                }
+            }
+            Role::Count | Role::Generic | Role::ModifyQp | Role::PostSend | Role::PollCq => {}
         }
+    }
+
+    /// Verbs contexts opened since the last call.
+    pub fn take_contexts(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.contexts)
+    }
+
+    /// Number of QPs mapped to a peer so far for `pid` (doctor, tests).
+    pub fn qp_peers(&self, pid: u32) -> Vec<(u32, u32, u16)> {
+        self.procs.get(&pid).map_or_else(Vec::new, |p| {
+            p.qps
+                .iter()
+                .filter(|(_, q)| q.dest_qp_num != 0)
+                .map(|(n, q)| (*n, q.dest_qp_num, q.dlid))
+                .collect()
+        })
     }
 
     /// Communicators made by init since the last call (layout evidence).
@@ -535,6 +629,30 @@ impl Folder {
                 runq_delay_ns: 0,
                 offcpu_ns: 0,
             });
+            for (&qp_num, q) in &mut p.qps {
+                if q.posts == 0 && q.completions == 0 {
+                    continue;
+                }
+                self.out.links.push(LinkRecord {
+                    pid,
+                    rank: p.rank,
+                    // Joined by the coordinator through the QP numbers of
+                    // both ends; the agent cannot name the remote rank.
+                    peer_rank: -1,
+                    qp_num,
+                    dest_qp_num: q.dest_qp_num,
+                    start_ns: self.clock.map(p.iv_start),
+                    end_ns: self.clock.map(now_raw),
+                    posts: q.posts,
+                    completions: q.completions,
+                    post_to_completion_ns: q.post_to_completion_ns,
+                    bytes: q.bytes,
+                });
+                q.posts = 0;
+                q.completions = 0;
+                q.bytes = 0;
+                q.post_to_completion_ns = 0;
+            }
             p.iv_start = now_raw;
             p.iv_launches_base = p.last_launches;
             p.iv_sync_calls = 0;

@@ -95,6 +95,12 @@ struct RunArgs {
     /// the /proc scan classifies them (e.g. the launcher). Repeatable.
     #[arg(long = "watch-tree", value_name = "PID", hide = true)]
     watch_tree: Vec<u32>,
+    /// Keep the deep probe set on for the whole run: the verbs provider's
+    /// post_send/poll_cq (found through ibv_context.ops), per-QP link records.
+    /// Costly where NCCL's proxy spins on poll_cq; normally the coordinator
+    /// opens deep windows for a suspect instead.
+    #[arg(long)]
+    deep: bool,
     /// Probe a C-ABI function: FILE:SYMBOL, FILE an exact path. Repeatable.
     #[arg(long = "probe", value_name = "FILE:SYMBOL")]
     probes: Vec<String>,
@@ -179,6 +185,9 @@ async fn run(cli: RunArgs) -> Result<i32> {
     }
     for &pid in &cli.watch_tree {
         agent.probes_mut().watch_tree(pid)?;
+    }
+    if cli.deep {
+        agent.set_deep(slowrank_agent::agent::Deep::On);
     }
 
     let host = cli.host.clone().unwrap_or_else(clock::hostname);

@@ -84,6 +84,14 @@ pub fn write_records(out: &mut impl Write, batch: &Batch) -> std::io::Result<()>
             "end_ns": i.end_ns, "launches": i.launches, "sync_calls": i.sync_calls, "sync_wait_ns": i.sync_wait_ns}),
         )?;
     }
+    for l in &batch.links {
+        line(
+            json!({"type": "link", "host": host, "pid": l.pid, "rank": l.rank, "peer_rank": l.peer_rank,
+            "qp_num": l.qp_num, "dest_qp_num": l.dest_qp_num, "start_ns": l.start_ns, "end_ns": l.end_ns,
+            "posts": l.posts, "completions": l.completions, "post_to_completion_ns": l.post_to_completion_ns,
+            "bytes": l.bytes}),
+        )?;
+    }
     for e in &batch.exits {
         line(
             json!({"type": "exit", "host": host, "pid": e.pid, "rank": e.rank, "exit_ns": e.exit_ns}),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
         ProgramError, UProbe,
     },
     Ebpf, EbpfError, EbpfLoader,
@@ -27,12 +27,20 @@ const RETURN_PROG: &str = "call_return";
 const ENTRY_STACK_PROG: &str = "call_entry_stack";
 const RETURN_OUT_PROG: &str = "call_return_out";
 const COUNT_PROG: &str = "count_call";
-const PROGRAMS: [&str; 5] = [
+const POST_SEND_PROG: &str = "verbs_post_send";
+const POLL_ENTRY_PROG: &str = "verbs_poll_entry";
+const POLL_RETURN_PROG: &str = "verbs_poll_return";
+const MODIFY_QP_PROG: &str = "verbs_modify_qp";
+const PROGRAMS: [&str; 9] = [
     ENTRY_PROG,
     RETURN_PROG,
     ENTRY_STACK_PROG,
     RETURN_OUT_PROG,
     COUNT_PROG,
+    POST_SEND_PROG,
+    POLL_ENTRY_PROG,
+    POLL_RETURN_PROG,
+    MODIFY_QP_PROG,
 ];
 
 /// How a function is probed.
@@ -47,6 +55,12 @@ pub enum Attach {
     CallOut { out_arg: u8, stack: bool },
     /// Entry only, counted per process in-kernel in class `class`.
     Count { class: u32 },
+    /// A verbs provider's `post_send` (entry only).
+    VerbsPostSend,
+    /// A verbs provider's `poll_cq` (events only for completions).
+    VerbsPollCq,
+    /// `ibv_modify_qp` (entry only).
+    VerbsModifyQp,
 }
 
 /// One event from the ring buffer.
@@ -109,6 +123,7 @@ pub struct Probes {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
     descs: Vec<ProbeDesc>,
+    links: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
 }
 
 impl Probes {
@@ -144,6 +159,7 @@ impl Probes {
             ebpf,
             events,
             descs: Vec::new(),
+            links: std::collections::HashMap::new(),
         })
     }
 
@@ -161,6 +177,46 @@ impl Probes {
     /// Attaches `symbol` in `path` the way `how` says; returns the probe id.
     /// Same rules as [`Probes::attach`]: exact paths, C-ABI functions only.
     pub fn attach_as(&mut self, path: &Path, symbol: &str, how: Attach) -> Result<u32, ProbeError> {
+        self.attach_at(path, UProbeAttachLocation::Symbol(symbol), symbol, how)
+    }
+
+    /// Attaches at a file offset (a function found through a function
+    /// pointer, e.g. a verbs provider's ops); detachable with [`Probes::detach`].
+    pub fn attach_offset(
+        &mut self,
+        path: &Path,
+        offset: u64,
+        how: Attach,
+    ) -> Result<u32, ProbeError> {
+        let name = format!("+{offset:#x}");
+        self.attach_at(
+            path,
+            UProbeAttachLocation::AbsoluteOffset(offset),
+            &name,
+            how,
+        )
+    }
+
+    /// Detaches every program attached for probe `id` (its id is not reused).
+    pub fn detach(&mut self, id: u32) {
+        for (prog, link) in self.links.remove(&id).unwrap_or_default() {
+            if let Some(p) = self.ebpf.program_mut(prog) {
+                if let Ok(p) = <&mut UProbe>::try_from(p) {
+                    if let Err(e) = p.detach(link) {
+                        tracing::warn!(probe = id, error = %e, "detach failed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn attach_at(
+        &mut self,
+        path: &Path,
+        location: UProbeAttachLocation<'_>,
+        symbol: &str,
+        how: Attach,
+    ) -> Result<u32, ProbeError> {
         let id = self.descs.len() as u32;
         let base = u64::from(id);
         let plan: &[(&'static str, &'static str, u64)] = &match how {
@@ -181,17 +237,41 @@ impl Probes {
                 let c = base | u64::from(class) << cookie::CLASS_SHIFT;
                 [(COUNT_PROG, "uprobe", c), ("", "", 0)]
             }
+            Attach::VerbsPostSend => [(POST_SEND_PROG, "uprobe", base), ("", "", 0)],
+            Attach::VerbsPollCq => [
+                (POLL_ENTRY_PROG, "uprobe", base),
+                (POLL_RETURN_PROG, "uretprobe", base),
+            ],
+            Attach::VerbsModifyQp => [(MODIFY_QP_PROG, "uprobe", base), ("", "", 0)],
         };
+        let mut links = Vec::new();
         for &(prog, kind, cookie) in plan.iter().filter(|p| !p.0.is_empty()) {
-            attach_one(&mut self.ebpf, prog, path, symbol, cookie).map_err(|source| {
+            let loc = match &location {
+                UProbeAttachLocation::Symbol(s) => UProbeAttachLocation::Symbol(s),
+                UProbeAttachLocation::SymbolOffset(s, o) => {
+                    UProbeAttachLocation::SymbolOffset(s, *o)
+                }
+                UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
+            };
+            let link = attach_one(&mut self.ebpf, prog, path, loc, cookie).map_err(|source| {
                 ProbeError::Attach {
                     kind,
                     symbol: symbol.to_owned(),
                     path: path.to_owned(),
                     source: Box::new(source),
                 }
-            })?;
+            });
+            match link {
+                Ok(l) => links.push((prog, l)),
+                Err(e) => {
+                    // Leave nothing half-attached.
+                    self.links.insert(id, links);
+                    self.detach(id);
+                    return Err(e);
+                }
+            }
         }
+        self.links.insert(id, links);
         self.descs.push(ProbeDesc {
             id,
             path: path.display().to_string(),
@@ -450,17 +530,16 @@ fn attach_one(
     ebpf: &mut Ebpf,
     prog: &'static str,
     path: &Path,
-    symbol: &str,
+    location: UProbeAttachLocation<'_>,
     cookie: u64,
-) -> Result<(), ProgramError> {
+) -> Result<UProbeLinkId, ProgramError> {
     let program: &mut UProbe = ebpf
         .program_mut(prog)
         .ok_or(ProgramError::NotLoaded)?
         .try_into()?;
     let point = UProbeAttachPoint {
-        location: UProbeAttachLocation::Symbol(symbol),
+        location,
         cookie: Some(cookie),
     };
-    program.attach(point, path, UProbeScope::AllProcesses)?;
-    Ok(())
+    program.attach(point, path, UProbeScope::AllProcesses)
 }

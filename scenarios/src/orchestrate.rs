@@ -246,11 +246,15 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
             .stdout(o)
             .stderr(e);
         // Probed from the start: the trainer dlopens them right after exec.
-        for lib in ["libnccl.so.2", "libcudart.so.12"] {
+        for lib in ["libnccl.so.2", "libcudart.so.12", "libibverbs.so.1"] {
             let p = run_dir.join("lib").join(lib);
             if p.exists() {
                 cmd.arg("--lib").arg(p);
             }
+        }
+        // Extra agent flags for experiments, e.g. SLOWRANK_AGENT_ARGS=--deep.
+        if let Ok(extra) = std::env::var("SLOWRANK_AGENT_ARGS") {
+            cmd.args(extra.split_whitespace());
         }
         let child = cmd.spawn().map_err(|source| OrchestrateError::Spawn {
             what: format!("the agent of host {}", h.host),
