@@ -319,7 +319,7 @@ const ATTR_STATE_OFF: u64 = 0; // struct ibv_qp_attr.qp_state
 const ATTR_DEST_QPN_OFF: u64 = 28; // .dest_qp_num
 const ATTR_DLID_OFF: u64 = 80; // .ah_attr.dlid
 /// Completions reported per poll_cq return (the rest are counted in args[4]).
-const WC_PER_POLL: u64 = 4;
+const WC_PER_POLL: u64 = 16;
 
 /// `wc` array of a poll_cq in flight (pid_tgid → address).
 #[map]

@@ -141,6 +141,9 @@ const POSTED_MAX: usize = 65536;
 const QPS_MAX: usize = 4096;
 /// `IBV_QP_DEST_QPN` in `ibv_modify_qp`'s mask.
 const IBV_QP_DEST_QPN: u64 = 1 << 20;
+/// Completions the kernel program reports individually per poll_cq return
+/// (`WC_PER_POLL` in node-agent-ebpf).
+const WC_PER_POLL: u64 = 16;
 
 /// Output of the fold, taken by the batch cutter.
 #[derive(Debug, Default)]
@@ -348,8 +351,15 @@ impl Folder {
             }
             Role::PollCq => {
                 let qpn = c.args[1] as u32;
+                // The kernel reports the first WC_PER_POLL completions of a
+                // poll one by one; the rest are counted on the last one's QP.
+                let extra = if c.args[5] + 1 == WC_PER_POLL {
+                    c.args[4].saturating_sub(WC_PER_POLL)
+                } else {
+                    0
+                };
                 if let Some(q) = p.qps.get_mut(&qpn) {
-                    q.completions += 1;
+                    q.completions += 1 + extra;
                     if let Some(t) = p.posted.remove(&(qpn, c.args[0])) {
                         q.post_to_completion_ns += c.ts_ns.saturating_sub(t);
                     }

@@ -44,7 +44,9 @@ fn deep_set_link_records_match_the_nic() {
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/specs/dp8-healthy.toml"),
     )
     .unwrap();
-    spec.iterations = 10;
+    // Long enough that the probes attached after the first ibv_open_device
+    // (the agent reads the ops table, then attaches) see most of the traffic.
+    spec.iterations = 40;
     let out = std::env::temp_dir().join(format!("slowrank-agent-test-deep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let mut opts = RunOptions::job_only(&out);
@@ -52,8 +54,9 @@ fn deep_set_link_records_match_the_nic() {
     opts.trace = true;
     let summary = run(&spec, &opts).expect("scenario with agents");
 
-    // (rank, qp) → (dest qp, posts, completions, bytes, latency sum)
-    let mut mine: BTreeMap<(u64, u64), (u64, u64, u64, u64, u64)> = BTreeMap::new();
+    /// (dest qp, posts, completions, bytes, latency sum) of one (rank, qp).
+    type Link = (u64, u64, u64, u64, u64);
+    let mut mine: BTreeMap<(u64, u64), Link> = BTreeMap::new();
     for h in 0..spec.hosts {
         let text = std::fs::read_to_string(out.join(format!("agent-host-{h}.jsonl"))).unwrap();
         for l in text.lines() {
