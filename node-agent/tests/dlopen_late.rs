@@ -59,7 +59,9 @@ fn library_dlopened_after_agent_start_is_found_and_probed() {
             .join("../scenarios/specs/dp8-healthy.toml"),
     )
     .unwrap();
-    spec.iterations = 15;
+    // Long enough for the scan to see the ranks with the libraries mapped
+    // even on a loaded 2-core machine.
+    spec.iterations = 40;
     let job = {
         let out = out.clone();
         std::thread::spawn(move || run(&spec, &RunOptions::job_only(&out)).expect("scenario"))
