@@ -1,10 +1,15 @@
-//! The slowrank node agent as a library: probes (eBPF) → fold → ship.
+//! The slowrank node agent as a library: discover → probes (eBPF) → fold →
+//! ship.
 //!
 //! The binary in `main.rs` wires these together; tests use them directly.
+pub mod agent;
+pub mod catalog;
 pub mod clock;
 pub mod folded;
 pub mod gputime;
-pub mod launch;
+pub mod commlayout;
+pub mod discover;
+pub mod fold;
 pub mod output;
 pub mod probes;
 pub mod ship;

@@ -7,19 +7,21 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use slowrank_agent::{
-    clock,
-    launch::Gated,
+    agent::Agent,
+    clock::{self, HostClock},
+    discover::Scanner,
+    fold::Limits,
     output,
     probes::Probes,
     ship::{client_config, Uplink, UplinkConfig},
 };
-use slowrank_shared::{
-    probe::{CallEvent, CallKind},
-    wire::{self, Batch, CallRecord, Hello},
-};
+use slowrank_shared::wire::{self, Batch, Hello};
+use tokio::signal::unix::{signal, SignalKind};
+
+mod doctor;
 
 /// Watches the rank processes on this host with eBPF and ships what they do
 /// to the slowrank coordinator.
@@ -31,11 +33,35 @@ use slowrank_shared::{
 ///   # wrap the job; the agent exits with the job's exit code
 ///   slowrank-agent --coordinator 10.0.0.1:7700 --ca coordinator.crt -- torchrun ...
 ///
+///   # follow every rank process on this host (torchrun/Slurm/Open MPI env)
+///   slowrank-agent --coordinator 10.0.0.1:7700 --ca coordinator.crt
+///
+///   # records as JSON lines, no coordinator
+///   slowrank-agent --output records.jsonl -- torchrun ...
+///
+///   # why don't I see my job?
+///   slowrank-agent doctor
+///
 ///   # probe one function of a program and print the calls as JSON lines
 ///   slowrank-agent --probe ./app:my_fn --output - -- ./app
 #[derive(Parser, Debug)]
-#[command(version, verbatim_doc_comment)]
+#[command(version, verbatim_doc_comment, args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// Lists the rank processes found, the libraries and symbols resolved,
+    /// the probes attached and their hit counts, and what is missing.
+    Doctor(doctor::DoctorArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
     /// Coordinator address (HOST:PORT). Without it, records only go to --output.
     #[arg(long, value_name = "HOST:PORT")]
     coordinator: Option<SocketAddr>,
@@ -56,10 +82,29 @@ struct Cli {
     /// Host name to report (default: this machine's).
     #[arg(long)]
     host: Option<String>,
+    /// Only follow processes whose environment has KEY=VALUE (repeatable; e.g.
+    /// several agents on one machine, one per simulated host: GROUP_RANK=2).
+    #[arg(long = "only-env", value_name = "KEY=VALUE", hide = true)]
+    only_env: Vec<String>,
+    /// Probe this NCCL / CUDA runtime library file from the start, before
+    /// any rank maps it (e.g. the venv's .../nvidia/nccl/lib/libnccl.so.2).
+    /// Repeatable. Libraries the ranks map are found without it.
+    #[arg(long = "lib", value_name = "FILE")]
+    libs: Vec<PathBuf>,
+    /// Report calls of PID and all processes it forks from now on, before
+    /// the /proc scan classifies them (e.g. the launcher). Repeatable.
+    #[arg(long = "watch-tree", value_name = "PID", hide = true)]
+    watch_tree: Vec<u32>,
+    /// Keep the deep probe set on for the whole run: the verbs provider's
+    /// post_send/poll_cq (found through ibv_context.ops), per-QP link records.
+    /// Costly where NCCL's proxy spins on poll_cq; normally the coordinator
+    /// opens deep windows for a suspect instead.
+    #[arg(long)]
+    deep: bool,
     /// Probe a C-ABI function: FILE:SYMBOL, FILE an exact path. Repeatable.
     #[arg(long = "probe", value_name = "FILE:SYMBOL")]
     probes: Vec<String>,
-    /// Follow an already running process. Repeatable.
+    /// Follow an already running process for --probe functions. Repeatable.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
     /// Also write every record as a JSON line to FILE ("-" for stdout).
@@ -68,9 +113,25 @@ struct Cli {
     /// How often a batch is cut and shipped.
     #[arg(long, default_value_t = 200, value_name = "MS")]
     flush_ms: u64,
+    /// Length of the per-rank counter intervals.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    interval_ms: u64,
+    /// How often /proc is scanned for rank processes and new libraries.
+    #[arg(long, default_value_t = 50, value_name = "MS")]
+    scan_ms: u64,
     /// Bound of the in-memory spool kept while the coordinator is away.
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     spool_bytes: usize,
+    /// Test-only: offset added to every reported time (simulated host clock).
+    #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
+    sim_clock_offset_ns: i64,
+    /// Test-only: drift of the simulated host clock, in ppm.
+    #[arg(long, default_value_t = 0.0, hide = true, allow_hyphen_values = true)]
+    sim_clock_drift_ppm: f64,
+    /// Test-only: file created once the probes are loaded (for launchers
+    /// that must not start the job earlier).
+    #[arg(long, hide = true, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
     /// The command to run and follow (e.g. torchrun ...), after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -84,30 +145,49 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Some(Sub::Doctor(args)) = cli.sub {
+        return doctor::run(args);
+    }
     let code = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?
-        .block_on(run(cli))?;
+        .block_on(run(cli.run))?;
     std::process::exit(code);
 }
 
-async fn run(cli: Cli) -> Result<i32> {
-    if cli.probes.is_empty() {
-        bail!("nothing to probe: give --probe FILE:SYMBOL (the NCCL/CUDA probe sets come with rank discovery)");
-    }
-    let mut probes = Probes::load().context("loading the eBPF programs")?;
+async fn run(cli: RunArgs) -> Result<i32> {
+    let host_clock = if cli.sim_clock_offset_ns != 0 || cli.sim_clock_drift_ppm != 0.0 {
+        HostClock::simulated(cli.sim_clock_offset_ns, cli.sim_clock_drift_ppm)
+    } else {
+        HostClock::real()
+    };
+    let probes = Probes::load().context("loading the eBPF programs")?;
+    let scanner = Scanner::new(&cli.only_env, None)?;
+    let mut agent = Agent::new(probes, scanner, host_clock, Limits::default());
     for spec in &cli.probes {
         let (file, symbol) = spec
             .rsplit_once(':')
             .with_context(|| format!("--probe {spec}: expected FILE:SYMBOL"))?;
         let path =
             std::fs::canonicalize(file).with_context(|| format!("--probe {spec}: {file}"))?;
-        let id = probes.attach(&path, symbol)?;
+        let id = agent.attach_generic(&path, symbol)?;
         tracing::info!(probe = id, path = %path.display(), symbol, "attached uprobe + uretprobe");
     }
     for &pid in &cli.pids {
-        probes.follow(pid, None)?;
+        agent.probes_mut().follow(pid, None)?;
+    }
+    for lib in &cli.libs {
+        agent
+            .preattach(lib)
+            .map_err(anyhow::Error::msg)
+            .context("--lib")?;
+    }
+    for &pid in &cli.watch_tree {
+        agent.probes_mut().watch_tree(pid)?;
+    }
+    if cli.deep {
+        agent.set_deep(slowrank_agent::agent::Deep::On);
     }
 
     let host = cli.host.clone().unwrap_or_else(clock::hostname);
@@ -126,7 +206,7 @@ async fn run(cli: Cli) -> Result<i32> {
                     token: cli.token.clone(),
                     host: host.clone(),
                     agent_id: agent_id.clone(),
-                    mono_ns: clock::mono_ns(),
+                    mono_ns: host_clock.now(),
                     wall_ns: clock::wall_ns(),
                 },
                 spool_bytes: cli.spool_bytes,
@@ -141,28 +221,56 @@ async fn run(cli: Cli) -> Result<i32> {
         ))),
         None => None,
     };
+    if let Some(f) = &cli.ready_file {
+        std::fs::write(f, std::process::id().to_string())
+            .with_context(|| format!("writing {}", f.display()))?;
+    }
 
     let mut child = match cli.command.split_first() {
         Some((prog, args)) => {
-            let gated = Gated::spawn(prog, args).with_context(|| format!("starting {prog}"))?;
-            let pid = gated.child.id().context("child has no pid")?;
-            probes.follow(pid, None)?;
+            // Every process this agent forks is reported from its first
+            // instruction (the fork tracepoint grows the watched tree), so
+            // the job's first NCCL calls are seen before /proc shows it.
+            agent.probes_mut().watch_tree(std::process::id())?;
+            let mut cmd = tokio::process::Command::new(prog);
+            cmd.args(args);
+            let child = cmd.spawn().with_context(|| format!("starting {prog}"))?;
+            let pid = child.id().context("child has no pid")?;
+            agent.scanner_mut().set_root(pid);
+            if !cli.probes.is_empty() {
+                agent.probes_mut().follow(pid, None)?;
+            }
             tracing::info!(pid, "following {prog}");
-            Some(gated.release())
+            Some(child)
         }
         None => None,
     };
 
-    let mut seq = 0u64;
-    let mut events: Vec<CallEvent> = Vec::new();
     let mut flush = tokio::time::interval(Duration::from_millis(cli.flush_ms.max(10)));
+    let mut scan = tokio::time::interval(Duration::from_millis(cli.scan_ms.max(5)));
     let mut poll = tokio::time::interval(Duration::from_millis(5));
+    let interval = Duration::from_millis(cli.interval_ms.max(cli.flush_ms).max(10));
+    let mut last_interval = std::time::Instant::now();
     let mut exit_code = 0;
+    // Created once: a signal stream keeps deliveries that arrive while the
+    // loop body runs (a fresh ctrl_c() future per iteration would lose them).
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     loop {
         let done = tokio::select! {
-            _ = poll.tick() => { probes.drain(&mut events); false }
+            _ = poll.tick() => { agent.poll(); false }
+            _ = scan.tick() => {
+                if let Err(e) = agent.scan() {
+                    tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");
+                }
+                false
+            }
             _ = flush.tick() => {
-                cut(&mut probes, &mut events, &mut seq, &host, &agent_id, uplink.as_ref(), &mut out)?;
+                let close = last_interval.elapsed() >= interval;
+                if close {
+                    last_interval = std::time::Instant::now();
+                }
+                cut(&mut agent, close, &host, &agent_id, uplink.as_ref(), &mut out)?;
                 false
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
@@ -171,7 +279,8 @@ async fn run(cli: Cli) -> Result<i32> {
                 tracing::info!(%status, "job exited");
                 true
             }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); exit_code = 130; true }
+            _ = sigint.recv() => { tracing::info!("interrupted"); exit_code = 130; true }
+            _ = sigterm.recv() => { tracing::info!("terminated"); exit_code = 143; true }
         };
         if done {
             break;
@@ -179,16 +288,17 @@ async fn run(cli: Cli) -> Result<i32> {
     }
     // Returns of calls in flight at exit land just after it.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    probes.drain(&mut events);
+    agent.scan()?;
     cut(
-        &mut probes,
-        &mut events,
-        &mut seq,
+        &mut agent,
+        true,
         &host,
         &agent_id,
         uplink.as_ref(),
         &mut out,
     )?;
+    let drops = agent.drops();
+    tracing::info!(?drops, "fold drops");
     if let Some(o) = out.as_mut() {
         o.flush()?;
     }
@@ -207,50 +317,31 @@ async fn run(cli: Cli) -> Result<i32> {
             );
         }
     }
+    if let Some(f) = &cli.ready_file {
+        // Says "everything is shipped" to a launcher: detaching the probes
+        // when the process exits can take seconds (one synchronize per
+        // uprobe in the kernel), and nobody needs to wait for that.
+        let _ = std::fs::remove_file(f);
+    }
     Ok(exit_code)
 }
 
-/// Cuts one batch from the pending events and ships it.
+/// Cuts one batch and ships it.
 fn cut(
-    probes: &mut Probes,
-    events: &mut Vec<CallEvent>,
-    seq: &mut u64,
+    agent: &mut Agent,
+    close_interval: bool,
     host: &str,
     agent_id: &str,
     uplink: Option<&Uplink>,
     out: &mut Option<Box<dyn Write + Send>>,
 ) -> Result<()> {
-    probes.drain(events);
-    if events.is_empty() {
+    let spool_drops = uplink.map_or(0, Uplink::dropped);
+    let Some(batch): Option<Batch> = agent.cut(host, agent_id, close_interval, spool_drops)? else {
         return Ok(());
-    }
-    let counters = probes.counters()?;
-    let batch = Batch {
-        host: host.to_owned(),
-        agent_id: agent_id.to_owned(),
-        seq: *seq,
-        mono_ns: clock::mono_ns(),
-        wall_ns: clock::wall_ns(),
-        probes: probes.descs().to_vec(),
-        calls: events
-            .drain(..)
-            .map(|e| CallRecord {
-                ts_ns: e.ts_ns,
-                pid: e.pid,
-                tid: e.tid,
-                probe: e.probe,
-                is_return: CallKind::from_raw(e.kind) == Some(CallKind::Return),
-                args: e.args,
-                ret: e.ret,
-            })
-            .collect(),
-        ringbuf_drops: counters.ringbuf_drops,
-        spool_drops: uplink.map_or(0, Uplink::dropped),
-        ..Default::default()
     };
-    *seq += 1;
     if let Some(o) = out.as_mut() {
-        output::write_batch(o, &batch)?;
+        output::write_records(o, &batch)?;
+        o.flush()?;
     }
     if let Some(u) = uplink {
         u.send(wire::encode(&batch)?);

@@ -44,3 +44,63 @@ pub fn write_batch(out: &mut impl Write, batch: &Batch) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Writes the folded records of `batch` as JSON lines, one object per
+/// record with a `"type"` field (`rank`, `exit`, `comm`, `collective`,
+/// `interval`, `batch`), after the raw calls.
+pub fn write_records(out: &mut impl Write, batch: &Batch) -> std::io::Result<()> {
+    use serde_json::json;
+    let host = batch.host.as_str();
+    let mut line = |v: serde_json::Value| -> std::io::Result<()> {
+        serde_json::to_writer(&mut *out, &v)?;
+        out.write_all(b"\n")
+    };
+    for r in &batch.ranks {
+        line(
+            json!({"type": "rank", "host": host, "pid": r.pid, "rank": r.rank, "world_size": r.world_size,
+            "local_rank": r.local_rank, "local_world_size": r.local_world_size, "group_rank": r.group_rank,
+            "restart_count": r.restart_count, "job_id": r.job_id, "seen_ns": r.seen_ns}),
+        )?;
+    }
+    for c in &batch.comms {
+        line(
+            json!({"type": "comm", "host": host, "pid": c.pid, "rank": c.rank, "comm_id": format!("{:016x}", c.comm_id),
+            "parent_id": format!("{:016x}", c.parent_id), "color": c.color, "nranks": c.nranks,
+            "rank_in_comm": c.rank_in_comm, "created_ns": c.created_ns}),
+        )?;
+    }
+    for c in &batch.collectives {
+        line(
+            json!({"type": "collective", "host": host, "pid": c.pid, "rank": c.rank,
+            "comm_id": format!("{:016x}", c.comm_id), "seq": c.seq, "op": format!("{:?}", c.op), "bytes": c.bytes,
+            "peer": c.peer, "host_entry_ns": c.host_entry_ns, "host_exit_ns": c.host_exit_ns,
+            "gpu_arrive_ns": c.gpu_arrive_ns, "gpu_done_ns": c.gpu_done_ns, "launches_before": c.launches_before,
+            "sync_wait_ns_before": c.sync_wait_ns_before, "ret": c.ret}),
+        )?;
+    }
+    for i in &batch.intervals {
+        line(
+            json!({"type": "interval", "host": host, "pid": i.pid, "rank": i.rank, "start_ns": i.start_ns,
+            "end_ns": i.end_ns, "launches": i.launches, "sync_calls": i.sync_calls, "sync_wait_ns": i.sync_wait_ns}),
+        )?;
+    }
+    for l in &batch.links {
+        line(
+            json!({"type": "link", "host": host, "pid": l.pid, "rank": l.rank, "peer_rank": l.peer_rank,
+            "qp_num": l.qp_num, "dest_qp_num": l.dest_qp_num, "start_ns": l.start_ns, "end_ns": l.end_ns,
+            "posts": l.posts, "completions": l.completions, "post_to_completion_ns": l.post_to_completion_ns,
+            "bytes": l.bytes}),
+        )?;
+    }
+    for e in &batch.exits {
+        line(
+            json!({"type": "exit", "host": host, "pid": e.pid, "rank": e.rank, "exit_ns": e.exit_ns}),
+        )?;
+    }
+    line(
+        json!({"type": "batch", "host": host, "seq": batch.seq, "mono_ns": batch.mono_ns,
+        "ringbuf_drops": batch.ringbuf_drops, "spool_drops": batch.spool_drops,
+        "collectives": batch.collectives.len()}),
+    )?;
+    write_batch(out, batch)
+}

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
         ProgramError, UProbe,
     },
     Ebpf, EbpfError, EbpfLoader,
 };
 use slowrank_shared::{
-    probe::{counter, CallEvent},
+    probe::{cookie, counter, cuda_count, CallEvent, StackEvent},
     wire::ProbeDesc,
 };
 
@@ -24,6 +24,60 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/no
 
 const ENTRY_PROG: &str = "call_entry";
 const RETURN_PROG: &str = "call_return";
+const ENTRY_STACK_PROG: &str = "call_entry_stack";
+const RETURN_OUT_PROG: &str = "call_return_out";
+const COUNT_PROG: &str = "count_call";
+const POST_SEND_PROG: &str = "verbs_post_send";
+const POLL_ENTRY_PROG: &str = "verbs_poll_entry";
+const POLL_RETURN_PROG: &str = "verbs_poll_return";
+const MODIFY_QP_PROG: &str = "verbs_modify_qp";
+const PROGRAMS: [&str; 9] = [
+    ENTRY_PROG,
+    RETURN_PROG,
+    ENTRY_STACK_PROG,
+    RETURN_OUT_PROG,
+    COUNT_PROG,
+    POST_SEND_PROG,
+    POLL_ENTRY_PROG,
+    POLL_RETURN_PROG,
+    MODIFY_QP_PROG,
+];
+
+/// How a function is probed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attach {
+    /// Entry (register arguments) and return.
+    Call,
+    /// Entry with stack words and launch count, and return.
+    StackCall,
+    /// Like `Call`/`StackCall` (`stack`), and the return also reports the
+    /// value behind out-pointer argument `out_arg` (an `ncclComm_t*`).
+    CallOut { out_arg: u8, stack: bool },
+    /// Entry only, counted per process in-kernel in class `class`.
+    Count { class: u32 },
+    /// A verbs provider's `post_send` (entry only).
+    VerbsPostSend,
+    /// A verbs provider's `poll_cq` (events only for completions).
+    VerbsPollCq,
+    /// `ibv_modify_qp` (entry only).
+    VerbsModifyQp,
+}
+
+/// One event from the ring buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawEvent {
+    Call(CallEvent),
+    Stack(StackEvent),
+}
+
+impl RawEvent {
+    pub fn call(&self) -> &CallEvent {
+        match self {
+            Self::Call(c) => c,
+            Self::Stack(s) => &s.call,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
@@ -60,6 +114,8 @@ pub enum ProbeError {
 pub struct Counters {
     pub ringbuf_drops: u64,
     pub unfollowed_hits: u64,
+    pub counts_full: u64,
+    pub out_read_failed: u64,
 }
 
 /// The loaded programs, their attachments and the event ring buffer.
@@ -67,6 +123,7 @@ pub struct Probes {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
     descs: Vec<ProbeDesc>,
+    links: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
 }
 
 impl Probes {
@@ -75,7 +132,7 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .load(OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
-        for name in [ENTRY_PROG, RETURN_PROG] {
+        for name in PROGRAMS {
             let prog: &mut UProbe = ebpf
                 .program_mut(name)
                 .ok_or(ProbeError::MissingProgram(name))?
@@ -89,6 +146,7 @@ impl Probes {
                 source: Box::new(e),
             })?;
         }
+        attach_fork_tracepoint(&mut ebpf);
         let events = RingBuf::try_from(
             ebpf.take_map("EVENTS")
                 .ok_or(ProbeError::MissingMap("EVENTS"))?,
@@ -101,6 +159,7 @@ impl Probes {
             ebpf,
             events,
             descs: Vec::new(),
+            links: std::collections::HashMap::new(),
         })
     }
 
@@ -112,17 +171,107 @@ impl Probes {
     /// Only use this on C-ABI functions: a uretprobe on a frame that a C++
     /// exception unwinds through aborts the target.
     pub fn attach(&mut self, path: &Path, symbol: &str) -> Result<u32, ProbeError> {
+        self.attach_as(path, symbol, Attach::Call)
+    }
+
+    /// Attaches `symbol` in `path` the way `how` says; returns the probe id.
+    /// Same rules as [`Probes::attach`]: exact paths, C-ABI functions only.
+    pub fn attach_as(&mut self, path: &Path, symbol: &str, how: Attach) -> Result<u32, ProbeError> {
+        self.attach_at(path, UProbeAttachLocation::Symbol(symbol), symbol, how)
+    }
+
+    /// Attaches at a file offset (a function found through a function
+    /// pointer, e.g. a verbs provider's ops); detachable with [`Probes::detach`].
+    pub fn attach_offset(
+        &mut self,
+        path: &Path,
+        offset: u64,
+        how: Attach,
+    ) -> Result<u32, ProbeError> {
+        let name = format!("+{offset:#x}");
+        self.attach_at(
+            path,
+            UProbeAttachLocation::AbsoluteOffset(offset),
+            &name,
+            how,
+        )
+    }
+
+    /// Detaches every program attached for probe `id` (its id is not reused).
+    pub fn detach(&mut self, id: u32) {
+        for (prog, link) in self.links.remove(&id).unwrap_or_default() {
+            if let Some(p) = self.ebpf.program_mut(prog) {
+                if let Ok(p) = <&mut UProbe>::try_from(p) {
+                    if let Err(e) = p.detach(link) {
+                        tracing::warn!(probe = id, error = %e, "detach failed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn attach_at(
+        &mut self,
+        path: &Path,
+        location: UProbeAttachLocation<'_>,
+        symbol: &str,
+        how: Attach,
+    ) -> Result<u32, ProbeError> {
         let id = self.descs.len() as u32;
-        for (prog, kind) in [(ENTRY_PROG, "uprobe"), (RETURN_PROG, "uretprobe")] {
-            attach_one(&mut self.ebpf, prog, path, symbol, u64::from(id)).map_err(|source| {
+        let base = u64::from(id);
+        let plan: &[(&'static str, &'static str, u64)] = &match how {
+            Attach::Call => [
+                (ENTRY_PROG, "uprobe", base),
+                (RETURN_PROG, "uretprobe", base),
+            ],
+            Attach::StackCall => [
+                (ENTRY_STACK_PROG, "uprobe", base),
+                (RETURN_PROG, "uretprobe", base),
+            ],
+            Attach::CallOut { out_arg, stack } => {
+                let c = base | (u64::from(out_arg) + 1) << cookie::OUT_ARG_SHIFT;
+                let entry = if stack { ENTRY_STACK_PROG } else { ENTRY_PROG };
+                [(entry, "uprobe", c), (RETURN_OUT_PROG, "uretprobe", c)]
+            }
+            Attach::Count { class } => {
+                let c = base | u64::from(class) << cookie::CLASS_SHIFT;
+                [(COUNT_PROG, "uprobe", c), ("", "", 0)]
+            }
+            Attach::VerbsPostSend => [(POST_SEND_PROG, "uprobe", base), ("", "", 0)],
+            Attach::VerbsPollCq => [
+                (POLL_ENTRY_PROG, "uprobe", base),
+                (POLL_RETURN_PROG, "uretprobe", base),
+            ],
+            Attach::VerbsModifyQp => [(MODIFY_QP_PROG, "uprobe", base), ("", "", 0)],
+        };
+        let mut links = Vec::new();
+        for &(prog, kind, cookie) in plan.iter().filter(|p| !p.0.is_empty()) {
+            let loc = match &location {
+                UProbeAttachLocation::Symbol(s) => UProbeAttachLocation::Symbol(s),
+                UProbeAttachLocation::SymbolOffset(s, o) => {
+                    UProbeAttachLocation::SymbolOffset(s, *o)
+                }
+                UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
+            };
+            let link = attach_one(&mut self.ebpf, prog, path, loc, cookie).map_err(|source| {
                 ProbeError::Attach {
                     kind,
                     symbol: symbol.to_owned(),
                     path: path.to_owned(),
                     source: Box::new(source),
                 }
-            })?;
+            });
+            match link {
+                Ok(l) => links.push((prog, l)),
+                Err(e) => {
+                    // Leave nothing half-attached.
+                    self.links.insert(id, links);
+                    self.detach(id);
+                    return Err(e);
+                }
+            }
         }
+        self.links.insert(id, links);
         self.descs.push(ProbeDesc {
             id,
             path: path.display().to_string(),
@@ -152,6 +301,64 @@ impl Probes {
             .map_err(map_err)
     }
 
+    /// Reports calls from `pid` and every process it forks from now on,
+    /// before they are classified (the wrapped command, a launcher).
+    pub fn watch_tree(&mut self, pid: u32) -> Result<(), ProbeError> {
+        let map_err = |e| ProbeError::Map {
+            map: "TREE",
+            source: Box::new(e),
+        };
+        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("TREE")
+                .ok_or(ProbeError::MissingMap("TREE"))?,
+        )
+        .map_err(map_err)?;
+        map.insert(pid, pid, 0).map_err(map_err)
+    }
+
+    /// Stops reporting an unclassified process (e.g. another agent's rank).
+    pub fn unwatch(&mut self, pid: u32) -> Result<(), ProbeError> {
+        let map_err = |e| ProbeError::Map {
+            map: "TREE",
+            source: Box::new(e),
+        };
+        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("TREE")
+                .ok_or(ProbeError::MissingMap("TREE"))?,
+        )
+        .map_err(map_err)?;
+        // Absent already (pruned, never forked under a root): nothing to do.
+        let _ = map.remove(&pid);
+        let _ = map_err;
+        Ok(())
+    }
+
+    /// Forgets tree entries of processes that no longer exist (or are not
+    /// in `keep`). Returns how many were removed.
+    pub fn prune_tree(&mut self, keep: &dyn Fn(u32) -> bool) -> Result<usize, ProbeError> {
+        let map_err = |e| ProbeError::Map {
+            map: "TREE",
+            source: Box::new(e),
+        };
+        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("TREE")
+                .ok_or(ProbeError::MissingMap("TREE"))?,
+        )
+        .map_err(map_err)?;
+        let dead: Vec<u32> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|p| !keep(*p))
+            .collect();
+        for p in &dead {
+            let _ = map.remove(p);
+        }
+        Ok(dead.len())
+    }
+
     /// Stops counting calls from `pid` (e.g. after it exited).
     pub fn unfollow(&mut self, pid: u32) -> Result<(), ProbeError> {
         let map_err = |e| ProbeError::Map {
@@ -165,8 +372,59 @@ impl Probes {
         )
         .map_err(map_err)?;
         match map.remove(&pid) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err(e)),
+            Err(e) if !is_not_found(&e) => Err(map_err(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves every pending event (plain and stack entries) into `out`;
+    /// returns how many and how many had an unexpected size. Never blocks.
+    pub fn drain_raw(&mut self, out: &mut Vec<RawEvent>) -> (usize, usize) {
+        let (mut n, mut bad) = (0, 0);
+        while let Some(item) = self.events.next() {
+            if let Some(ev) = CallEvent::from_bytes(&item) {
+                out.push(RawEvent::Call(ev));
+            } else if let Some(ev) = StackEvent::from_bytes(&item) {
+                out.push(RawEvent::Stack(ev));
+            } else {
+                bad += 1;
+                continue;
+            }
+            n += 1;
+        }
+        (n, bad)
+    }
+
+    /// Per-process CUDA call counters kept in the kernel (`count_call`).
+    pub fn cuda_counts(&self) -> Result<Vec<(u32, [u64; cuda_count::SLOTS])>, ProbeError> {
+        let map_err = |e| ProbeError::Map {
+            map: "CUDA_COUNTS",
+            source: Box::new(e),
+        };
+        let map: HashMap<_, u32, [u64; cuda_count::SLOTS]> = HashMap::try_from(
+            self.ebpf
+                .map("CUDA_COUNTS")
+                .ok_or(ProbeError::MissingMap("CUDA_COUNTS"))?,
+        )
+        .map_err(map_err)?;
+        map.iter().map(|r| r.map_err(map_err)).collect()
+    }
+
+    /// Forgets the counters of a process that exited.
+    pub fn forget_counts(&mut self, pid: u32) -> Result<(), ProbeError> {
+        let map_err = |e| ProbeError::Map {
+            map: "CUDA_COUNTS",
+            source: Box::new(e),
+        };
+        let mut map: HashMap<_, u32, [u64; cuda_count::SLOTS]> = HashMap::try_from(
+            self.ebpf
+                .map_mut("CUDA_COUNTS")
+                .ok_or(ProbeError::MissingMap("CUDA_COUNTS"))?,
+        )
+        .map_err(map_err)?;
+        match map.remove(&pid) {
+            Err(e) if !is_not_found(&e) => Err(map_err(e)),
+            _ => Ok(()),
         }
     }
 
@@ -205,8 +463,65 @@ impl Probes {
         Ok(Counters {
             ringbuf_drops: sum(counter::RINGBUF_DROPS)?,
             unfollowed_hits: sum(counter::UNFOLLOWED_HITS)?,
+            counts_full: sum(counter::COUNTS_FULL)?,
+            out_read_failed: sum(counter::OUT_READ_FAILED)?,
         })
     }
+}
+
+/// A delete of an absent key: aya reports it as a syscall error (ENOENT).
+fn is_not_found(e: &aya::maps::MapError) -> bool {
+    match e {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+/// Attaches the fork tracepoint that grows `TREE`. Without it (format file
+/// unreadable, no tracefs) the agent only sees processes after its /proc
+/// scan found them; that is logged, not fatal.
+fn attach_fork_tracepoint(ebpf: &mut Ebpf) {
+    let offset = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|root| {
+            std::fs::read_to_string(format!("{root}/events/sched/sched_process_fork/format")).ok()
+        })
+        .and_then(|f| field_offset(&f, "child_pid"));
+    let Some(offset) = offset else {
+        tracing::warn!(
+            "sched_process_fork format not readable: ranks are seen only once /proc shows them"
+        );
+        return;
+    };
+    let result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        let mut cfg: aya::maps::Array<_, u32> =
+            aya::maps::Array::try_from(ebpf.map_mut("CONFIG").ok_or("CONFIG map missing")?)?;
+        cfg.set(0, offset, 0)?;
+        let prog: &mut aya::programs::TracePoint = ebpf
+            .program_mut("on_fork")
+            .ok_or("on_fork missing")?
+            .try_into()?;
+        prog.load()?;
+        prog.attach("sched", "sched_process_fork")?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "fork tracepoint not attached: ranks are seen only once /proc shows them");
+    }
+}
+
+/// `offset:N` of `field` in a tracepoint format file.
+fn field_offset(format: &str, field: &str) -> Option<u32> {
+    format.lines().find_map(|l| {
+        let l = l.trim();
+        let decl = l.strip_prefix("field:")?.split(';').next()?;
+        if decl.split_whitespace().last()? != field {
+            return None;
+        }
+        l.split(';')
+            .find_map(|p| p.trim().strip_prefix("offset:")?.parse().ok())
+    })
 }
 
 /// The one place that calls `UProbe::attach`: its shape changes between aya
@@ -215,17 +530,16 @@ pub(crate) fn attach_one(
     ebpf: &mut Ebpf,
     prog: &'static str,
     path: &Path,
-    symbol: &str,
+    location: UProbeAttachLocation<'_>,
     cookie: u64,
-) -> Result<(), ProgramError> {
+) -> Result<UProbeLinkId, ProgramError> {
     let program: &mut UProbe = ebpf
         .program_mut(prog)
         .ok_or(ProgramError::NotLoaded)?
         .try_into()?;
     let point = UProbeAttachPoint {
-        location: UProbeAttachLocation::Symbol(symbol),
+        location,
         cookie: Some(cookie),
     };
-    program.attach(point, path, UProbeScope::AllProcesses)?;
-    Ok(())
+    program.attach(point, path, UProbeScope::AllProcesses)
 }

@@ -12,7 +12,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, ProgramError, TracePoint, UProbe,
+        uprobe::UProbeAttachLocation, PerfEvent, ProgramError, TracePoint, UProbe,
     },
     Ebpf, EbpfError, EbpfLoader,
 };
@@ -193,8 +193,15 @@ impl StackSampler {
         if prog.fd().is_err() {
             prog.load().map_err(prog_err(LAUNCH_PROG))?;
         }
-        crate::probes::attach_one(&mut self.ebpf, LAUNCH_PROG, cudart, "cudaLaunchKernel", 0)
-            .map_err(prog_err(LAUNCH_PROG))
+        crate::probes::attach_one(
+            &mut self.ebpf,
+            LAUNCH_PROG,
+            cudart,
+            UProbeAttachLocation::Symbol("cudaLaunchKernel"),
+            0,
+        )
+        .map(|_| ())
+        .map_err(prog_err(LAUNCH_PROG))
     }
 
     /// Records entry and return of the CUDA sync calls ([`SYNC_SYMBOLS`]) in
@@ -212,8 +219,14 @@ impl StackSampler {
                 prog.load().map_err(prog_err(name))?;
             }
             for sym in SYNC_SYMBOLS {
-                crate::probes::attach_one(&mut self.ebpf, name, cudart, sym, 0)
-                    .map_err(prog_err(name))?;
+                crate::probes::attach_one(
+                    &mut self.ebpf,
+                    name,
+                    cudart,
+                    UProbeAttachLocation::Symbol(sym),
+                    0,
+                )
+                .map_err(prog_err(name))?;
             }
         }
         Ok(())

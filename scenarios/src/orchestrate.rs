@@ -2,10 +2,20 @@
 //! one `slowrank-agent` per simulated host (given that host's clock offset
 //! and drift as a test-only setting) and one coordinator are started and
 //! stopped. Without agents it starts nothing.
+//!
+//! Agent mode lays out, under the run directory:
+//! `coordinator/tls/` (the coordinator's certificate), `logs/coordinator.log`,
+//! `logs/agent-host-N.log`, and `agent-host-N.jsonl` (each agent's records
+//! as JSON lines, `--output`).
 
-use std::path::Path;
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
 
-use crate::spec::Spec;
+use crate::{libs, spec::Spec};
 
 /// What runs next to the rank processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,10 +39,34 @@ pub struct HostPlan {
 
 #[derive(Debug, thiserror::Error)]
 pub enum OrchestrateError {
-    #[error(
-        "agent mode is not wired yet: run with --no-agent (the coordinator and per-host agents will be started from scenarios/src/orchestrate.rs)"
-    )]
-    AgentModeNotWired,
+    #[error("cannot find the {0} binary next to this one or in cargo's target directory: build it (cargo build -p slowrank-agent -p slowrank-coordinator)")]
+    NoBinary(&'static str),
+    #[error("cannot start {what}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} did not get ready within {secs} s; see {log}")]
+    NotReady {
+        what: String,
+        secs: u64,
+        log: PathBuf,
+    },
+    #[error("{what} exited during start-up ({status}); see {log}")]
+    Died {
+        what: String,
+        status: std::process::ExitStatus,
+        log: PathBuf,
+    },
+    #[error("cannot prepare {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no free local UDP port for the coordinator")]
+    NoPort(#[source] std::io::Error),
 }
 
 /// The per-host plan of a spec.
@@ -47,18 +81,280 @@ pub fn host_plans(spec: &Spec) -> Vec<HostPlan> {
         .collect()
 }
 
-/// Services started for a run; stopped when dropped.
+/// Extra `slowrank serve` arguments, given the run directory. The hook for
+/// the coordinator's analyzer/report options (e.g. `--out DIR`) once serve
+/// has them; today serve only ingests.
+fn coordinator_extra_args(_run_dir: &Path) -> Vec<String> {
+    Vec::new()
+}
+
+/// A started helper process.
+#[derive(Debug)]
+struct Proc {
+    what: String,
+    child: Child,
+    /// Exists while the process is up and has work in flight (agents).
+    ready: Option<PathBuf>,
+}
+
+/// Services started for a run; stopped when dropped (agents first, so their
+/// last batches reach the coordinator).
 #[derive(Debug, Default)]
 pub struct Services {
     pub hosts: Vec<HostPlan>,
+    /// Records of host N's agent (agent mode).
+    pub agent_outputs: Vec<PathBuf>,
+    /// The coordinator's address (agent mode).
+    pub coordinator: Option<std::net::SocketAddr>,
+    agents: Vec<Proc>,
+    coordinator_proc: Option<Proc>,
 }
 
 /// Starts the coordinator and the agents (agent mode) before the ranks.
-pub fn start(spec: &Spec, _run_dir: &Path, mode: Mode) -> Result<Services, OrchestrateError> {
+pub fn start(spec: &Spec, run_dir: &Path, mode: Mode) -> Result<Services, OrchestrateError> {
+    let hosts = host_plans(spec);
     match mode {
-        Mode::JobOnly => Ok(Services {
-            hosts: host_plans(spec),
-        }),
-        Mode::WithAgents => Err(OrchestrateError::AgentModeNotWired),
+        Mode::JobOnly => {
+            let mut s = Services::default();
+            s.hosts = hosts;
+            Ok(s)
+        }
+        Mode::WithAgents => start_agents(hosts, run_dir),
+    }
+}
+
+/// A helper binary: `$SLOWRANK_AGENT_BIN` / `$SLOWRANK_COORDINATOR_BIN` when
+/// set (tests point them at what cargo just built), else next to this
+/// executable, else in cargo's target directory.
+fn binary(name: &'static str) -> Result<PathBuf, OrchestrateError> {
+    let var = match name {
+        "slowrank-agent" => "SLOWRANK_AGENT_BIN",
+        _ => "SLOWRANK_COORDINATOR_BIN",
+    };
+    if let Some(p) = std::env::var_os(var)
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+    {
+        return Ok(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join(name)))
+        .filter(|p| p.is_file())
+        .or_else(|| libs::find_binary(name))
+        .ok_or(OrchestrateError::NoBinary(name))
+}
+
+fn log_file(path: &Path) -> Result<(Stdio, Stdio), OrchestrateError> {
+    let io = |source| OrchestrateError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let f = fs::File::create(path).map_err(io)?;
+    let g = f.try_clone().map_err(io)?;
+    Ok((Stdio::from(f), Stdio::from(g)))
+}
+
+fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, OrchestrateError> {
+    let coordinator_bin = binary("slowrank")?;
+    let agent_bin = binary("slowrank-agent")?;
+    let logs = run_dir.join("logs");
+    let tls = run_dir.join("coordinator").join("tls");
+    for d in [&logs, &tls] {
+        fs::create_dir_all(d).map_err(|source| OrchestrateError::Io {
+            path: d.clone(),
+            source,
+        })?;
+    }
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map_err(OrchestrateError::NoPort)?
+        .port();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let token = format!("scenario-{}-{}", std::process::id(), port);
+    let mut services = Services::default();
+    services.hosts = hosts.clone();
+    services.coordinator = Some(addr);
+
+    let clog = logs.join("coordinator.log");
+    let (o, e) = log_file(&clog)?;
+    let child = Command::new(&coordinator_bin)
+        .arg("serve")
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--tls-dir")
+        .arg(&tls)
+        .args(coordinator_extra_args(run_dir))
+        .env("SLOWRANK_TOKEN", &token)
+        .stdout(o)
+        .stderr(e)
+        .spawn()
+        .map_err(|source| OrchestrateError::Spawn {
+            what: "the coordinator".into(),
+            source,
+        })?;
+    services.coordinator_proc = Some(Proc {
+        what: "coordinator".into(),
+        child,
+        ready: None,
+    });
+    let cert = tls.join("coordinator.crt");
+    wait_ready(
+        services.coordinator_proc.as_mut().expect("set"),
+        &cert,
+        &clog,
+        Duration::from_secs(20),
+    )?;
+    // The certificate is written before the socket is bound; agents retry
+    // their connection anyway (spool + reconnect).
+
+    let launcher = std::process::id().to_string();
+    for h in &hosts {
+        let out = run_dir.join(format!("agent-host-{}.jsonl", h.host));
+        let ready = run_dir
+            .join("sim")
+            .join(format!("agent-host-{}.ready", h.host));
+        let _ = fs::remove_file(&ready);
+        let alog = logs.join(format!("agent-host-{}.log", h.host));
+        let (o, e) = log_file(&alog)?;
+        let mut cmd = Command::new(&agent_bin);
+        cmd.arg("--coordinator")
+            .arg(addr.to_string())
+            .arg("--ca")
+            .arg(&cert)
+            .arg("--host")
+            .arg(format!("host-{}", h.host))
+            .arg(format!("--only-env=GROUP_RANK={}", h.host))
+            // This run's ranks only, not another scenario's on the machine.
+            .arg(format!(
+                "--only-env={}={}",
+                slowrank_sim::env::HUB,
+                crate::run::socket_path(run_dir).display()
+            ))
+            .arg("--output")
+            .arg(&out)
+            .arg("--watch-tree")
+            .arg(&launcher)
+            .arg("--ready-file")
+            .arg(&ready)
+            .arg(format!(
+                "--sim-clock-offset-ns={}",
+                h.clock_offset_us * 1000
+            ))
+            .arg(format!("--sim-clock-drift-ppm={}", h.clock_drift_ppm))
+            .env("SLOWRANK_TOKEN", &token)
+            .stdout(o)
+            .stderr(e);
+        // Probed from the start: the trainer dlopens them right after exec.
+        for lib in ["libnccl.so.2", "libcudart.so.12", "libibverbs.so.1"] {
+            let p = run_dir.join("lib").join(lib);
+            if p.exists() {
+                cmd.arg("--lib").arg(p);
+            }
+        }
+        // Extra agent flags for experiments, e.g. SLOWRANK_AGENT_ARGS=--deep.
+        if let Ok(extra) = std::env::var("SLOWRANK_AGENT_ARGS") {
+            cmd.args(extra.split_whitespace());
+        }
+        let child = cmd.spawn().map_err(|source| OrchestrateError::Spawn {
+            what: format!("the agent of host {}", h.host),
+            source,
+        })?;
+        let mut proc = Proc {
+            what: format!("agent of host {}", h.host),
+            child,
+            ready: Some(ready.clone()),
+        };
+        wait_ready(&mut proc, &ready, &alog, Duration::from_secs(60))?;
+        services.agents.push(proc);
+        services.agent_outputs.push(out);
+    }
+    tracing::info!(coordinator = %addr, agents = hosts.len(), "agent mode: coordinator and agents started");
+    Ok(services)
+}
+
+fn wait_ready(
+    p: &mut Proc,
+    file: &Path,
+    log: &Path,
+    limit: Duration,
+) -> Result<(), OrchestrateError> {
+    let t0 = Instant::now();
+    loop {
+        if file.exists() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = p.child.try_wait() {
+            return Err(OrchestrateError::Died {
+                what: p.what.clone(),
+                status,
+                log: log.to_owned(),
+            });
+        }
+        if t0.elapsed() > limit {
+            stop(p, Duration::ZERO);
+            return Err(OrchestrateError::NotReady {
+                what: p.what.clone(),
+                secs: limit.as_secs(),
+                log: log.to_owned(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGINT (both binaries flush and exit on it), then SIGKILL after `grace`.
+fn stop(p: &mut Proc, grace: Duration) {
+    if let Ok(Some(_)) = p.child.try_wait() {
+        return;
+    }
+    // SAFETY: signalling a child we started and have not reaped.
+    unsafe { libc::kill(p.child.id() as i32, libc::SIGINT) };
+    let t0 = Instant::now();
+    while t0.elapsed() < grace {
+        if let Ok(Some(_)) = p.child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+    tracing::warn!("{} did not stop in time; killed", p.what);
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        // Agents flush their last batch and drain the uplink (≤ 10 s).
+        for p in &mut self.agents {
+            // SAFETY: signalling a child we started and have not reaped.
+            unsafe { libc::kill(p.child.id() as i32, libc::SIGINT) };
+        }
+        // An agent removes its ready file once its last batch is shipped;
+        // its exit (detaching every uprobe) can take seconds more and is
+        // left to a reaper thread.
+        let t0 = Instant::now();
+        for mut p in std::mem::take(&mut self.agents) {
+            while t0.elapsed() < Duration::from_secs(20)
+                && p.ready.as_ref().is_some_and(|f| f.exists())
+                && !matches!(p.child.try_wait(), Ok(Some(_)))
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if p.ready.as_ref().is_some_and(|f| f.exists()) {
+                stop(&mut p, Duration::ZERO);
+            } else {
+                std::thread::spawn(move || {
+                    let _ = p.child.wait();
+                });
+            }
+        }
+        if let Some(p) = self.coordinator_proc.as_mut() {
+            let t0 = Instant::now();
+            stop(p, Duration::from_secs(10));
+            tracing::info!(
+                "coordinator stopped after {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
     }
 }

@@ -94,7 +94,7 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RunErro
 }
 
 /// Unix socket paths are limited to 108 bytes.
-fn socket_path(out: &Path) -> PathBuf {
+pub(crate) fn socket_path(out: &Path) -> PathBuf {
     let p = out.join("sim").join("hub.sock");
     if p.as_os_str().len() < 100 {
         p

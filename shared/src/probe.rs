@@ -69,6 +69,82 @@ pub mod counter {
     pub const RINGBUF_DROPS: u32 = 0;
     /// Hits from processes the agent does not follow (filtered in-kernel).
     pub const UNFOLLOWED_HITS: u32 = 1;
+    /// Processes whose CUDA counters found `CUDA_COUNTS` full.
+    pub const COUNTS_FULL: u32 = 2;
+    /// Out-pointer reads (`ncclComm_t*` at init/split return) that failed.
+    pub const OUT_READ_FAILED: u32 = 3;
     /// Number of counters.
-    pub const COUNT: u32 = 2;
+    pub const COUNT: u32 = 4;
+}
+
+/// Stack words captured by the `call_entry_stack` program: arguments passed
+/// in memory (a by-value `ncclUniqueId` is 128 bytes; the 7th and 8th
+/// integer arguments of `ncclAllReduce`/`ncclReduce`) start at `rsp + 8`.
+pub const STACK_WORDS: usize = 16;
+
+/// An entry event with the first stack words and the process's launch count
+/// at that moment (so the agent can say how many kernels were launched
+/// before a collective without one event per launch).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackEvent {
+    pub call: CallEvent,
+    /// Sum of the launch counters of this process when the call was entered.
+    pub launches: u64,
+    pub stack: [u64; STACK_WORDS],
+}
+
+/// Size of [`StackEvent`] in the ring buffer.
+pub const STACK_EVENT_SIZE: usize = CALL_EVENT_SIZE + 8 + 8 * STACK_WORDS;
+const _: () = assert!(core::mem::size_of::<StackEvent>() == STACK_EVENT_SIZE);
+
+impl StackEvent {
+    /// Reads an event from ring-buffer bytes; `None` when the length is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != STACK_EVENT_SIZE {
+            return None;
+        }
+        // SAFETY: as for CallEvent: length checked, plain integers.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<StackEvent>()) })
+    }
+}
+
+/// Attach-cookie layout: the low 32 bits are the probe id; bits 32..40 hold
+/// `1 + index` of an out-pointer argument (`ncclComm_t*`) whose target the
+/// return probe reads and reports in `args[0]`, or 0 for none; for
+/// `count_call` bits 40..48 hold the [`cuda_count`] class.
+pub mod cookie {
+    pub const OUT_ARG_SHIFT: u64 = 32;
+    pub const CLASS_SHIFT: u64 = 40;
+    pub fn probe_id(cookie: u64) -> u32 {
+        cookie as u32
+    }
+    pub fn out_arg(cookie: u64) -> Option<usize> {
+        match (cookie >> OUT_ARG_SHIFT) & 0xff {
+            0 => None,
+            n => Some(n as usize - 1),
+        }
+    }
+    pub fn class(cookie: u64) -> u32 {
+        ((cookie >> CLASS_SHIFT) & 0xff) as u32
+    }
+}
+
+/// Classes of CUDA runtime calls counted in the kernel, per process, by the
+/// `count_call` program (one slot each in a [`CudaCounts`]).
+pub mod cuda_count {
+    pub const LAUNCH: u32 = 0;
+    pub const GRAPH_LAUNCH: u32 = 1;
+    pub const MEMCPY: u32 = 2;
+    pub const MALLOC: u32 = 3;
+    pub const FREE: u32 = 4;
+    /// Slots in [`super::CudaCounts`].
+    pub const SLOTS: usize = 8;
+}
+
+/// Per-process call counters (`CUDA_COUNTS` map value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaCounts {
+    pub counts: [u64; cuda_count::SLOTS],
 }

@@ -1,0 +1,533 @@
+//! The agent's core loop pieces, without I/O policy: discover ranks, attach
+//! the probe sets to their libraries, drain and fold events, and cut what
+//! was folded into a [`Batch`]. `main.rs` drives it on timers; `doctor` and
+//! the tests drive it directly.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
+
+use slowrank_shared::{
+    probe::CallKind,
+    wire::{Batch, CallRecord},
+};
+
+use crate::{
+    catalog::{self, Role},
+    clock::{self, HostClock},
+    commlayout::{self, CommLayout},
+    discover::{self, DiscoverError, LibKind, Scanner},
+    fold::{FoldDrops, Folder, Limits},
+    probes::{ProbeError, Probes, RawEvent},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error(transparent)]
+    Discover(#[from] DiscoverError),
+}
+
+/// How one function of one library fared.
+#[derive(Debug, Clone)]
+pub struct SymbolStatus {
+    pub symbol: &'static str,
+    /// Probe id, or why it is not attached.
+    pub result: Result<u32, String>,
+}
+
+/// A library file the agent found and what it attached there.
+#[derive(Debug, Clone)]
+pub struct LibStatus {
+    pub kind: LibKind,
+    pub path: PathBuf,
+    pub symbols: Vec<SymbolStatus>,
+    /// Pids that map it (from /proc/PID/maps), as last seen.
+    pub mapped_by: Vec<u32>,
+}
+
+/// Splits given up on after this many polls (5 ms each) without an answer.
+const SPLIT_TRIES: u32 = 2000;
+
+pub struct Agent {
+    probes: Probes,
+    scanner: Scanner,
+    folder: Folder,
+    clock: HostClock,
+    libs: BTreeMap<PathBuf, LibStatus>,
+    layout: CommLayout,
+    split_tries: HashMap<(u32, u64), u32>,
+    /// Raw calls of user-given `--probe` functions.
+    calls: Vec<CallRecord>,
+    generic: Vec<bool>,
+    events: Vec<RawEvent>,
+    bad_events: u64,
+    /// Entry events seen per probe id (doctor).
+    hits: Vec<u64>,
+    scans: u64,
+    seq: u64,
+    /// Provider functions found through `ibv_context.ops`: (file, offset,
+    /// role) → probe id while attached.
+    deep_targets: BTreeMap<(PathBuf, u64, DeepFn), Option<u32>>,
+    deep: Deep,
+}
+
+/// Which provider function a deep target is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DeepFn {
+    PostSend,
+    PollCq,
+}
+
+/// Whether the deep probe set is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deep {
+    Off,
+    On,
+    Until(std::time::Instant),
+}
+
+impl Agent {
+    pub fn new(probes: Probes, scanner: Scanner, clock: HostClock, limits: Limits) -> Self {
+        Self {
+            probes,
+            scanner,
+            folder: Folder::new(clock, limits),
+            clock,
+            libs: BTreeMap::new(),
+            layout: CommLayout::default(),
+            split_tries: HashMap::new(),
+            calls: Vec::new(),
+            generic: Vec::new(),
+            events: Vec::new(),
+            bad_events: 0,
+            hits: Vec::new(),
+            scans: 0,
+            seq: 0,
+            deep_targets: BTreeMap::new(),
+            deep: Deep::Off,
+        }
+    }
+
+    pub fn probes_mut(&mut self) -> &mut Probes {
+        &mut self.probes
+    }
+
+    pub fn scanner_mut(&mut self) -> &mut Scanner {
+        &mut self.scanner
+    }
+
+    pub fn libs(&self) -> impl Iterator<Item = &LibStatus> {
+        self.libs.values()
+    }
+
+    pub fn ranks(&self) -> impl Iterator<Item = &discover::Rank> {
+        self.scanner.ranks()
+    }
+
+    pub fn drops(&self) -> FoldDrops {
+        self.folder.drops()
+    }
+
+    /// Attaches a user-given generic probe (raw calls shipped as-is).
+    pub fn attach_generic(&mut self, path: &Path, symbol: &str) -> Result<u32, ProbeError> {
+        let id = self.probes.attach(path, symbol)?;
+        self.folder.set_role(id, Role::Generic);
+        self.mark_generic(id, true);
+        Ok(id)
+    }
+
+    fn mark_generic(&mut self, id: u32, g: bool) {
+        let i = id as usize;
+        if self.generic.len() <= i {
+            self.generic.resize(i + 1, false);
+        }
+        self.generic[i] = g;
+    }
+
+    /// One discovery pass: new ranks are followed and their libraries
+    /// probed; ranks that went away are unfollowed and reported; libraries
+    /// mapped since the last pass (dlopen) are probed.
+    pub fn scan(&mut self) -> Result<(), AgentError> {
+        let now = clock::mono_ns();
+        let changes = self.scanner.scan(now)?;
+        self.folder.expire_limbo(now);
+        for pid in changes.foreign {
+            self.probes.unwatch(pid)?;
+            self.folder.forget_limbo(pid);
+        }
+        self.scans += 1;
+        if self.scans.is_multiple_of(20) {
+            self.probes
+                .prune_tree(&|pid| Path::new(&format!("/proc/{pid}")).exists())?;
+        }
+        if !changes.gone.is_empty() {
+            // Their final launch counts, before the counters are forgotten.
+            self.poll();
+            let counts = self.probes.cuda_counts()?;
+            self.folder.launch_counts(&counts);
+        }
+        for r in changes.gone {
+            let pid = r.identity.pid;
+            self.probes.unfollow(pid)?;
+            self.probes.forget_counts(pid)?;
+            self.folder.remove_rank(pid, now);
+            tracing::info!(pid, rank = r.identity.rank, "rank process ended");
+        }
+        for r in changes.new {
+            let id = &r.identity;
+            tracing::info!(
+                pid = id.pid,
+                rank = id.rank,
+                local_rank = id.local_rank,
+                restart = id.restart_count,
+                "found rank process"
+            );
+            self.probes.follow(id.pid, Some(id.rank))?;
+            self.folder.add_rank(id.clone(), now);
+            // Before the job dlopens them: the files its loader will find.
+            for (kind, path) in discover::library_path_libs(&r.lib_dirs) {
+                self.attach_lib(kind, &path);
+            }
+        }
+        let pids: Vec<u32> = self.scanner.ranks().map(|r| r.identity.pid).collect();
+        for lib in self.libs.values_mut() {
+            lib.mapped_by.clear();
+        }
+        for pid in pids {
+            for (kind, path) in discover::mapped_libs(pid) {
+                self.attach_lib(kind, &path);
+                if let Some(l) = self.libs.get_mut(&path) {
+                    l.mapped_by.push(pid);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Probes a library file before any rank maps it (`--lib`); an error
+    /// when the name is not one the agent knows.
+    pub fn preattach(&mut self, path: &Path) -> Result<(), String> {
+        let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let kind = LibKind::of(path)
+            .or_else(|| LibKind::of(&real))
+            .ok_or_else(|| {
+                format!(
+                    "{}: not a library the agent probes (libnccl.so*, libcudart.so*)",
+                    path.display()
+                )
+            })?;
+        self.attach_lib(kind, &real);
+        Ok(())
+    }
+
+    /// Attaches the default probe set of a library file once.
+    fn attach_lib(&mut self, kind: LibKind, path: &Path) {
+        if self.libs.contains_key(path) {
+            return;
+        }
+        let exported = match catalog::exported(path) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the library's symbols");
+                Vec::new()
+            }
+        };
+        let mut symbols = Vec::new();
+        for spec in catalog::default_set(kind) {
+            let result = if !exported.iter().any(|s| s == spec.symbol) {
+                Err("not exported by this library".to_owned())
+            } else {
+                match self.probes.attach_as(path, spec.symbol, spec.how) {
+                    Ok(id) => {
+                        self.folder.set_role(id, spec.role);
+                        self.mark_generic(id, false);
+                        Ok(id)
+                    }
+                    Err(e) => {
+                        let msg = error_chain(&e);
+                        tracing::warn!(symbol = spec.symbol, path = %path.display(), error = %msg, "attach failed");
+                        Err(msg)
+                    }
+                }
+            };
+            symbols.push(SymbolStatus {
+                symbol: spec.symbol,
+                result,
+            });
+        }
+        let attached = symbols.iter().filter(|s| s.result.is_ok()).count();
+        tracing::info!(path = %path.display(), ?kind, attached, "probed library");
+        self.libs.insert(
+            path.to_owned(),
+            LibStatus {
+                kind,
+                path: path.to_owned(),
+                symbols,
+                mapped_by: Vec::new(),
+            },
+        );
+    }
+
+    /// Drains the ring buffer into the fold. Cheap; call often.
+    pub fn poll(&mut self) {
+        let (_, bad) = self.probes.drain_raw(&mut self.events);
+        self.bad_events += bad as u64;
+        let mut events = std::mem::take(&mut self.events);
+        events.retain(|e| {
+            let c = e.call();
+            if CallKind::from_raw(c.kind) == Some(CallKind::Entry) {
+                let i = c.probe as usize;
+                if self.hits.len() <= i {
+                    self.hits.resize(i + 1, 0);
+                }
+                self.hits[i] += 1;
+            }
+            if self.generic.get(c.probe as usize).copied().unwrap_or(false) {
+                self.calls.push(CallRecord {
+                    ts_ns: self.clock.map(c.ts_ns),
+                    pid: c.pid,
+                    tid: c.tid,
+                    probe: c.probe,
+                    is_return: CallKind::from_raw(c.kind) == Some(CallKind::Return),
+                    args: c.args,
+                    ret: c.ret,
+                });
+                false
+            } else {
+                true
+            }
+        });
+        self.folder.feed(&mut events);
+        events.clear();
+        self.events = events;
+        self.resolve_splits(false);
+        self.find_provider_functions();
+        if let Deep::Until(t) = self.deep {
+            if std::time::Instant::now() >= t {
+                self.set_deep(Deep::Off);
+            }
+        }
+    }
+
+    /// Switches the deep probe set (the verbs provider's post_send/poll_cq)
+    /// on, off, or on until a deadline. Attaching and detaching uprobes is
+    /// slow (a kernel synchronisation each), so windows should be seconds,
+    /// not milliseconds.
+    pub fn set_deep(&mut self, deep: Deep) {
+        self.deep = deep;
+        let on = deep != Deep::Off;
+        let keys: Vec<(PathBuf, u64, DeepFn)> = self.deep_targets.keys().cloned().collect();
+        for key in keys {
+            let attached = self.deep_targets[&key];
+            match (on, attached) {
+                (true, None) => {
+                    let (how, role) = match key.2 {
+                        DeepFn::PostSend => (crate::probes::Attach::VerbsPostSend, Role::PostSend),
+                        DeepFn::PollCq => (crate::probes::Attach::VerbsPollCq, Role::PollCq),
+                    };
+                    match self.probes.attach_offset(&key.0, key.1, how) {
+                        Ok(id) => {
+                            self.folder.set_role(id, role);
+                            self.mark_generic(id, false);
+                            tracing::info!(path = %key.0.display(), offset = key.1, func = ?key.2, probe = id, "deep probe attached");
+                            self.deep_targets.insert(key, Some(id));
+                        }
+                        Err(e) => {
+                            tracing::warn!(path = %key.0.display(), offset = key.1, error = %error_chain(&e), "deep probe not attached")
+                        }
+                    }
+                }
+                (false, Some(id)) => {
+                    self.probes.detach(id);
+                    self.deep_targets.insert(key, None);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Opens a deep window of `dur` from now (the control stream's entry
+    /// point; `--deep` keeps it open for good).
+    pub fn open_deep_window(&mut self, dur: std::time::Duration) {
+        self.set_deep(Deep::Until(std::time::Instant::now() + dur));
+    }
+
+    /// Deep targets found so far: (file, offset, function, attached probe).
+    pub fn deep_targets(&self) -> Vec<(PathBuf, u64, DeepFn, Option<u32>)> {
+        self.deep_targets
+            .iter()
+            .map(|((p, o, f), id)| (p.clone(), *o, *f, *id))
+            .collect()
+    }
+
+    /// QPs of `pid` mapped to a peer (qp_num, dest_qp_num, dlid).
+    pub fn qp_peers(&self, pid: u32) -> Vec<(u32, u32, u16)> {
+        self.folder.qp_peers(pid)
+    }
+
+    /// Reads the ops table of every newly opened verbs context (Trap 2:
+    /// `ibv_post_send`/`ibv_poll_cq` are inline and jump through it) and
+    /// turns the function pointers into (file, offset) targets.
+    fn find_provider_functions(&mut self) {
+        let contexts = self.folder.take_contexts();
+        if contexts.is_empty() {
+            return;
+        }
+        let mut added = false;
+        for (pid, ctx) in contexts {
+            for (off, func) in [
+                (catalog::CTX_POST_SEND_OFF, DeepFn::PostSend),
+                (catalog::CTX_POLL_CQ_OFF, DeepFn::PollCq),
+            ] {
+                let Some(addr) = commlayout::read_object(pid, ctx + off).and_then(|b| {
+                    b.get(..8)
+                        .map(|w| u64::from_le_bytes(w.try_into().expect("8")))
+                }) else {
+                    tracing::warn!(pid, ctx, "cannot read the verbs context's ops table");
+                    continue;
+                };
+                match discover::file_offset(pid, addr) {
+                    Some((path, offset)) => {
+                        if !self
+                            .deep_targets
+                            .contains_key(&(path.clone(), offset, func))
+                        {
+                            tracing::info!(pid, path = %path.display(), offset, ?func, "verbs provider function found through ibv_context.ops");
+                            self.deep_targets.insert((path, offset, func), None);
+                            added = true;
+                        }
+                    }
+                    None => tracing::warn!(pid, addr, "provider function not in a mapped file"),
+                }
+            }
+        }
+        if added && self.deep != Deep::Off {
+            self.set_deep(self.deep);
+        }
+    }
+
+    /// Learns the communicator layout from new inits and completes pending
+    /// splits. Objects are read while the process is surely alive (right
+    /// after the call); `last` gives up on what is still ambiguous.
+    fn resolve_splits(&mut self, last: bool) {
+        for (pid, ptr, rank, nranks) in self.folder.take_inits() {
+            self.layout.learn(pid, ptr, rank, nranks);
+        }
+        type Done = (u32, u64, Option<(u32, u32)>);
+        let mut done: Vec<Done> = Vec::new();
+        for s in self.folder.pending_splits().iter_mut() {
+            if s.snapshot.is_none() {
+                s.snapshot = commlayout::read_object(s.pid, s.comm_ptr);
+                if s.snapshot.is_none() {
+                    tracing::debug!(
+                        pid = s.pid,
+                        ptr = s.comm_ptr,
+                        "cannot read a split communicator object"
+                    );
+                }
+            }
+            let found = s.snapshot.as_deref().and_then(|m| self.layout.decode(m));
+            let t = self.split_tries.entry((s.pid, s.comm_ptr)).or_insert(0);
+            *t += 1;
+            if found.is_some() || last || *t >= SPLIT_TRIES {
+                done.push((s.pid, s.comm_ptr, found));
+            }
+        }
+        for (pid, ptr, found) in done {
+            self.split_tries.remove(&(pid, ptr));
+            if found.is_none() {
+                tracing::warn!(pid, ptr, candidates = ?self.layout.candidates(), "cannot tell a split communicator's members; its collectives will be unknown to the coordinator");
+            }
+            self.folder.resolve_split(pid, ptr, found);
+        }
+    }
+
+    /// Before the last cut: splits still ambiguous are given up (counted).
+    pub fn finish(&mut self) {
+        self.poll();
+        self.resolve_splits(true);
+    }
+
+    /// Folds what is pending and cuts a batch (None when there is nothing
+    /// to say). `close_interval` also closes the per-rank interval counters.
+    pub fn cut(
+        &mut self,
+        host: &str,
+        agent_id: &str,
+        close_interval: bool,
+        spool_drops: u64,
+    ) -> Result<Option<Batch>, AgentError> {
+        self.poll();
+        let counts = self.probes.cuda_counts()?;
+        self.folder.launch_counts(&counts);
+        if close_interval {
+            self.folder.close_intervals(clock::mono_ns());
+        }
+        let folded = self.folder.take();
+        if folded.is_empty() && self.calls.is_empty() {
+            return Ok(None);
+        }
+        let counters = self.probes.counters()?;
+        let now = clock::mono_ns();
+        let batch = Batch {
+            host: host.to_owned(),
+            agent_id: agent_id.to_owned(),
+            seq: self.seq,
+            mono_ns: self.clock.map(now),
+            wall_ns: clock::wall_ns(),
+            ranks: folded.ranks,
+            exits: folded.exits,
+            comms: folded.comms,
+            collectives: folded.collectives,
+            intervals: folded.intervals,
+            links: folded.links,
+            probes: if self.calls.is_empty() {
+                Vec::new()
+            } else {
+                self.probes.descs().to_vec()
+            },
+            calls: std::mem::take(&mut self.calls),
+            ringbuf_drops: counters.ringbuf_drops,
+            spool_drops,
+            stacks: Vec::new(),
+        };
+        self.seq += 1;
+        Ok(Some(batch))
+    }
+
+    /// Kernel-side counters (drops, unfollowed hits).
+    pub fn counters(&self) -> Result<crate::probes::Counters, ProbeError> {
+        self.probes.counters()
+    }
+
+    /// Entry events seen for probe `id` (counted probes: see `cuda_counts`).
+    pub fn hits(&self, id: u32) -> u64 {
+        self.hits.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Per-process in-kernel CUDA counters.
+    pub fn cuda_counts(
+        &self,
+    ) -> Result<Vec<(u32, [u64; slowrank_shared::probe::cuda_count::SLOTS])>, ProbeError> {
+        self.probes.cuda_counts()
+    }
+
+    /// Ring-buffer records of an unexpected size (kernel/user mismatch).
+    pub fn bad_events(&self) -> u64 {
+        self.bad_events
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}

@@ -1,0 +1,925 @@
+//! Raw probe events → per-collective records and per-interval counters.
+//!
+//! Per rank process the fold keeps: the `ncclComm_t` → communicator map
+//! (learned at init/split return), a sequence counter per communicator (so
+//! `(comm_id, seq)` names one instance on every member: members issue the
+//! same operations in the same order), the calls in flight per thread, the
+//! sync wait and launch count since the previous collective, and the
+//! interval counters. All state is bounded; what does not fit is dropped and
+//! counted in [`FoldDrops`]. Every time leaving the fold goes through the
+//! agent's [`HostClock`].
+
+use std::collections::HashMap;
+
+use slowrank_shared::{
+    probe::{cuda_count, CallKind, STACK_WORDS},
+    wire::{
+        CollOp, CollectiveRecord, CommRecord, LinkRecord, RankExit, RankIdentity, RankInterval,
+    },
+};
+
+use crate::{
+    catalog::{dtype_size, CollArgs, Loc, Role},
+    clock::HostClock,
+    probes::RawEvent,
+};
+
+/// Bounds on per-process state.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Calls in flight per process (entries waiting for their return).
+    pub open_calls: usize,
+    /// Communicators per process.
+    pub comms: usize,
+    /// Records waiting to be shipped (over all processes).
+    pub pending_records: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            open_calls: 4096,
+            comms: 1024,
+            pending_records: 1 << 18,
+        }
+    }
+}
+
+/// What the fold had to drop, since the agent started.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FoldDrops {
+    /// Entries evicted because too many calls were in flight.
+    pub open_calls: u64,
+    /// Returns without a matching entry (entry lost or before attach).
+    pub orphan_returns: u64,
+    /// Collectives on a communicator whose creation was not seen.
+    pub unknown_comm: u64,
+    /// Communicators not tracked because a process had too many.
+    pub comms: u64,
+    /// Records dropped because the outgoing queue was full.
+    pub records: u64,
+    /// Split communicators whose member position could not be determined.
+    pub split_unresolved: u64,
+    /// Verbs posts forgotten unmatched (table full) or QPs not tracked.
+    pub verbs: u64,
+    /// Events of not-yet-classified processes dropped because the holding
+    /// area was full.
+    pub limbo: u64,
+}
+
+/// Events held per not-yet-classified process, and such processes at most.
+const LIMBO_EVENTS: usize = 16384;
+const LIMBO_PIDS: usize = 256;
+/// How long events of an unclassified process are kept (ns).
+const LIMBO_NS: u64 = 5_000_000_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    ts: u64,
+    args: [u64; 6],
+    stack: [u64; STACK_WORDS],
+    launches: u64,
+    has_stack: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Comm {
+    id: u64,
+    seq: u64,
+    /// `ncclCommSplit` calls made on this communicator so far (a split is
+    /// collective over the parent, so the n-th split is the same on every
+    /// member).
+    splits: u64,
+}
+
+/// A split whose member position is not known yet; see [`Folder::resolve_split`].
+#[derive(Debug, Clone)]
+pub struct SplitPending {
+    pub pid: u32,
+    pub comm_ptr: u64,
+    pub record: CommRecord,
+    /// The communicator object's bytes, read right after the split returned.
+    pub snapshot: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct Proc {
+    rank: u32,
+    comms: HashMap<u64, Comm>,
+    open: HashMap<(u32, u32), Vec<Open>>,
+    open_count: usize,
+    /// Per thread: collectives issued inside ncclGroupStart/End, finished
+    /// when the outermost group ends (that is when NCCL really launches).
+    group_depth: HashMap<u32, u32>,
+    grouped: HashMap<u32, Vec<CollectiveRecord>>,
+    sync_wait_since_coll: u64,
+    launches_at_last_coll: u64,
+    // Interval accumulators.
+    iv_start: u64,
+    iv_sync_calls: u64,
+    iv_sync_wait: u64,
+    iv_launches_base: u64,
+    last_launches: u64,
+    /// Per QP number (deep set): peer and traffic this interval.
+    qps: HashMap<u32, Qp>,
+    /// Posts waiting for their completion: (qp_num, wr_id) → post time.
+    posted: HashMap<(u32, u64), u64>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Qp {
+    dest_qp_num: u32,
+    dlid: u16,
+    posts: u64,
+    completions: u64,
+    bytes: u64,
+    post_to_completion_ns: u64,
+}
+
+/// Posts awaiting completion, per process, and QPs per process.
+const POSTED_MAX: usize = 65536;
+const QPS_MAX: usize = 4096;
+/// `IBV_QP_DEST_QPN` in `ibv_modify_qp`'s mask.
+const IBV_QP_DEST_QPN: u64 = 1 << 20;
+/// Completions the kernel program reports individually per poll_cq return
+/// (`WC_PER_POLL` in node-agent-ebpf).
+const WC_PER_POLL: u64 = 16;
+
+/// Output of the fold, taken by the batch cutter.
+#[derive(Debug, Default)]
+pub struct Folded {
+    pub ranks: Vec<RankIdentity>,
+    pub exits: Vec<RankExit>,
+    pub comms: Vec<CommRecord>,
+    pub collectives: Vec<CollectiveRecord>,
+    pub intervals: Vec<RankInterval>,
+    pub links: Vec<LinkRecord>,
+}
+
+impl Folded {
+    pub fn is_empty(&self) -> bool {
+        self.ranks.is_empty()
+            && self.exits.is_empty()
+            && self.comms.is_empty()
+            && self.collectives.is_empty()
+            && self.intervals.is_empty()
+            && self.links.is_empty()
+    }
+}
+
+/// The per-host fold.
+#[derive(Debug)]
+pub struct Folder {
+    clock: HostClock,
+    limits: Limits,
+    /// Probe id → role.
+    roles: Vec<Role>,
+    procs: HashMap<u32, Proc>,
+    out: Folded,
+    drops: FoldDrops,
+    splits: Vec<SplitPending>,
+    /// (pid, comm object, rank, nranks) of communicators made by init, as
+    /// evidence for [`crate::commlayout::CommLayout`].
+    inits: Vec<(u32, u64, u32, u32)>,
+    /// Events from processes in the watched tree that the /proc scan has not
+    /// classified yet: replayed when one turns out to be a rank.
+    limbo: HashMap<u32, (u64, Vec<RawEvent>)>,
+    /// (pid, `ibv_context*`) returned by `ibv_open_device`, for the agent to
+    /// find the provider's functions.
+    contexts: Vec<(u32, u64)>,
+}
+
+impl Folder {
+    pub fn new(clock: HostClock, limits: Limits) -> Self {
+        Self {
+            clock,
+            limits,
+            roles: Vec::new(),
+            procs: HashMap::new(),
+            out: Folded::default(),
+            drops: FoldDrops::default(),
+            splits: Vec::new(),
+            inits: Vec::new(),
+            limbo: HashMap::new(),
+            contexts: Vec::new(),
+        }
+    }
+
+    /// Tells the fold what probe `id` is (ids are dense, in attach order).
+    pub fn set_role(&mut self, id: u32, role: Role) {
+        let i = id as usize;
+        if self.roles.len() <= i {
+            self.roles.resize(i + 1, Role::Generic);
+        }
+        self.roles[i] = role;
+    }
+
+    pub fn drops(&self) -> FoldDrops {
+        self.drops
+    }
+
+    /// A rank process to follow; `now_raw` is raw CLOCK_MONOTONIC.
+    pub fn add_rank(&mut self, mut id: RankIdentity, now_raw: u64) {
+        id.seen_ns = self.clock.map(now_raw);
+        self.procs.insert(
+            id.pid,
+            Proc {
+                rank: id.rank,
+                comms: HashMap::new(),
+                open: HashMap::new(),
+                open_count: 0,
+                group_depth: HashMap::new(),
+                grouped: HashMap::new(),
+                sync_wait_since_coll: 0,
+                launches_at_last_coll: 0,
+                iv_start: now_raw,
+                iv_sync_calls: 0,
+                iv_sync_wait: 0,
+                iv_launches_base: 0,
+                last_launches: 0,
+                qps: HashMap::new(),
+                posted: HashMap::new(),
+            },
+        );
+        let pid = id.pid;
+        self.out.ranks.push(id);
+        if let Some((_, held)) = self.limbo.remove(&pid) {
+            for ev in &held {
+                self.one(ev);
+            }
+        }
+    }
+
+    /// Drops held events of a process that is not ours.
+    pub fn forget_limbo(&mut self, pid: u32) {
+        self.limbo.remove(&pid);
+    }
+
+    /// Forgets held events of processes that were not classified as ranks
+    /// within the holding time.
+    pub fn expire_limbo(&mut self, now_raw: u64) {
+        self.limbo
+            .retain(|_, (first, _)| now_raw.saturating_sub(*first) < LIMBO_NS);
+    }
+
+    /// A followed rank process ended (seen at raw time `now_raw`).
+    pub fn remove_rank(&mut self, pid: u32, now_raw: u64) {
+        self.limbo.remove(&pid);
+        if self.procs.contains_key(&pid) {
+            // The rank's last, partial interval.
+            self.close_interval(pid, now_raw);
+        }
+        if let Some(p) = self.procs.remove(&pid) {
+            // Splits with a snapshot can still be resolved; others cannot.
+            let before = self.splits.len();
+            self.splits.retain(|s| s.pid != pid || s.snapshot.is_some());
+            let lost = before - self.splits.len();
+            if lost > 0 {
+                tracing::warn!(
+                    pid,
+                    lost,
+                    "rank exited before its split communicators could be read"
+                );
+            }
+            self.drops.split_unresolved += lost as u64;
+            self.out.exits.push(RankExit {
+                pid,
+                rank: p.rank,
+                exit_ns: self.clock.map(now_raw),
+            });
+        }
+    }
+
+    /// Folds events (any order; they are sorted by time here).
+    pub fn feed(&mut self, events: &mut [RawEvent]) {
+        events.sort_by_key(|e| e.call().ts_ns);
+        for ev in events.iter() {
+            self.one(ev);
+        }
+    }
+
+    fn one(&mut self, ev: &RawEvent) {
+        let c = ev.call();
+        let Some(role) = self.roles.get(c.probe as usize).copied() else {
+            return;
+        };
+        let Some(p) = self.procs.get_mut(&c.pid) else {
+            if !self.limbo.contains_key(&c.pid) && self.limbo.len() >= LIMBO_PIDS {
+                self.drops.limbo += 1;
+                return;
+            }
+            let (_, held) = self
+                .limbo
+                .entry(c.pid)
+                .or_insert_with(|| (c.ts_ns, Vec::new()));
+            if held.len() >= LIMBO_EVENTS {
+                self.drops.limbo += 1;
+            } else {
+                held.push(*ev);
+            }
+            return;
+        };
+        let key = (c.tid, c.probe);
+        match role {
+            Role::ModifyQp => {
+                if p.qps.len() >= QPS_MAX && !p.qps.contains_key(&(c.args[1] as u32)) {
+                    self.drops.verbs += 1;
+                    return;
+                }
+                if c.args[2] & IBV_QP_DEST_QPN != 0 {
+                    let q = p.qps.entry(c.args[1] as u32).or_default();
+                    q.dest_qp_num = c.args[3] as u32;
+                    q.dlid = c.args[4] as u16;
+                }
+                return;
+            }
+            Role::PostSend => {
+                let qpn = c.args[1] as u32;
+                if p.qps.len() >= QPS_MAX && !p.qps.contains_key(&qpn) {
+                    self.drops.verbs += 1;
+                    return;
+                }
+                let q = p.qps.entry(qpn).or_default();
+                q.posts += 1;
+                q.bytes += c.args[2];
+                if p.posted.len() >= POSTED_MAX {
+                    p.posted.clear();
+                    self.drops.verbs += POSTED_MAX as u64;
+                }
+                p.posted.insert((qpn, c.args[3]), c.ts_ns);
+                return;
+            }
+            Role::PollCq => {
+                let qpn = c.args[1] as u32;
+                // The kernel reports the first WC_PER_POLL completions of a
+                // poll one by one; the rest are counted on the last one's QP.
+                let extra = if c.args[5] + 1 == WC_PER_POLL {
+                    c.args[4].saturating_sub(WC_PER_POLL)
+                } else {
+                    0
+                };
+                if let Some(q) = p.qps.get_mut(&qpn) {
+                    q.completions += 1 + extra;
+                    if let Some(t) = p.posted.remove(&(qpn, c.args[0])) {
+                        q.post_to_completion_ns += c.ts_ns.saturating_sub(t);
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
+        match CallKind::from_raw(c.kind) {
+            Some(CallKind::Entry) => {
+                if p.open_count >= self.limits.open_calls {
+                    // Evict everything open on the busiest key: it is the
+                    // one most likely to have lost its returns.
+                    if let Some(k) = p.open.iter().max_by_key(|(_, v)| v.len()).map(|(k, _)| *k) {
+                        let n = p.open.remove(&k).map_or(0, |v| v.len());
+                        p.open_count -= n;
+                        self.drops.open_calls += n as u64;
+                    }
+                }
+                let (stack, launches, has_stack) = match ev {
+                    RawEvent::Stack(s) => (s.stack, s.launches, true),
+                    RawEvent::Call(_) => ([0; STACK_WORDS], 0, false),
+                };
+                p.open.entry(key).or_default().push(Open {
+                    ts: c.ts_ns,
+                    args: c.args,
+                    stack,
+                    launches,
+                    has_stack,
+                });
+                p.open_count += 1;
+                if role == Role::GroupStart {
+                    *p.group_depth.entry(c.tid).or_insert(0) += 1;
+                }
+            }
+            Some(CallKind::Return) => {
+                let Some(open) = p.open.get_mut(&key).and_then(Vec::pop) else {
+                    self.drops.orphan_returns += 1;
+                    return;
+                };
+                p.open_count -= 1;
+                if p.open.get(&key).is_some_and(Vec::is_empty) {
+                    p.open.remove(&key);
+                }
+                let pid = c.pid;
+                self.finish(pid, c.tid, role, open, c.ts_ns, c.args, c.ret);
+            }
+            None => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        role: Role,
+        open: Open,
+        ret_ts: u64,
+        ret_args: [u64; 6],
+        ret: u64,
+    ) {
+        let clock = self.clock;
+        let limits = self.limits;
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let ret32 = ret as u32 as i32;
+        match role {
+            Role::CommInit => {
+                let comm_ptr = ret_args[0];
+                // A nested init (…Config forwarding to …InitRank) reports
+                // the same communicator twice; the outer return may carry 0.
+                if ret32 != 0 || comm_ptr == 0 || !open.has_stack || p.comms.contains_key(&comm_ptr)
+                {
+                    return;
+                }
+                if p.comms.len() >= limits.comms {
+                    self.drops.comms += 1;
+                    return;
+                }
+                let id = hash_words(&open.stack);
+                p.comms.insert(
+                    comm_ptr,
+                    Comm {
+                        id,
+                        seq: 0,
+                        splits: 0,
+                    },
+                );
+                if self.inits.len() < 64 {
+                    self.inits
+                        .push((pid, comm_ptr, open.args[2] as u32, open.args[1] as u32));
+                }
+                self.out.comms.push(CommRecord {
+                    pid,
+                    rank: p.rank,
+                    comm_id: id,
+                    parent_id: 0,
+                    color: 0,
+                    nranks: open.args[1] as u32,
+                    rank_in_comm: open.args[2] as u32,
+                    created_ns: clock.map(ret_ts),
+                });
+            }
+            Role::CommSplit => {
+                let Some(parent) = p.comms.get_mut(&open.args[0]) else {
+                    self.drops.unknown_comm += 1;
+                    return;
+                };
+                let ordinal = parent.splits;
+                parent.splits += 1;
+                let parent_id = parent.id;
+                let color = open.args[1] as u32 as i32;
+                let comm_ptr = ret_args[0];
+                if ret32 != 0 || comm_ptr == 0 || color < 0 {
+                    return;
+                }
+                if p.comms.len() >= limits.comms {
+                    self.drops.comms += 1;
+                    return;
+                }
+                let id = hash_words(&[parent_id, ordinal, color as u32 as u64]);
+                p.comms.insert(
+                    comm_ptr,
+                    Comm {
+                        id,
+                        seq: 0,
+                        splits: 0,
+                    },
+                );
+                // nranks and the position come from the split's peers; the
+                // agent resolves them from the communicator object
+                // (resolve_split) before shipping.
+                self.splits.push(SplitPending {
+                    pid,
+                    comm_ptr,
+                    record: CommRecord {
+                        pid,
+                        rank: p.rank,
+                        comm_id: id,
+                        parent_id,
+                        color,
+                        nranks: 0,
+                        rank_in_comm: open.args[2] as u32,
+                        created_ns: clock.map(ret_ts),
+                    },
+                    snapshot: None,
+                });
+            }
+            Role::CommDestroy => {
+                p.comms.remove(&open.args[0]);
+            }
+            Role::Coll { op, args } => {
+                let comm_ptr = loc(&open, args.comm);
+                let Some(comm) = p.comms.get_mut(&comm_ptr) else {
+                    self.drops.unknown_comm += 1;
+                    return;
+                };
+                let (seq, comm_id) = (comm.seq, comm.id);
+                comm.seq += 1;
+                let rec = collective(
+                    &clock, pid, p, comm_id, seq, op, &args, &open, ret_ts, ret32,
+                );
+                if p.group_depth.get(&tid).copied().unwrap_or(0) > 0 {
+                    p.grouped.entry(tid).or_default().push(rec);
+                } else {
+                    push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
+                }
+            }
+            Role::GroupStart => {}
+            Role::GroupEnd => {
+                let depth = p.group_depth.entry(tid).or_insert(0);
+                *depth = depth.saturating_sub(1);
+                if *depth == 0 {
+                    p.group_depth.remove(&tid);
+                    // The group's operations are launched now.
+                    for mut rec in p.grouped.remove(&tid).unwrap_or_default() {
+                        rec.host_exit_ns = clock.map(ret_ts);
+                        push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
+                    }
+                }
+            }
+            Role::Sync => {
+                let wait = ret_ts.saturating_sub(open.ts);
+                p.sync_wait_since_coll += wait;
+                p.iv_sync_calls += 1;
+                p.iv_sync_wait += wait;
+            }
+            Role::VerbsOpen => {
+                if ret != 0 && self.contexts.len() < 1024 {
+                    self.contexts.push((pid, ret));
+                }
+            }
+            Role::Count | Role::Generic | Role::ModifyQp | Role::PostSend | Role::PollCq => {}
+        }
+    }
+
+    /// Verbs contexts opened since the last call.
+    pub fn take_contexts(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.contexts)
+    }
+
+    /// Number of QPs mapped to a peer so far for `pid` (doctor, tests).
+    pub fn qp_peers(&self, pid: u32) -> Vec<(u32, u32, u16)> {
+        self.procs.get(&pid).map_or_else(Vec::new, |p| {
+            p.qps
+                .iter()
+                .filter(|(_, q)| q.dest_qp_num != 0)
+                .map(|(n, q)| (*n, q.dest_qp_num, q.dlid))
+                .collect()
+        })
+    }
+
+    /// Communicators made by init since the last call (layout evidence).
+    pub fn take_inits(&mut self) -> Vec<(u32, u64, u32, u32)> {
+        std::mem::take(&mut self.inits)
+    }
+
+    /// Splits waiting for their member position and size.
+    pub fn pending_splits(&mut self) -> &mut [SplitPending] {
+        &mut self.splits
+    }
+
+    /// Completes a pending split with what was read from the communicator
+    /// (`None`: give up, counted).
+    pub fn resolve_split(&mut self, pid: u32, comm_ptr: u64, found: Option<(u32, u32)>) {
+        let Some(i) = self
+            .splits
+            .iter()
+            .position(|s| s.pid == pid && s.comm_ptr == comm_ptr)
+        else {
+            return;
+        };
+        let mut s = self.splits.remove(i);
+        match found {
+            Some((rank_in_comm, nranks)) => {
+                s.record.rank_in_comm = rank_in_comm;
+                s.record.nranks = nranks;
+                self.out.comms.push(s.record);
+            }
+            None => self.drops.split_unresolved += 1,
+        }
+    }
+
+    /// Feeds the in-kernel launch counters (read from `CUDA_COUNTS`).
+    pub fn launch_counts(&mut self, counts: &[(u32, [u64; cuda_count::SLOTS])]) {
+        for (pid, c) in counts {
+            if let Some(p) = self.procs.get_mut(pid) {
+                p.last_launches =
+                    c[cuda_count::LAUNCH as usize] + c[cuda_count::GRAPH_LAUNCH as usize];
+            }
+        }
+    }
+
+    /// Closes the current interval of every rank at raw time `now_raw`.
+    pub fn close_intervals(&mut self, now_raw: u64) {
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            self.close_interval(pid, now_raw);
+        }
+    }
+
+    fn close_interval(&mut self, pid: u32, now_raw: u64) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            let launches = p.last_launches.saturating_sub(p.iv_launches_base);
+            self.out.intervals.push(RankInterval {
+                pid,
+                rank: p.rank,
+                start_ns: self.clock.map(p.iv_start),
+                end_ns: self.clock.map(now_raw),
+                launches,
+                launch_ns: 0,
+                sync_calls: p.iv_sync_calls,
+                sync_wait_ns: p.iv_sync_wait,
+                cpu_samples: 0,
+                runq_delay_ns: 0,
+                offcpu_ns: 0,
+            });
+            for (&qp_num, q) in &mut p.qps {
+                if q.posts == 0 && q.completions == 0 {
+                    continue;
+                }
+                self.out.links.push(LinkRecord {
+                    pid,
+                    rank: p.rank,
+                    // Joined by the coordinator through the QP numbers of
+                    // both ends; the agent cannot name the remote rank.
+                    peer_rank: -1,
+                    qp_num,
+                    dest_qp_num: q.dest_qp_num,
+                    start_ns: self.clock.map(p.iv_start),
+                    end_ns: self.clock.map(now_raw),
+                    posts: q.posts,
+                    completions: q.completions,
+                    post_to_completion_ns: q.post_to_completion_ns,
+                    bytes: q.bytes,
+                });
+                q.posts = 0;
+                q.completions = 0;
+                q.bytes = 0;
+                q.post_to_completion_ns = 0;
+            }
+            p.iv_start = now_raw;
+            p.iv_launches_base = p.last_launches;
+            p.iv_sync_calls = 0;
+            p.iv_sync_wait = 0;
+        }
+    }
+
+    /// Takes everything folded so far.
+    pub fn take(&mut self) -> Folded {
+        std::mem::take(&mut self.out)
+    }
+}
+
+fn push_bounded(
+    v: &mut Vec<CollectiveRecord>,
+    rec: CollectiveRecord,
+    limits: Limits,
+    drops: &mut FoldDrops,
+) {
+    if v.len() >= limits.pending_records {
+        drops.records += 1;
+    } else {
+        v.push(rec);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn collective(
+    clock: &HostClock,
+    pid: u32,
+    p: &mut Proc,
+    comm_id: u64,
+    seq: u64,
+    op: CollOp,
+    args: &CollArgs,
+    open: &Open,
+    ret_ts: u64,
+    ret: i32,
+) -> CollectiveRecord {
+    let count = loc(open, args.count);
+    let bytes = dtype_size(loc(open, args.dtype)).map_or(0, |s| s.saturating_mul(count));
+    let peer = match (op, args.peer) {
+        (CollOp::Send | CollOp::Recv, Some(l)) => loc(open, l) as u32 as i32,
+        _ => -1,
+    };
+    let launches = open.launches.saturating_sub(p.launches_at_last_coll);
+    p.launches_at_last_coll = open.launches;
+    p.last_launches = p.last_launches.max(open.launches);
+    CollectiveRecord {
+        pid,
+        rank: p.rank,
+        comm_id,
+        seq,
+        op,
+        bytes,
+        peer,
+        host_entry_ns: clock.map(open.ts),
+        host_exit_ns: clock.map(ret_ts),
+        gpu_arrive_ns: 0,
+        gpu_done_ns: 0,
+        launches_before: launches.min(u64::from(u32::MAX)) as u32,
+        sync_wait_ns_before: std::mem::take(&mut p.sync_wait_since_coll),
+        ret,
+    }
+}
+
+fn loc(open: &Open, l: Loc) -> u64 {
+    match l {
+        Loc::Reg(i) => open.args.get(i as usize).copied().unwrap_or(0),
+        Loc::Stack(i) => open.stack.get(i as usize).copied().unwrap_or(0),
+    }
+}
+
+/// FNV-1a over 64-bit words: stable across agents and builds, which is all a
+/// communicator id needs (every member hashes the same bytes). Never 0.
+pub fn hash_words(words: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in words {
+        for b in w.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::default_set;
+    use crate::discover::LibKind;
+    use slowrank_shared::probe::{CallEvent, StackEvent};
+
+    fn folder() -> (Folder, HashMap<&'static str, u32>) {
+        let mut f = Folder::new(HostClock::real(), Limits::default());
+        let mut ids = HashMap::new();
+        for (i, s) in default_set(LibKind::Nccl)
+            .iter()
+            .chain(default_set(LibKind::Cudart))
+            .enumerate()
+        {
+            f.set_role(i as u32, s.role);
+            ids.insert(s.symbol, i as u32);
+        }
+        f.add_rank(
+            RankIdentity {
+                pid: 10,
+                rank: 3,
+                world_size: 4,
+                local_rank: 3,
+                local_world_size: 4,
+                group_rank: 0,
+                restart_count: 0,
+                job_id: String::new(),
+                seen_ns: 0,
+            },
+            0,
+        );
+        (f, ids)
+    }
+
+    fn call(ts: u64, probe: u32, kind: CallKind, args: [u64; 6], ret: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            pid: 10,
+            tid: 11,
+            probe,
+            kind: kind as u32,
+            args,
+            ret,
+        }
+    }
+
+    #[test]
+    fn init_then_allreduces_get_sequence_numbers_bytes_and_waits() {
+        let (mut f, ids) = folder();
+        let uid = [7u64; STACK_WORDS];
+        let mut ev = vec![
+            RawEvent::Stack(StackEvent {
+                call: call(
+                    100,
+                    ids["ncclCommInitRank"],
+                    CallKind::Entry,
+                    [0x1000, 4, 3, 0, 0, 0],
+                    0,
+                ),
+                launches: 0,
+                stack: uid,
+            }),
+            RawEvent::Call(call(
+                200,
+                ids["ncclCommInitRank"],
+                CallKind::Return,
+                [0xc0, 0x1000, 0, 0, 0, 0],
+                0,
+            )),
+            RawEvent::Call(call(
+                300,
+                ids["cudaStreamSynchronize"],
+                CallKind::Entry,
+                [0; 6],
+                0,
+            )),
+            RawEvent::Call(call(
+                800,
+                ids["cudaStreamSynchronize"],
+                CallKind::Return,
+                [0; 6],
+                0,
+            )),
+        ];
+        for (i, t) in [1000u64, 2000].iter().enumerate() {
+            let mut stack = [0u64; STACK_WORDS];
+            stack[0] = 0x5; // stream
+            ev.push(RawEvent::Stack(StackEvent {
+                // count 1024 bf16 on comm 0xc0
+                call: call(
+                    *t,
+                    ids["ncclAllReduce"],
+                    CallKind::Entry,
+                    [1, 2, 1024, 9, 0, 0xc0],
+                    0,
+                ),
+                launches: 10 * (i as u64 + 1),
+                stack,
+            }));
+            ev.push(RawEvent::Call(call(
+                t + 50,
+                ids["ncclAllReduce"],
+                CallKind::Return,
+                [0; 6],
+                0,
+            )));
+        }
+        f.feed(&mut ev);
+        let out = f.take();
+        assert_eq!(out.comms.len(), 1);
+        assert_eq!((out.comms[0].nranks, out.comms[0].rank_in_comm), (4, 3));
+        assert_eq!(out.comms[0].comm_id, hash_words(&uid));
+        let c = &out.collectives;
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].seq, c[1].seq), (0, 1));
+        assert_eq!(c[0].bytes, 2048);
+        assert_eq!((c[0].host_entry_ns, c[0].host_exit_ns), (1000, 1050));
+        assert_eq!(c[0].sync_wait_ns_before, 500);
+        assert_eq!(c[1].sync_wait_ns_before, 0);
+        assert_eq!((c[0].launches_before, c[1].launches_before), (10, 10));
+        assert!(c
+            .iter()
+            .all(|r| r.comm_id == out.comms[0].comm_id && r.rank == 3 && r.peer == -1));
+    }
+
+    #[test]
+    fn unknown_comm_and_orphans_are_counted_and_state_is_bounded() {
+        let (mut f, ids) = folder();
+        f.limits.open_calls = 8;
+        let mut ev: Vec<RawEvent> = (0..100)
+            .map(|i| RawEvent::Call(call(i, ids["ncclGroupStart"], CallKind::Entry, [0; 6], 0)))
+            .collect();
+        ev.push(RawEvent::Call(call(
+            500,
+            ids["ncclSend"],
+            CallKind::Return,
+            [0; 6],
+            0,
+        )));
+        ev.push(RawEvent::Stack(StackEvent {
+            call: call(
+                600,
+                ids["ncclAllReduce"],
+                CallKind::Entry,
+                [1, 2, 4, 7, 0, 0xdead],
+                0,
+            ),
+            launches: 0,
+            stack: [0; STACK_WORDS],
+        }));
+        ev.push(RawEvent::Call(call(
+            700,
+            ids["ncclAllReduce"],
+            CallKind::Return,
+            [0; 6],
+            0,
+        )));
+        f.feed(&mut ev);
+        let d = f.drops();
+        assert!(d.open_calls >= 90, "{d:?}");
+        assert_eq!(d.orphan_returns, 1);
+        assert_eq!(d.unknown_comm, 1);
+        assert!(f.procs[&10].open_count <= 8);
+    }
+
+    #[test]
+    fn split_ids_depend_on_parent_ordinal_and_color() {
+        let a = hash_words(&[5, 0, 1]);
+        assert_ne!(a, hash_words(&[5, 1, 1]));
+        assert_ne!(a, hash_words(&[5, 0, 2]));
+        assert_eq!(a, hash_words(&[5, 0, 1]));
+    }
+}
