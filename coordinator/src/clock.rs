@@ -275,13 +275,14 @@ impl ClockEstimator {
                 "batch-arrival"
             } else {
                 "none"
-            },
+            }
+            .to_owned(),
         }
     }
 }
 
 /// One host's clock, as reported.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostClock {
     pub host: String,
     pub offset_us: Option<f64>,
@@ -293,7 +294,7 @@ pub struct HostClock {
     pub completion_residual_us: Option<f64>,
     pub completion_shift_us: f64,
     pub completion_inconsistent: u64,
-    pub source: &'static str,
+    pub source: String,
 }
 
 fn eval(f: &ClockFit, agent_ns: u64) -> f64 {
