@@ -52,13 +52,7 @@ fn followed() -> Option<(u32, u32)> {
 }
 
 #[inline(always)]
-fn emit(
-    ctx: *mut core::ffi::c_void,
-    kind: CallKind,
-    args: [u64; MAX_ARGS],
-    ret: u64,
-    who: (u32, u32),
-) {
+fn emit(ctx: *mut core::ffi::c_void, kind: CallKind, args: [u64; MAX_ARGS], ret: u64, who: (u32, u32)) {
     let Some(mut slot) = EVENTS.reserve::<CallEvent>(0) else {
         bump(counter::RINGBUF_DROPS);
         return;

@@ -46,12 +46,7 @@ struct Cli {
     #[arg(long, default_value = "slowrank-coordinator")]
     server_name: String,
     /// Job token the coordinator expects (or env SLOWRANK_TOKEN).
-    #[arg(
-        long,
-        env = "SLOWRANK_TOKEN",
-        hide_env_values = true,
-        default_value = ""
-    )]
+    #[arg(long, env = "SLOWRANK_TOKEN", hide_env_values = true, default_value = "")]
     token: String,
     /// Host name to report (default: this machine's).
     #[arg(long)]
@@ -79,7 +74,8 @@ struct Cli {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -101,8 +97,7 @@ async fn run(cli: Cli) -> Result<i32> {
         let (file, symbol) = spec
             .rsplit_once(':')
             .with_context(|| format!("--probe {spec}: expected FILE:SYMBOL"))?;
-        let path =
-            std::fs::canonicalize(file).with_context(|| format!("--probe {spec}: {file}"))?;
+        let path = std::fs::canonicalize(file).with_context(|| format!("--probe {spec}: {file}"))?;
         let id = probes.attach(&path, symbol)?;
         tracing::info!(probe = id, path = %path.display(), symbol, "attached uprobe + uretprobe");
     }
@@ -115,8 +110,7 @@ async fn run(cli: Cli) -> Result<i32> {
     let uplink = match cli.coordinator {
         Some(addr) => {
             let ca_path = cli.ca.as_ref().context("--coordinator needs --ca FILE")?;
-            let ca =
-                std::fs::read(ca_path).with_context(|| format!("reading {}", ca_path.display()))?;
+            let ca = std::fs::read(ca_path).with_context(|| format!("reading {}", ca_path.display()))?;
             let client = client_config(&ca, &ca_path.display().to_string())?;
             Some(Uplink::spawn(UplinkConfig {
                 addr,
@@ -183,31 +177,15 @@ async fn run(cli: Cli) -> Result<i32> {
     // Returns of calls in flight at exit land just after it.
     tokio::time::sleep(Duration::from_millis(20)).await;
     probes.drain(&mut events);
-    cut(
-        &mut probes,
-        &mut events,
-        &mut seq,
-        &host,
-        &agent_id,
-        uplink.as_ref(),
-        &mut out,
-    )?;
+    cut(&mut probes, &mut events, &mut seq, &host, &agent_id, uplink.as_ref(), &mut out)?;
     if let Some(o) = out.as_mut() {
         o.flush()?;
     }
     if let Some(uplink) = uplink {
         let report = uplink.finish(Duration::from_secs(10)).await;
-        tracing::info!(
-            sent = report.sent,
-            unsent = report.unsent,
-            dropped = report.dropped,
-            "uplink closed"
-        );
+        tracing::info!(sent = report.sent, unsent = report.unsent, dropped = report.dropped, "uplink closed");
         if report.unsent > 0 || report.dropped > 0 {
-            tracing::error!(
-                "{} batches never reached the coordinator",
-                report.unsent + report.dropped
-            );
+            tracing::error!("{} batches never reached the coordinator", report.unsent + report.dropped);
         }
     }
     Ok(exit_code)

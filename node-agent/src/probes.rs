@@ -142,14 +142,10 @@ impl Probes {
             map: "FOLLOWED",
             source: Box::new(e),
         };
-        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
-            self.ebpf
-                .map_mut("FOLLOWED")
-                .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
-        )
-        .map_err(map_err)?;
-        map.insert(pid, rank.unwrap_or(u32::MAX), 0)
-            .map_err(map_err)
+        let mut map: HashMap<_, u32, u32> =
+            HashMap::try_from(self.ebpf.map_mut("FOLLOWED").ok_or(ProbeError::MissingMap("FOLLOWED"))?)
+                .map_err(map_err)?;
+        map.insert(pid, rank.unwrap_or(u32::MAX), 0).map_err(map_err)
     }
 
     /// Stops counting calls from `pid` (e.g. after it exited).
@@ -158,12 +154,9 @@ impl Probes {
             map: "FOLLOWED",
             source: Box::new(e),
         };
-        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
-            self.ebpf
-                .map_mut("FOLLOWED")
-                .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
-        )
-        .map_err(map_err)?;
+        let mut map: HashMap<_, u32, u32> =
+            HashMap::try_from(self.ebpf.map_mut("FOLLOWED").ok_or(ProbeError::MissingMap("FOLLOWED"))?)
+                .map_err(map_err)?;
         match map.remove(&pid) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(map_err(e)),
@@ -193,12 +186,9 @@ impl Probes {
             map: "COUNTERS",
             source: Box::new(e),
         };
-        let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            self.ebpf
-                .map("COUNTERS")
-                .ok_or(ProbeError::MissingMap("COUNTERS"))?,
-        )
-        .map_err(map_err)?;
+        let arr: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map("COUNTERS").ok_or(ProbeError::MissingMap("COUNTERS"))?)
+                .map_err(map_err)?;
         let sum = |i: u32| -> Result<u64, ProbeError> {
             Ok(arr.get(&i, 0).map_err(map_err)?.iter().sum())
         };

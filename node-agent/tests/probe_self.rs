@@ -45,9 +45,7 @@ fn uprobe_and_uretprobe_on_own_function_deliver_every_call() {
     let id = probes
         .attach(&exe, "slowrank_selftest_target")
         .expect("attach to own function");
-    probes
-        .follow(std::process::id(), Some(0))
-        .expect("follow self");
+    probes.follow(std::process::id(), Some(0)).expect("follow self");
 
     let mut expected_ret = Vec::with_capacity(N as usize);
     for i in 0..N {
@@ -95,11 +93,7 @@ fn uprobe_and_uretprobe_on_own_function_deliver_every_call() {
         assert_eq!(ret.kind, CallKind::Return as u32, "call {i}: then return");
         assert_eq!(entry.pid, me);
         let i = i as u64;
-        assert_eq!(
-            &entry.args[..3],
-            &[i, i * 2, 0xdead_beef],
-            "call {i}: arguments"
-        );
+        assert_eq!(&entry.args[..3], &[i, i * 2, 0xdead_beef], "call {i}: arguments");
         assert_eq!(ret.ret, expected_ret[i as usize], "call {i}: return value");
         assert!(entry.ts_ns > last_ts, "call {i}: timestamps increase");
         assert!(ret.ts_ns > entry.ts_ns, "call {i}: return after entry");
@@ -124,17 +118,9 @@ fn unfollowed_process_is_filtered_in_kernel() {
     let mut events = Vec::new();
     std::thread::sleep(Duration::from_millis(20));
     probes.drain(&mut events);
-    assert!(
-        events.is_empty(),
-        "unfollowed calls leaked: {}",
-        events.len()
-    );
+    assert!(events.is_empty(), "unfollowed calls leaked: {}", events.len());
     let c = probes.counters().expect("counters");
     // Both tests probe the same function in one process; each object only
     // counts its own programs' hits: 100 entries + 100 returns at least.
-    assert!(
-        c.unfollowed_hits >= 200,
-        "unfollowed hits {}",
-        c.unfollowed_hits
-    );
+    assert!(c.unfollowed_hits >= 200, "unfollowed hits {}", c.unfollowed_hits);
 }
