@@ -256,6 +256,7 @@ impl ClockEstimator {
         HostClock {
             host: host.to_string(),
             offset_us: fit.map(|f| f.offset_ns / 1e3),
+            reference_agent_ns: fit.map(|f| f.ref_agent_ns),
             // The fit's slope is d(coord - agent)/d(agent); a host clock that
             // runs fast by x ppm has slope -x/(1+x).
             drift_ppm: fit.map(|f| -f.drift / (1.0 + f.drift) * 1e6),
@@ -286,6 +287,9 @@ impl ClockEstimator {
 pub struct HostClock {
     pub host: String,
     pub offset_us: Option<f64>,
+    /// Agent monotonic ns at which `offset_us` holds (the fit's reference).
+    #[serde(default)]
+    pub reference_agent_ns: Option<u64>,
     pub drift_ppm: Option<f64>,
     pub error_bound_us: Option<f64>,
     pub probe_samples_seen: u64,

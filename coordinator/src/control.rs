@@ -157,9 +157,6 @@ async fn read_loop(
     outstanding: &Mutex<BTreeMap<u64, u64>>,
 ) -> Result<(), ControlError> {
     while let Some(frame) = read_frame(&mut recv).await? {
-        // Stamp the arrival before anything else: decoding time belongs to
-        // neither half of the round trip.
-        let coord_recv_ns = coord_now_ns();
         let reply: ClockReply = match wire::decode(&frame) {
             Ok(r) => r,
             Err(wire::WireError::WrongKind { got, .. }) => {
@@ -167,6 +164,10 @@ async fn read_loop(
             }
             Err(e) => return Err(e.into()),
         };
+        // Stamped after decoding, as the agent stamps after decoding the
+        // probe: each half of the round trip then carries one encode and one
+        // decode, and the midpoint is unbiased.
+        let coord_recv_ns = coord_now_ns();
         let sent = outstanding
             .lock()
             .unwrap_or_else(|e| e.into_inner())

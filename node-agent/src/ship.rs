@@ -208,10 +208,12 @@ async fn answer_control(
         let (kind, _) = wire::peek_header(frame[..HEADER_LEN].try_into().expect("header"))?;
         match kind {
             MessageKind::ClockProbe => {
-                // Read the clock first: everything after it lands in the
-                // return half of the round trip, which the estimator bounds.
-                let agent_mono_ns = clock.now();
+                // Decode, then read the clock, then encode: the coordinator
+                // stamps before encoding a probe and after decoding a reply,
+                // so both halves of the round trip carry the same work and
+                // the midpoint stays unbiased.
                 let probe: ClockProbe = wire::decode(&frame)?;
+                let agent_mono_ns = clock.now();
                 let reply = ClockReply {
                     seq: probe.seq,
                     coord_send_ns: probe.coord_send_ns,
