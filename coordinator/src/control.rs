@@ -2,7 +2,7 @@
 //!
 //! After the hello the coordinator opens one bidirectional stream per agent.
 //! Down it go [`ClockProbe`]s (a burst at connect so the clock is known before
-//! the first batch matters, then one every ~200 ms) and [`Control`] requests
+//! the first batch matters, then one every 50 ms) and [`Control`] requests
 //! (deep-probe windows); up come [`ClockReply`]s. Each answered probe becomes
 //! a [`ClockSample`] stamped on the coordinator's monotonic clock — the clock
 //! the analyzer reasons in — and is handed on as [`IngestEvent::Clock`].
@@ -45,11 +45,14 @@ pub struct ProbeSchedule {
 }
 
 impl Default for ProbeSchedule {
+    /// About 20 probes per second (≈ 2 KB/s each way): the estimator keeps
+    /// the minimum-RTT probe of each second, and the more candidates it has,
+    /// the closer that one is to an unqueued, symmetric round trip.
     fn default() -> Self {
         Self {
-            burst: 10,
-            burst_gap: Duration::from_millis(20),
-            every: Duration::from_millis(200),
+            burst: 20,
+            burst_gap: Duration::from_millis(10),
+            every: Duration::from_millis(50),
         }
     }
 }

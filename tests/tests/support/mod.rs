@@ -37,14 +37,7 @@ pub fn server(identity: &Identity, out: Option<PathBuf>) -> Server {
     cfg.print_alerts = true;
     cfg.tick_every = Duration::from_millis(200);
     cfg.write_every = Duration::from_millis(500);
-    cfg.probes = ProbeSchedule {
-        burst: 20,
-        burst_gap: Duration::from_millis(10),
-        every: Duration::from_millis(50),
-    };
-    if let Ok(b) = std::env::var("BUCKET_MS") {
-        cfg.analyzer.clock.bucket_ns = b.parse::<u64>().unwrap() * 1_000_000;
-    }
+    cfg.probes = ProbeSchedule::default();
     Server::bind(cfg, identity).expect("bind coordinator")
 }
 
