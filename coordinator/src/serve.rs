@@ -6,7 +6,10 @@
 //! analyzer reasons and verdict events become alert lines and hook calls;
 //! every `write_every` (and at shutdown) the report files are replaced.
 //! Hooks run on their own thread and `/metrics` on another, so neither can
-//! stall ingest.
+//! stall ingest. The analyzer's CPU work (ingest, tick, rendering the
+//! report) runs on the blocking pool, one call at a time and in arrival
+//! order, so the async workers stay free for QUIC — clock probes measure
+//! round trips, and a worker busy reasoning would skew them.
 
 use std::{
     collections::BTreeMap,
@@ -188,6 +191,25 @@ fn render_metrics(
     s
 }
 
+fn build_report(
+    analyzer: &Analyzer,
+    stats: &IngestStats,
+    agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
+) -> Report {
+    let mut r = analyzer.report();
+    r.ingest.batches_rejected = stats
+        .rejected
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    r.ingest.agents_refused = stats.refused_agents.load(Ordering::Relaxed);
+    r.agents = agents
+        .lock()
+        .map(|a| a.values().cloned().collect())
+        .unwrap_or_default();
+    r
+}
+
 impl Server {
     /// Binds the QUIC socket (and `/metrics` when asked).
     pub fn bind(cfg: ServeConfig, identity: &Identity) -> Result<Self, ServeError> {
@@ -241,27 +263,72 @@ impl Server {
     /// The analyzer's report plus what only `serve` knows (agents, transport
     /// rejections).
     pub fn report(&self) -> Report {
-        let mut r = self.analyzer.report();
-        let stats = self.ingest.stats();
-        r.ingest.batches_rejected = stats
-            .rejected
-            .iter()
-            .map(|e| (e.key().clone(), *e.value()))
-            .collect();
-        r.ingest.agents_refused = stats.refused_agents.load(Ordering::Relaxed);
-        r.agents = self
-            .agents
-            .lock()
-            .map(|a| a.values().cloned().collect())
-            .unwrap_or_default();
-        r
+        build_report(&self.analyzer, &self.ingest.stats(), &self.agents)
     }
 
-    fn write_outputs(&self) -> Result<(), OutputError> {
-        if let Some(dir) = &self.cfg.out_dir {
-            outputs::write_all(dir, &self.report(), &self.analyzer.trace_json())?;
+    /// Renders and writes the report files on the blocking pool.
+    async fn write_outputs(&self) -> Result<(), OutputError> {
+        let Some(dir) = self.cfg.out_dir.clone() else {
+            return Ok(());
+        };
+        let (a, s, ag) = (
+            self.analyzer.clone(),
+            self.ingest.stats(),
+            self.agents.clone(),
+        );
+        let job = move || outputs::write_all(&dir, &build_report(&a, &s, &ag), &a.trace_json());
+        match tokio::task::spawn_blocking(job).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("report writer task failed: {e}");
+                Ok(())
+            }
         }
-        Ok(())
+    }
+
+    /// `Analyzer::tick` on the blocking pool.
+    async fn tick(&self) -> Vec<VerdictEvent> {
+        let a = self.analyzer.clone();
+        tokio::task::spawn_blocking(move || a.tick(coord_now_ns() as CoordNs))
+            .await
+            .unwrap_or_else(|e| {
+                warn!("analyzer tick failed: {e}");
+                Vec::new()
+            })
+    }
+
+    /// `Analyzer::ingest` on the blocking pool (awaited, so batches keep
+    /// their arrival order).
+    async fn ingest_batch(&self, agent_id: String, batch: Box<Batch>) {
+        if self.cfg.print_calls {
+            print_calls(&batch);
+        }
+        let a = self.analyzer.clone();
+        let recv_ns = coord_now_ns();
+        let (sum, batch) = match tokio::task::spawn_blocking(move || {
+            let sum = a.ingest(&batch, recv_ns);
+            (sum, batch)
+        })
+        .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(agent = %agent_id, "ingest task failed: {e}");
+                return;
+            }
+        };
+        if sum.rejected > 0 {
+            warn!(agent = %agent_id, seq = batch.seq, rejected = sum.rejected, accepted = sum.accepted,
+                "records rejected (reasons in report.json ingest.records_rejected)");
+        }
+        if sum.duplicate_batch {
+            debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
+        }
+        if let Ok(mut a) = self.agents.lock() {
+            if let Some(a) = a.get_mut(&agent_id) {
+                a.batches += 1;
+            }
+        }
     }
 
     fn alert(&self, events: Vec<VerdictEvent>, log: &mut Vec<VerdictEvent>) {
@@ -345,22 +412,9 @@ impl Server {
                 None
             }
             IngestEvent::Batch { agent_id, batch } => {
-                if self.cfg.print_calls {
-                    print_calls(&batch);
-                }
+                // Normally taken by `run`; kept correct for any other caller.
                 let sum = self.analyzer.ingest(&batch, coord_now_ns());
-                if sum.rejected > 0 {
-                    warn!(agent = %agent_id, seq = batch.seq, rejected = sum.rejected, accepted = sum.accepted,
-                        "records rejected (reasons in report.json ingest.records_rejected)");
-                }
-                if sum.duplicate_batch {
-                    debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
-                }
-                if let Ok(mut a) = self.agents.lock() {
-                    if let Some(a) = a.get_mut(&agent_id) {
-                        a.batches += 1;
-                    }
-                }
+                debug!(agent = %agent_id, ?sum, "batch ingested inline");
                 None
             }
             IngestEvent::AgentDown { agent_id, reason } => {
@@ -447,6 +501,10 @@ impl Server {
                 ev = rx.recv() => {
                     let Some(ev) = ev else { break };
                     seen_agent |= matches!(ev, IngestEvent::AgentUp { .. });
+                    if let IngestEvent::Batch { agent_id, batch } = ev {
+                        self.ingest_batch(agent_id, batch).await;
+                        continue;
+                    }
                     let down = self.on_event(ev, &mut clock_samples).is_some();
                     if down && self.cfg.exit_when_idle && seen_agent && self.connected() == 0 {
                         info!("every agent has gone; finishing");
@@ -454,11 +512,11 @@ impl Server {
                     }
                 }
                 _ = tick.tick() => {
-                    let events = self.analyzer.tick(coord_now_ns() as CoordNs);
+                    let events = self.tick().await;
                     self.alert(events, &mut log);
                 }
                 _ = write.tick() => {
-                    if let Err(e) = self.write_outputs() {
+                    if let Err(e) = self.write_outputs().await {
                         warn!("writing the report files: {e}: {}", alert::source_chain(&e));
                     }
                 }
@@ -472,11 +530,16 @@ impl Server {
         accept.abort();
         // What was already received still counts.
         while let Ok(ev) = rx.try_recv() {
-            self.on_event(ev, &mut clock_samples);
+            match ev {
+                IngestEvent::Batch { agent_id, batch } => self.ingest_batch(agent_id, batch).await,
+                ev => {
+                    self.on_event(ev, &mut clock_samples);
+                }
+            }
         }
-        let events = self.analyzer.tick(coord_now_ns() as CoordNs);
+        let events = self.tick().await;
         self.alert(events, &mut log);
-        self.write_outputs()?;
+        self.write_outputs().await?;
         let report = self.report();
         let stats = self.ingest.stats();
         let summary = ServeSummary {

@@ -36,15 +36,16 @@ pub fn server(identity: &Identity, out: Option<PathBuf>) -> Server {
     cfg.exit_when_idle = true;
     cfg.print_alerts = true;
     cfg.tick_every = Duration::from_millis(200);
-    cfg.write_every = Duration::from_millis(500);
     cfg.probes = ProbeSchedule::default();
     Server::bind(cfg, identity).expect("bind coordinator")
 }
 
-/// Runs `server` until its agents are gone on a dedicated 2-thread runtime;
-/// the result arrives on the returned channel.
+/// Runs `server` on a dedicated 2-thread runtime until `shutdown` resolves
+/// (or, with `exit_when_idle`, its agents are gone); the result arrives on
+/// the returned channel.
 pub fn spawn_on_own_runtime(
     server: Server,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> tokio::sync::oneshot::Receiver<Result<ServeSummary, ServeError>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
@@ -53,7 +54,7 @@ pub fn spawn_on_own_runtime(
             .enable_all()
             .build()
             .expect("coordinator runtime");
-        let _ = tx.send(rt.block_on(server.run(std::future::pending())));
+        let _ = tx.send(rt.block_on(server.run(shutdown)));
     });
     rx
 }
