@@ -246,3 +246,109 @@ fn exec(cmd: &str, event: &serde_json::Value, timeout: Duration) -> Result<(), H
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::EventKind;
+
+    fn event() -> VerdictEvent {
+        VerdictEvent {
+            event: EventKind::HangDetected,
+            iteration: Some(7),
+            verdict: None,
+            hang: None,
+            line: "HANG rank 3 never reached all_reduce #120".into(),
+        }
+    }
+
+    #[test]
+    fn alert_line_has_time_and_text() {
+        let at = DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(
+            format_line(&event(), at),
+            "2026-01-02T03:04:05Z HANG rank 3 never reached all_reduce #120"
+        );
+    }
+
+    #[test]
+    fn exec_hook_gets_json_on_stdin_and_env() {
+        let dir = std::env::temp_dir().join(format!("slowrank-hook-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("event.json");
+        let env = dir.join("env.txt");
+        let hooks = Hooks::start(HookConfig {
+            webhook: None,
+            exec: Some(format!(
+                "cat > {} && echo \"$SLOWRANK_EVENT\" > {}",
+                out.display(),
+                env.display()
+            )),
+            timeout: Duration::from_secs(5),
+        });
+        let stats = hooks.stats();
+        hooks.send(&event());
+        hooks.finish();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(json["event"], "hang_detected");
+        assert_eq!(json["iteration"], 7);
+        assert_eq!(
+            std::fs::read_to_string(&env).unwrap().trim(),
+            "hang_detected"
+        );
+        assert_eq!(stats.exec_ok.load(Ordering::Relaxed), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn failing_hooks_are_counted_not_fatal() {
+        // Nothing listens on this port: the connection is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let hooks = Hooks::start(HookConfig {
+            webhook: Some(format!("http://127.0.0.1:{port}/hook")),
+            exec: Some("exit 3".into()),
+            timeout: Duration::from_secs(2),
+        });
+        let stats = hooks.stats();
+        hooks.send(&event());
+        hooks.send(&event());
+        hooks.finish();
+        assert_eq!(stats.webhook_failed.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.exec_failed.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.webhook_ok.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn webhook_posts_the_event_json() {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let addr = server.server_addr().to_ip().unwrap();
+        let got = std::thread::spawn(move || {
+            let mut req = server.recv().unwrap();
+            let mut body = String::new();
+            req.as_reader().read_to_string(&mut body).unwrap();
+            let method = req.method().to_string();
+            req.respond(tiny_http::Response::from_string("ok")).unwrap();
+            (method, body)
+        });
+        let hooks = Hooks::start(HookConfig {
+            webhook: Some(format!("http://{addr}/hook")),
+            exec: None,
+            timeout: Duration::from_secs(5),
+        });
+        let stats = hooks.stats();
+        hooks.send(&event());
+        hooks.finish();
+        let (method, body) = got.join().unwrap();
+        assert_eq!(method, "POST");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["event"], "hang_detected");
+        assert_eq!(stats.webhook_ok.load(Ordering::Relaxed), 1);
+    }
+}

@@ -101,3 +101,83 @@ pub enum ReadError {
     )]
     Schema { path: PathBuf, found: String },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Fault, FaultKind, Generator, SynthSpec};
+    use crate::{Analyzer, AnalyzerConfig};
+
+    fn analyzer_with_verdict() -> Analyzer {
+        let a = Analyzer::new(AnalyzerConfig::default());
+        let mut spec = SynthSpec::dp(2, 4);
+        spec.faults.push(Fault::persistent(
+            FaultKind::Compute {
+                rank: 5,
+                factor: 1.5,
+            },
+            10,
+        ));
+        let mut g = Generator::new(spec);
+        for (h, s) in g.initial_samples() {
+            a.add_clock_sample(&h, s).unwrap();
+        }
+        for _ in 0..40 {
+            let out = g.next_iteration();
+            for (h, s) in &out.samples {
+                a.add_clock_sample(h, *s).unwrap();
+            }
+            for (recv, b) in &out.batches {
+                a.ingest(b, *recv);
+            }
+            a.tick(out.end_ns as i64 + 3_000_000);
+        }
+        a
+    }
+
+    #[test]
+    fn files_are_written_and_read_back_unchanged() {
+        let dir = std::env::temp_dir().join(format!("slowrank-outputs-{}", std::process::id()));
+        let a = analyzer_with_verdict();
+        let r = a.report();
+        assert_eq!(r.verdicts.len(), 1, "{:?}", r.verdicts);
+        write_all(&dir, &r, &a.trace_json()).unwrap();
+        for f in [REPORT_JSON, REPORT_TXT, TRACE_JSON] {
+            assert!(dir.join(f).is_file(), "{f}");
+            assert!(
+                !dir.join(format!(".{f}.tmp")).exists(),
+                "{f} temp left behind"
+            );
+        }
+        let back = read_report(&dir).unwrap();
+        // Same JSON after a round trip, and the same table.
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&r).unwrap()
+        );
+        assert_eq!(render_human(&back), render_human(&r));
+        assert!(render_human(&back).contains("rank 5 on node-1 is compute-slow"));
+        let trace: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(dir.join(TRACE_JSON)).unwrap()).unwrap();
+        assert!(trace["traceEvents"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty()));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unreadable_or_foreign_reports_are_clear_errors() {
+        let dir = std::env::temp_dir().join(format!("slowrank-outputs-bad-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        assert!(matches!(read_report(&dir), Err(ReadError::Io { .. })));
+        fs::write(
+            dir.join(REPORT_JSON),
+            "{\"schema\": \"slowrank.report/v9\"}",
+        )
+        .unwrap();
+        assert!(matches!(read_report(&dir), Err(ReadError::Schema { .. })));
+        fs::write(dir.join(REPORT_JSON), "{\"schema\": \"slowrank.report/v1\"").unwrap();
+        assert!(matches!(read_report(&dir), Err(ReadError::Json { .. })));
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
