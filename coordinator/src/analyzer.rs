@@ -914,7 +914,7 @@ impl Analyzer {
                         .iter()
                         .filter_map(|h| h.error_bound_us)
                         .fold(0.0, f64::max);
-                    if hosts.iter().any(|h| h.error_bound_us.is_none()) {
+                    if hosts.is_empty() || hosts.iter().any(|h| h.error_bound_us.is_none()) {
                         None
                     } else {
                         Some(e)

@@ -123,8 +123,33 @@ pub fn render_human(r: &Report) -> String {
             .map_or(String::new(), |t| format!(" · step {t:.1} ms"))
     );
     let _ = writeln!(s);
-    if r.verdicts.is_empty() && r.hangs.is_empty() {
+    if r.job.ranks_seen == 0 {
+        let _ = writeln!(
+            s,
+            "No rank observed yet: no agent has reported a rank process ({} agent(s) seen).",
+            r.agents.len()
+        );
+    } else if r.verdicts.is_empty() && r.hangs.is_empty() {
         let _ = writeln!(s, "No slow rank found: every rank kept pace within noise.");
+    }
+    for a in r
+        .agents
+        .iter()
+        .filter(|a| !a.connected && !a.ranks_unobserved.is_empty())
+    {
+        let _ = writeln!(
+            s,
+            "GONE  agent {} on {} went away{} ({}); {} no longer observed",
+            a.agent_id,
+            a.host,
+            a.disconnected_at
+                .map_or(String::new(), |t| format!(" at {}", t.format("%H:%M:%S"))),
+            a.reason.as_deref().unwrap_or("?"),
+            fmt_ranks(&a.ranks_unobserved)
+        );
+    }
+    if !r.job.exited_ranks.is_empty() {
+        let _ = writeln!(s, "EXIT  {} exited", fmt_ranks(&r.job.exited_ranks));
     }
     for h in &active_hangs {
         let _ = writeln!(
@@ -214,6 +239,21 @@ pub fn render_human(r: &Report) -> String {
         r.clock.hosts.len()
     );
     let rejected: u64 = r.ingest.counters.records_rejected.values().sum();
+    let batches_rejected: u64 = r.ingest.batches_rejected.values().sum();
+    if batches_rejected > 0 || r.ingest.agents_refused > 0 {
+        let _ = writeln!(
+            s,
+            "transport: {} batches rejected ({}), {} agent connections refused",
+            batches_rejected,
+            r.ingest
+                .batches_rejected
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            r.ingest.agents_refused
+        );
+    }
     let _ = writeln!(
         s,
         "ingest: {} batches, {} records, {} rejected, {} batches missing, {} ring-buffer drops",

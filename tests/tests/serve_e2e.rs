@@ -280,6 +280,12 @@ async fn serve_names_compute_slow_rank_with_skewed_clocks() {
         .agents
         .iter()
         .all(|a| !a.connected && a.batches == ITERATIONS));
+    // The synthetic ranks never report an exit: when their agents leave,
+    // the report says they are no longer observed rather than dropping them.
+    for a in &r.agents {
+        assert_eq!(a.ranks_unobserved.len(), 4, "{a:?}");
+    }
+    assert!(slowrank_coordinator::render_human(r).contains("no longer observed"));
     assert_eq!(o.summary.batches, 2 * ITERATIONS);
     assert_eq!(o.summary.batches_rejected, 0);
     assert!(
