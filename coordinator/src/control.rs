@@ -11,6 +11,8 @@
 
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
+use tokio::sync::Notify;
+
 use quinn::{Connection, RecvStream, SendStream};
 use slowrank_shared::wire::{self, ClockProbe, ClockReply, Control, MessageKind, HEADER_LEN};
 use tokio::sync::mpsc;
@@ -42,6 +44,13 @@ pub struct ProbeSchedule {
     pub burst_gap: Duration,
     /// …then one every `every`.
     pub every: Duration,
+    /// Follow every answered probe at once with a second one. A host idle
+    /// for `every` wakes slowly (deep CPU idle, parked threads), which makes
+    /// the first leg of a lone probe slower than the return leg — a bias
+    /// round trips cannot see. Sent the moment the answer lands, the
+    /// follow-up finds both ends awake, so its two legs match; the estimator's
+    /// minimum-RTT filter then prefers it.
+    pub follow_up: bool,
 }
 
 impl Default for ProbeSchedule {
@@ -53,6 +62,7 @@ impl Default for ProbeSchedule {
             burst: 20,
             burst_gap: Duration::from_millis(10),
             every: Duration::from_millis(50),
+            follow_up: true,
         }
     }
 }
@@ -104,12 +114,42 @@ pub(crate) async fn run(
     schedule: ProbeSchedule,
 ) -> Result<(), ControlError> {
     let (send, recv) = conn.open_bi().await?;
-    let outstanding = Mutex::new(BTreeMap::<u64, u64>::new());
-    let writer = write_loop(send, commands, schedule, &outstanding);
-    let reader = read_loop(recv, &agent_id, &host, &events, &outstanding);
+    let probes = Probes {
+        outstanding: Mutex::new(BTreeMap::new()),
+        follow: Notify::new(),
+        follow_up: schedule.follow_up,
+    };
+    let writer = write_loop(send, commands, schedule, &probes);
+    let reader = read_loop(recv, &agent_id, &host, &events, &probes);
     tokio::select! {
         r = writer => r,
         r = reader => r,
+    }
+}
+
+/// Probe bookkeeping shared by the writer and the reader.
+struct Probes {
+    /// seq → (send time, whether a follow-up should answer it).
+    outstanding: Mutex<BTreeMap<u64, (u64, bool)>>,
+    /// Raised by the reader when a scheduled probe's answer arrived.
+    follow: Notify,
+    follow_up: bool,
+}
+
+impl Probes {
+    /// Records and sends probe `seq`.
+    async fn send(&self, send: &mut SendStream, seq: u64, lead: bool) -> Result<(), ControlError> {
+        let coord_send_ns = coord_now_ns();
+        {
+            let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+            o.insert(seq, (coord_send_ns, lead && self.follow_up));
+            while o.len() > MAX_OUTSTANDING {
+                o.pop_first();
+            }
+        }
+        send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
+            .await?;
+        Ok(())
     }
 }
 
@@ -117,32 +157,29 @@ async fn write_loop(
     mut send: SendStream,
     mut commands: mpsc::Receiver<Control>,
     schedule: ProbeSchedule,
-    outstanding: &Mutex<BTreeMap<u64, u64>>,
+    probes: &Probes,
 ) -> Result<(), ControlError> {
     let mut seq = 0u64;
+    let mut scheduled = 0u64;
     let mut commands_open = true;
     loop {
-        let gap = if seq < u64::from(schedule.burst) {
+        let gap = if scheduled < u64::from(schedule.burst) {
             schedule.burst_gap
         } else {
             schedule.every
         };
-        let coord_send_ns = coord_now_ns();
-        {
-            let mut o = outstanding.lock().unwrap_or_else(|e| e.into_inner());
-            o.insert(seq, coord_send_ns);
-            while o.len() > MAX_OUTSTANDING {
-                o.pop_first();
-            }
-        }
-        send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
-            .await?;
+        probes.send(&mut send, seq, true).await?;
         seq += 1;
+        scheduled += 1;
         let sleep = tokio::time::sleep(gap);
         tokio::pin!(sleep);
         loop {
             tokio::select! {
                 _ = &mut sleep => break,
+                _ = probes.follow.notified() => {
+                    probes.send(&mut send, seq, false).await?;
+                    seq += 1;
+                }
                 c = commands.recv(), if commands_open => match c {
                     Some(c) => send.write_all(&wire::encode(&c)?).await?,
                     None => commands_open = false,
@@ -157,7 +194,7 @@ async fn read_loop(
     agent_id: &str,
     host: &str,
     events: &mpsc::Sender<IngestEvent>,
-    outstanding: &Mutex<BTreeMap<u64, u64>>,
+    probes: &Probes,
 ) -> Result<(), ControlError> {
     while let Some(frame) = read_frame(&mut recv).await? {
         let reply: ClockReply = match wire::decode(&frame) {
@@ -171,13 +208,21 @@ async fn read_loop(
         // probe: each half of the round trip then carries one encode and one
         // decode, and the midpoint is unbiased.
         let coord_recv_ns = coord_now_ns();
-        let sent = outstanding
+        let sent = probes
+            .outstanding
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&reply.seq);
-        if sent != Some(reply.coord_send_ns) {
-            tracing::warn!(agent = %agent_id, seq = reply.seq, "clock reply to a probe never sent; ignored");
-            continue;
+        match sent {
+            Some((t, lead)) if t == reply.coord_send_ns => {
+                if lead {
+                    probes.follow.notify_one();
+                }
+            }
+            _ => {
+                tracing::warn!(agent = %agent_id, seq = reply.seq, "clock reply to a probe never sent; ignored");
+                continue;
+            }
         }
         let sample = ClockSample {
             coord_send_ns: reply.coord_send_ns,
