@@ -2,7 +2,8 @@
 //!
 //! After the hello the coordinator opens one bidirectional stream per agent.
 //! Down it go [`ClockProbe`]s (a burst at connect so the clock is known before
-//! the first batch matters, then one every 50 ms) and [`Control`] requests
+//! the first batch matters, then one every 50 ms, each followed by an
+//! immediate second probe once answered) and [`Control`] requests
 //! (deep-probe windows); up come [`ClockReply`]s. Each answered probe becomes
 //! a [`ClockSample`] stamped on the coordinator's monotonic clock — the clock
 //! the analyzer reasons in — and is handed on as [`IngestEvent::Clock`].
