@@ -23,6 +23,8 @@ use support::*;
 const ITERATIONS: u64 = 150;
 
 struct Outcome {
+    /// The `--out` directory (removed when the outcome is dropped).
+    out: std::path::PathBuf,
     summary: ServeSummary,
     report: Report,
     analyzer: std::sync::Arc<Analyzer>,
@@ -123,8 +125,8 @@ async fn run_job(name: &str, faults: Vec<Fault>, iterations: u64) -> Outcome {
     ] {
         assert!(out.join(f).is_file(), "{f} not written");
     }
-    let _ = std::fs::remove_dir_all(&out);
     Outcome {
+        out,
         summary,
         report,
         analyzer,
@@ -132,6 +134,29 @@ async fn run_job(name: &str, faults: Vec<Fault>, iterations: u64) -> Outcome {
         span: (base, last),
         deep_requests,
     }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.out);
+    }
+}
+
+/// Writes a `truth.json` for the synthetic job next to the report and runs
+/// the scenario scorer on the directory, as `slowrank-scenario score` would.
+fn score(o: &Outcome, faults: serde_json::Value) -> slowrank_scenarios::score::Score {
+    let truth = serde_json::json!({
+        "version": 1, "scenario": "synth-dp8", "seed": 7, "run_id": "e2e",
+        "hosts": 2, "ranks_per_host": 4, "world_size": 8,
+        "parallel": {"tp": 1, "pp": 1, "dp": 8},
+        "iterations": ITERATIONS, "iterations_completed": ITERATIONS,
+        "outcome": "completed", "reason": "", "started_wall_ns": 0, "ended_wall_ns": 0,
+        "started_mono_ns": 0, "ranks": [], "hosts_clock": [], "faults": faults, "blocked": [],
+    });
+    std::fs::write(o.out.join("truth.json"), truth.to_string()).expect("truth.json");
+    let s = slowrank_scenarios::score::score_dir(&o.out).expect("score");
+    print!("{}", slowrank_scenarios::score::render(&s));
+    s
 }
 
 /// One host's clock errors, in ns.
@@ -302,6 +327,17 @@ async fn serve_names_compute_slow_rank_with_skewed_clocks() {
     assert_eq!(o.deep_requests[1].len(), 1, "{:?}", o.deep_requests);
     let c = &o.deep_requests[1][0];
     assert!(c.deep_enable && c.seconds > 0 && c.ranks == [5], "{c:?}");
+    // The scenario scorer reads the real report: the fault is matched.
+    let s = score(
+        &o,
+        serde_json::json!([{
+            "index": 0, "kind": "compute", "ranks": [5],
+            "spec": {"kind": "compute", "rank": 5, "factor": 1.3, "start_iteration": 40},
+            "windows": [{"onset_iteration": 40, "onset_wall_ns": 0, "onset_mono_ns": 0,
+                         "end_iteration": null, "end_wall_ns": null, "end_mono_ns": null}],
+        }]),
+    );
+    assert!(s.passed && s.faults[0].matched, "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,4 +358,5 @@ async fn serve_stays_quiet_on_a_healthy_job() {
     assert!(r.job.iterations_observed >= ITERATIONS - 5, "{:?}", r.job);
     assert_eq!(r.job.ranks_seen, 8);
     assert!(o.deep_requests.iter().all(Vec::is_empty));
+    assert!(score(&o, serde_json::json!([])).passed);
 }
