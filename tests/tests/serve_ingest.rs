@@ -103,8 +103,25 @@ async fn bad_batches_are_counted_and_the_connection_keeps_serving() {
     }
     // The same connection still delivers a good batch afterwards.
     agent.send_encoded(&bytes).await.expect("good batch");
+    // Then rank 1's process exits (rank 0 keeps running).
+    let exit = slowrank_shared::wire::Batch {
+        host: good.host.clone(),
+        agent_id: good.agent_id.clone(),
+        seq: good.seq + 1,
+        mono_ns: slowrank_agent::clock::mono_ns(),
+        exits: vec![slowrank_shared::wire::RankExit {
+            pid: good.ranks[1].pid,
+            rank: 1,
+            exit_ns: slowrank_agent::clock::mono_ns(),
+        }],
+        ..Default::default()
+    };
+    agent
+        .send_encoded(&wire::encode(&exit).unwrap())
+        .await
+        .expect("exit batch");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while stats.batches_ok.load(std::sync::atomic::Ordering::Relaxed) < 1 {
+    while stats.batches_ok.load(std::sync::atomic::Ordering::Relaxed) < 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "good batch never arrived"
@@ -145,15 +162,24 @@ async fn bad_batches_are_counted_and_the_connection_keeps_serving() {
         .expect("serve stops on shutdown")
         .expect("serve thread")
         .expect("serve");
-    assert_eq!(summary.batches, 1);
+    assert_eq!(summary.batches, 2);
     assert_eq!(summary.batches_rejected, 6);
     assert_eq!(summary.agents_refused, 1);
     let r = &summary.report;
-    assert_eq!(r.ingest.counters.batches, 1);
+    assert_eq!(r.ingest.counters.batches, 2);
     assert!(r.ingest.counters.records_accepted > 0);
     assert_eq!(r.ingest.batches_rejected.values().sum::<u64>(), 6);
     assert_eq!(r.ingest.agents_refused, 1);
-    assert_eq!(analyzer.report().ingest.counters.batches, 1);
+    assert_eq!(analyzer.report().ingest.counters.batches, 2);
+    // The dead rank and the rank left unobserved when its agent went away
+    // are both in the report, not silently lost.
+    assert_eq!(r.job.exited_ranks, [1]);
     assert_eq!(r.agents.len(), 1);
-    assert!(!r.agents[0].connected && r.agents[0].reason.is_some());
+    let a = &r.agents[0];
+    assert!(!a.connected && a.reason.is_some(), "{a:?}");
+    assert_eq!(a.ranks_unobserved, [0]);
+    let table = slowrank_coordinator::render_human(r);
+    assert!(table.contains("EXIT  rank 1 exited"), "{table}");
+    assert!(table.contains("rank 0 no longer observed"), "{table}");
+    assert!(table.contains("6 batches rejected"), "{table}");
 }
