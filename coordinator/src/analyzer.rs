@@ -85,13 +85,13 @@ pub struct IngestSummary {
 }
 
 /// Ingest counters, for the report and `/metrics`.
-#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct IngestCounters {
     pub batches: u64,
     pub duplicate_batches: u64,
     pub missing_batches: u64,
     pub records_accepted: u64,
-    pub records_rejected: BTreeMap<&'static str, u64>,
+    pub records_rejected: BTreeMap<String, u64>,
     pub recent_rejections: Vec<String>,
     pub ringbuf_drops: u64,
     pub spool_drops: u64,
@@ -225,6 +225,13 @@ impl Analyzer {
         r
     }
 
+    /// Every rank seen so far, by rank.
+    pub fn ranks(&self) -> Vec<RankInfo> {
+        let mut v: Vec<RankInfo> = self.ranks.iter().map(|r| r.clone()).collect();
+        v.sort_by_key(|r| r.rank);
+        v
+    }
+
     /// Agent time of `host` on the coordinator clock, and its error bound (ns).
     pub fn to_coord(&self, host: &str, agent_ns: u64) -> (CoordNs, f64) {
         match self.clocks.get(host) {
@@ -235,7 +242,7 @@ impl Analyzer {
 
     fn reject(&self, e: RecordError) {
         let mut c = lock(&self.counters);
-        *c.records_rejected.entry(e.label()).or_default() += 1;
+        *c.records_rejected.entry(e.label().to_owned()).or_default() += 1;
         c.recent_rejections.push(e.to_string());
         if c.recent_rejections.len() > 16 {
             c.recent_rejections.remove(0);
@@ -895,6 +902,11 @@ impl Analyzer {
                 step_time_ms: core.iteration.step_ns().map(|s| s / 1e6),
                 observed_seconds: elapsed,
                 started: core.first_t.and_then(|t| self.wall(t)),
+                exited_ranks: ranks
+                    .iter()
+                    .filter(|r| r.exited_at.is_some())
+                    .map(|r| r.rank)
+                    .collect(),
             },
             clock: report::ClockInfo {
                 max_error_us: {
@@ -902,7 +914,7 @@ impl Analyzer {
                         .iter()
                         .filter_map(|h| h.error_bound_us)
                         .fold(0.0, f64::max);
-                    if hosts.iter().any(|h| h.error_bound_us.is_none()) {
+                    if hosts.is_empty() || hosts.iter().any(|h| h.error_bound_us.is_none()) {
                         None
                     } else {
                         Some(e)
@@ -917,7 +929,7 @@ impl Analyzer {
                 .map(|h| report::HangReport {
                     communicator: format!("{:#x}", h.candidate.comm_id),
                     sequence: h.candidate.key.display_seq(),
-                    op: crate::join::op_name(h.candidate.op),
+                    op: crate::join::op_name(h.candidate.op).to_owned(),
                     missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
                     missing: h.candidate.missing.clone(),
                     present_ranks: h.candidate.present_ranks.clone(),
@@ -937,7 +949,10 @@ impl Analyzer {
                 dropped_late_for_stats: core.stats.dropped_late,
                 dropped_overflow: core.stats.dropped_overflow + core.pending_dropped,
                 open_instances: self.joiner.open_instances(),
+                batches_rejected: BTreeMap::new(),
+                agents_refused: 0,
             },
+            agents: Vec::new(),
         }
     }
 
@@ -1020,7 +1035,7 @@ impl Analyzer {
 }
 
 fn drop_record(c: &Mutex<IngestCounters>, why: &'static str) {
-    *lock(c).records_rejected.entry(why).or_default() += 1;
+    *lock(c).records_rejected.entry(why.to_owned()).or_default() += 1;
 }
 
 /// Mean transfer of instances containing `rank` vs all instances, this iteration.

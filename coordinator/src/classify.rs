@@ -14,7 +14,9 @@ use crate::intervals::CpuEvidence;
 use crate::links::{SlowLink, SlowNic};
 use crate::stats::RankScore;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Compute,

@@ -256,6 +256,7 @@ impl ClockEstimator {
         HostClock {
             host: host.to_string(),
             offset_us: fit.map(|f| f.offset_ns / 1e3),
+            reference_agent_ns: fit.map(|f| f.ref_agent_ns),
             // The fit's slope is d(coord - agent)/d(agent); a host clock that
             // runs fast by x ppm has slope -x/(1+x).
             drift_ppm: fit.map(|f| -f.drift / (1.0 + f.drift) * 1e6),
@@ -275,16 +276,20 @@ impl ClockEstimator {
                 "batch-arrival"
             } else {
                 "none"
-            },
+            }
+            .to_owned(),
         }
     }
 }
 
 /// One host's clock, as reported.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostClock {
     pub host: String,
     pub offset_us: Option<f64>,
+    /// Agent monotonic ns at which `offset_us` holds (the fit's reference).
+    #[serde(default)]
+    pub reference_agent_ns: Option<u64>,
     pub drift_ppm: Option<f64>,
     pub error_bound_us: Option<f64>,
     pub probe_samples_seen: u64,
@@ -293,7 +298,7 @@ pub struct HostClock {
     pub completion_residual_us: Option<f64>,
     pub completion_shift_us: f64,
     pub completion_inconsistent: u64,
-    pub source: &'static str,
+    pub source: String,
 }
 
 fn eval(f: &ClockFit, agent_ns: u64) -> f64 {

@@ -189,7 +189,7 @@ pub fn median_rank(candidates: &[(u32, Folded)]) -> Option<u32> {
 }
 
 /// A frame where the flagged rank spends more of its time.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FrameDiff {
     pub frame: String,
     /// The root of its stacks: the thread name (CPU view).
@@ -328,7 +328,7 @@ fn shorten_path(path: &str) -> String {
 }
 
 /// What goes on a verdict as `"flamegraph"` in the report JSON.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FlameRef {
     /// Differential flame graph: the reference's profile normalised to the
     /// flagged rank's and coloured by the difference (red: more on the
@@ -338,7 +338,7 @@ pub struct FlameRef {
     pub reference_svg: String,
     pub reference_rank: u32,
     /// `cpu` (on- and off-CPU thread time) or `launch` (GPU launch sites).
-    pub view: &'static str,
+    pub view: String,
     pub window_start_ns: u64,
     pub window_end_ns: u64,
     pub top_frames: Vec<FrameDiff>,
@@ -446,7 +446,7 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
         flagged_svg: flagged_svg.display().to_string(),
         reference_svg: reference_svg.display().to_string(),
         reference_rank,
-        view,
+        view: view.to_owned(),
         window_start_ns: req.start_ns,
         window_end_ns: req.end_ns,
         top_frames: match req.view {

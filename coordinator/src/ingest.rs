@@ -6,6 +6,8 @@
 //! [`wire::decode`] (header, version, size cap, bytecheck) before anything
 //! reads it; a bad one is rejected with its reason and counted, and the
 //! connection keeps serving. Nothing an agent sends can stop the server.
+//! Alongside, a control stream per agent ([`crate::control`]) probes its
+//! clock and carries deep-probe window requests ([`Ingest::send_control`]).
 
 use std::{
     net::SocketAddr,
@@ -18,10 +20,14 @@ use std::{
 
 use dashmap::DashMap;
 use quinn::{Connection, Endpoint, Incoming};
-use slowrank_shared::wire::{self, Batch, Hello, HelloReply, HEADER_LEN, MAX_MESSAGE_BYTES};
+use slowrank_shared::wire::{
+    self, Batch, Control, Hello, HelloReply, HEADER_LEN, MAX_MESSAGE_BYTES,
+};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::clock::ClockSample;
+use crate::control::{self, ProbeSchedule};
 use crate::tls::{Identity, TlsError};
 
 /// Largest hello accepted.
@@ -44,9 +50,24 @@ pub enum IngestError {
 /// What the ingest path hands to the rest of the coordinator.
 #[derive(Debug)]
 pub enum IngestEvent {
-    AgentUp { agent_id: String, host: String },
-    Batch { agent_id: String, batch: Box<Batch> },
-    AgentDown { agent_id: String, reason: String },
+    AgentUp {
+        agent_id: String,
+        host: String,
+    },
+    Batch {
+        agent_id: String,
+        batch: Box<Batch>,
+    },
+    /// One answered clock probe of `host`'s agent.
+    Clock {
+        agent_id: String,
+        host: String,
+        sample: ClockSample,
+    },
+    AgentDown {
+        agent_id: String,
+        reason: String,
+    },
 }
 
 /// One connected (or formerly connected) agent.
@@ -82,23 +103,56 @@ impl IngestStats {
     }
 }
 
+/// Control-stream senders of the connected agents, by agent id.
+type Controls = DashMap<String, mpsc::Sender<Control>>;
+
+/// What every connection task shares.
+struct Shared {
+    token: Arc<str>,
+    stats: Arc<IngestStats>,
+    controls: Controls,
+    schedule: ProbeSchedule,
+}
+
 /// The listening server.
 pub struct Ingest {
     endpoint: Endpoint,
-    token: Arc<str>,
-    stats: Arc<IngestStats>,
+    shared: Arc<Shared>,
 }
 
 impl Ingest {
     /// Binds the UDP socket; `token` is the job token agents must present.
     pub fn bind(addr: SocketAddr, identity: &Identity, token: &str) -> Result<Self, IngestError> {
+        Self::bind_with(addr, identity, token, ProbeSchedule::default())
+    }
+
+    /// Same, with a custom clock-probe schedule.
+    pub fn bind_with(
+        addr: SocketAddr,
+        identity: &Identity,
+        token: &str,
+        schedule: ProbeSchedule,
+    ) -> Result<Self, IngestError> {
         let endpoint = Endpoint::server(identity.server_config()?, addr)
             .map_err(|source| IngestError::Bind { addr, source })?;
         Ok(Self {
             endpoint,
-            token: token.into(),
-            stats: Arc::default(),
+            shared: Arc::new(Shared {
+                token: token.into(),
+                stats: Arc::default(),
+                controls: DashMap::new(),
+                schedule,
+            }),
         })
+    }
+
+    /// Sends a control message (deep-probe window) to a connected agent;
+    /// false when it is not connected or its queue is full.
+    pub fn send_control(&self, agent_id: &str, msg: Control) -> bool {
+        self.shared
+            .controls
+            .get(agent_id)
+            .is_some_and(|tx| tx.try_send(msg).is_ok())
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -106,7 +160,7 @@ impl Ingest {
     }
 
     pub fn stats(&self) -> Arc<IngestStats> {
-        self.stats.clone()
+        self.shared.stats.clone()
     }
 
     /// Stops accepting and closes every connection.
@@ -119,10 +173,10 @@ impl Ingest {
     /// carry to `events`.
     pub async fn run(&self, events: mpsc::Sender<IngestEvent>) {
         while let Some(incoming) = self.endpoint.accept().await {
-            let (token, stats, events) = (self.token.clone(), self.stats.clone(), events.clone());
+            let (shared, events) = (self.shared.clone(), events.clone());
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
-                if let Err(reason) = serve_connection(incoming, &token, &stats, &events).await {
+                if let Err(reason) = serve_connection(incoming, &shared, &events).await {
                     warn!(%remote, "agent connection ended: {reason}");
                 }
             });
@@ -190,14 +244,14 @@ async fn handshake(conn: &Connection, token: &str, stats: &IngestStats) -> Resul
 
 async fn serve_connection(
     incoming: Incoming,
-    token: &str,
-    stats: &IngestStats,
+    shared: &Shared,
     events: &mpsc::Sender<IngestEvent>,
 ) -> Result<(), String> {
+    let stats = &*shared.stats;
     let conn = incoming
         .await
         .map_err(|e| format!("handshake failed: {e}"))?;
-    let hello = handshake(&conn, token, stats).await?;
+    let hello = handshake(&conn, &shared.token, stats).await?;
     let agent_id = hello.agent_id.clone();
     info!(host = %hello.host, agent = %agent_id, remote = %conn.remote_address(), "agent connected");
     stats
@@ -215,6 +269,22 @@ async fn serve_connection(
             host: hello.host.clone(),
         })
         .await;
+    let (ctl_tx, ctl_rx) = mpsc::channel(8);
+    shared.controls.insert(agent_id.clone(), ctl_tx);
+    let control_task = {
+        let (conn, id, host, events) = (
+            conn.clone(),
+            agent_id.clone(),
+            hello.host.clone(),
+            events.clone(),
+        );
+        let schedule = shared.schedule;
+        tokio::spawn(async move {
+            if let Err(e) = control::run(conn, id.clone(), host, events, ctl_rx, schedule).await {
+                warn!(agent = %id, "control stream ended: {e}");
+            }
+        })
+    };
 
     let reason = loop {
         let mut stream = match conn.accept_uni().await {
@@ -268,6 +338,8 @@ async fn serve_connection(
             }
         }
     };
+    control_task.abort();
+    shared.controls.remove(&agent_id);
     if let Some(mut a) = stats.agents.get_mut(&agent_id) {
         a.connected = false;
     }

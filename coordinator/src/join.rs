@@ -87,7 +87,7 @@ impl JoinedInstance {
 }
 
 /// A member that never arrived at a hung instance.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MissingMember {
     pub rank: u32,
     pub rank_in_comm: u32,

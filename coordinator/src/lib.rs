@@ -9,17 +9,22 @@
 //! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
 //! generates synthetic jobs with ground truth.
 
+pub mod alert;
 pub mod analyzer;
 pub mod classify;
 pub mod clock;
 pub mod flame;
+pub mod control;
 pub mod graph;
 pub mod ingest;
 pub mod intervals;
 pub mod iteration;
 pub mod join;
 pub mod links;
+pub mod metrics_http;
+pub mod outputs;
 pub mod report;
+pub mod serve;
 pub mod stats;
 pub mod synth;
 pub mod tls;

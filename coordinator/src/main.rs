@@ -1,14 +1,13 @@
 //! `slowrank`: the coordinator and its tools.
-use std::{net::SocketAddr, path::PathBuf, sync::atomic::Ordering};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use slowrank_coordinator::{
-    ingest::{Ingest, IngestEvent},
+    outputs, render_human, render_json,
+    serve::{ServeConfig, Server},
     tls::Identity,
 };
-use slowrank_shared::wire::Batch;
-use tokio::sync::mpsc;
 
 /// Finds the rank that slows a distributed GPU training job down.
 ///
@@ -23,8 +22,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the coordinator: receive agents' batches and report.
+    /// Run the coordinator: receive agents' batches, align clocks, decide
+    /// which rank is slow and why; alert and keep the report current.
     Serve(ServeArgs),
+    /// Show a report written by `slowrank serve --out DIR`.
+    Report(ReportArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -44,6 +46,30 @@ struct ServeArgs {
         default_value = ""
     )]
     token: String,
+    /// Keep DIR/report.json, DIR/report.txt and DIR/trace.json current
+    /// (replaced atomically every --write-every and at shutdown).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Seconds between report rewrites.
+    #[arg(long, default_value_t = 3.0, value_name = "S")]
+    write_every: f64,
+    /// POST every verdict event (JSON) to this URL.
+    #[arg(long, value_name = "URL")]
+    webhook: Option<String>,
+    /// Run `sh -c CMD` for every verdict event: the event JSON on stdin,
+    /// SLOWRANK_EVENT/RANK/HOST/KIND/CONFIDENCE/LINE in the environment.
+    #[arg(long, value_name = "CMD")]
+    exec: Option<String>,
+    /// Bound on one webhook request or exec hook run, in seconds.
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    hook_timeout: f64,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Seconds of deep probes (verbs, per-launch timing) requested from a
+    /// suspect's agent when a verdict opens; 0 disables.
+    #[arg(long, default_value_t = 30, value_name = "S")]
+    deep_window: u32,
     /// Print every probed call as it arrives (for the generic --probe set).
     #[arg(long)]
     print_calls: bool,
@@ -52,7 +78,16 @@ struct ServeArgs {
     exit_when_idle: bool,
 }
 
-fn main() -> Result<()> {
+#[derive(clap::Args, Debug)]
+struct ReportArgs {
+    /// Directory given to `serve --out` (or a report.json file).
+    dir: PathBuf,
+    /// Print the stable JSON (schema slowrank.report/v1) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -60,90 +95,89 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    match cli.command {
-        Command::Serve(args) => rt.block_on(serve(args)),
+    let r = match cli.command {
+        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(serve(args))),
+        Command::Report(args) => report(args),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn report(args: ReportArgs) -> Result<()> {
+    let r = outputs::read_report(&args.dir)?;
+    if args.json {
+        println!("{}", render_json(&r)?);
+    } else {
+        print!("{}", render_human(&r));
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let identity = Identity::load_or_create(&args.tls_dir)
         .with_context(|| format!("TLS identity in {}", args.tls_dir.display()))?;
-    let ingest = Ingest::bind(args.listen, &identity, &args.token)?;
-    let stats = ingest.stats();
+    let mut cfg = ServeConfig::new(args.listen, args.token);
+    cfg.out_dir = args.out.clone();
+    cfg.write_every = Duration::from_secs_f64(args.write_every.max(0.1));
+    cfg.hooks.webhook = args.webhook;
+    cfg.hooks.exec = args.exec;
+    cfg.hooks.timeout = Duration::from_secs_f64(args.hook_timeout.max(0.1));
+    cfg.metrics_listen = args.metrics_listen;
+    cfg.deep_window_s = args.deep_window;
+    cfg.print_calls = args.print_calls;
+    cfg.exit_when_idle = args.exit_when_idle;
+    let server = Server::bind(cfg, &identity)?;
     eprintln!(
         "slowrank coordinator listening on {} (QUIC); agents need --ca {}",
-        ingest.local_addr()?,
+        server.local_addr()?,
         identity
             .cert_path
             .as_ref()
             .map_or("?".into(), |p| p.display().to_string())
     );
-    let (tx, mut rx) = mpsc::channel(1024);
-    let ingest = std::sync::Arc::new(ingest);
-    let server = {
-        let ingest = ingest.clone();
-        tokio::spawn(async move { ingest.run(tx).await })
-    };
-    let (mut up, mut calls) = (0usize, 0u64);
-    loop {
-        let ev = tokio::select! {
-            ev = rx.recv() => ev,
-            _ = tokio::signal::ctrl_c() => None,
-        };
-        let Some(ev) = ev else { break };
-        match ev {
-            IngestEvent::AgentUp { agent_id, host } => {
-                up += 1;
-                println!("agent {agent_id} on {host} connected");
-            }
-            IngestEvent::Batch { batch, .. } => {
-                calls += batch.calls.len() as u64;
-                if args.print_calls {
-                    print_calls(&batch);
-                }
-            }
-            IngestEvent::AgentDown { agent_id, reason } => {
-                up = up.saturating_sub(1);
-                println!("agent {agent_id} disconnected ({reason})");
-                if args.exit_when_idle && up == 0 {
-                    break;
-                }
-            }
-        }
+    if let Some(m) = server.metrics_addr() {
+        eprintln!("metrics at http://{m}/metrics");
     }
-    ingest.close();
-    server.abort();
-    println!(
-        "coordinator done: {} batches, {} calls, {} rejected, {} agents refused",
-        stats.batches_ok.load(Ordering::Relaxed),
-        calls,
-        stats.rejected_total(),
-        stats.refused_agents.load(Ordering::Relaxed)
+    let summary = server.run(shutdown_signal()).await?;
+    let r = &summary.report;
+    eprintln!(
+        "coordinator done: {} batches, {} rejected, {} agents refused, {} clock samples, {} verdicts ({} active), {} hangs",
+        summary.batches,
+        summary.batches_rejected,
+        summary.agents_refused,
+        summary.clock_samples,
+        r.verdicts.len(),
+        r.verdicts.iter().filter(|v| v.active).count(),
+        r.hangs.len()
     );
-    Ok(())
-}
-
-fn print_calls(batch: &Batch) {
-    for c in &batch.calls {
-        let symbol = batch
-            .probes
-            .iter()
-            .find(|p| p.id == c.probe)
-            .map_or("?", |p| p.symbol.as_str());
-        if c.is_return {
-            println!(
-                "[{}] pid {} {symbol} returned {} at {} ns",
-                batch.host, c.pid, c.ret, c.ts_ns
-            );
-        } else {
-            println!(
-                "[{}] pid {} {symbol}({}, {}) entered at {} ns",
-                batch.host, c.pid, c.args[0], c.args[1], c.ts_ns
-            );
-        }
+    if let Some(dir) = &args.out {
+        eprintln!("report: slowrank report {}", dir.display());
     }
+    Ok(())
 }

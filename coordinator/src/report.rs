@@ -10,7 +10,7 @@ use crate::verdict::Verdict;
 
 pub const SCHEMA: &str = "slowrank.report/v1";
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     pub schema: String,
     pub generated_at: DateTime<Utc>,
@@ -19,9 +19,28 @@ pub struct Report {
     pub verdicts: Vec<Verdict>,
     pub hangs: Vec<HangReport>,
     pub ingest: IngestInfo,
+    /// Every agent that connected, and whether it is still there (filled by
+    /// `slowrank serve`; empty for an analyzer used on its own).
+    #[serde(default)]
+    pub agents: Vec<AgentReport>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+/// One agent connection as seen by `slowrank serve`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AgentReport {
+    pub agent_id: String,
+    pub host: String,
+    pub connected: bool,
+    pub connected_at: DateTime<Utc>,
+    pub disconnected_at: Option<DateTime<Utc>>,
+    /// Why it went away ("closed by peer: agent done", "timed out", ...).
+    pub reason: Option<String>,
+    pub batches: u64,
+    /// Ranks on its host that had not exited when it went away: no longer observed.
+    pub ranks_unobserved: Vec<u32>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobInfo {
     pub job_id: Option<String>,
     pub world_size: u32,
@@ -33,20 +52,23 @@ pub struct JobInfo {
     pub step_time_ms: Option<f64>,
     pub observed_seconds: f64,
     pub started: Option<DateTime<Utc>>,
+    /// Ranks whose process exited (crash or end of job) while observed.
+    #[serde(default)]
+    pub exited_ranks: Vec<u32>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ClockInfo {
     /// Largest per-host error bound; null while some host has no clock.
     pub max_error_us: Option<f64>,
     pub hosts: Vec<HostClock>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct HangReport {
     pub communicator: String,
     pub sequence: u64,
-    pub op: &'static str,
+    pub op: String,
     pub missing_ranks: Vec<u32>,
     pub missing: Vec<MissingMember>,
     pub present_ranks: Vec<u32>,
@@ -56,7 +78,7 @@ pub struct HangReport {
     pub exited_ranks: Vec<u32>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct IngestInfo {
     #[serde(flatten)]
     pub counters: IngestCounters,
@@ -68,6 +90,13 @@ pub struct IngestInfo {
     pub dropped_late_for_stats: u64,
     pub dropped_overflow: u64,
     pub open_instances: usize,
+    /// Whole batches rejected by the QUIC ingest before decoding, by reason
+    /// (`truncated`, `invalid_archive`, `oversized`, ...); filled by `serve`.
+    #[serde(default)]
+    pub batches_rejected: std::collections::BTreeMap<String, u64>,
+    /// Connections refused (bad token, malformed hello); filled by `serve`.
+    #[serde(default)]
+    pub agents_refused: u64,
 }
 
 /// `report.json`, pretty-printed.
@@ -94,8 +123,33 @@ pub fn render_human(r: &Report) -> String {
             .map_or(String::new(), |t| format!(" · step {t:.1} ms"))
     );
     let _ = writeln!(s);
-    if r.verdicts.is_empty() && r.hangs.is_empty() {
+    if r.job.ranks_seen == 0 {
+        let _ = writeln!(
+            s,
+            "No rank observed yet: no agent has reported a rank process ({} agent(s) seen).",
+            r.agents.len()
+        );
+    } else if r.verdicts.is_empty() && r.hangs.is_empty() {
         let _ = writeln!(s, "No slow rank found: every rank kept pace within noise.");
+    }
+    for a in r
+        .agents
+        .iter()
+        .filter(|a| !a.connected && !a.ranks_unobserved.is_empty())
+    {
+        let _ = writeln!(
+            s,
+            "GONE  agent {} on {} went away{} ({}); {} no longer observed",
+            a.agent_id,
+            a.host,
+            a.disconnected_at
+                .map_or(String::new(), |t| format!(" at {}", t.format("%H:%M:%S"))),
+            a.reason.as_deref().unwrap_or("?"),
+            fmt_ranks(&a.ranks_unobserved)
+        );
+    }
+    if !r.job.exited_ranks.is_empty() {
+        let _ = writeln!(s, "EXIT  {} exited", fmt_ranks(&r.job.exited_ranks));
     }
     for h in &active_hangs {
         let _ = writeln!(
@@ -185,6 +239,21 @@ pub fn render_human(r: &Report) -> String {
         r.clock.hosts.len()
     );
     let rejected: u64 = r.ingest.counters.records_rejected.values().sum();
+    let batches_rejected: u64 = r.ingest.batches_rejected.values().sum();
+    if batches_rejected > 0 || r.ingest.agents_refused > 0 {
+        let _ = writeln!(
+            s,
+            "transport: {} batches rejected ({}), {} agent connections refused",
+            batches_rejected,
+            r.ingest
+                .batches_rejected
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            r.ingest.agents_refused
+        );
+    }
     let _ = writeln!(
         s,
         "ingest: {} batches, {} records, {} rejected, {} batches missing, {} ring-buffer drops",

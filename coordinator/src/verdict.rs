@@ -18,10 +18,25 @@ use crate::classify::{Classification, Kind};
 use crate::clock::CoordNs;
 use crate::join::HangCandidate;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub enum Subject {
     /// A rank arriving late (compute or host).
     Rank(u32),
+    /// Placeholder for verdicts read back from `report.json` (not serialized).
+    #[default]
+    Unknown,
     /// A rank whose links are slow (its NIC).
     Nic(u32),
     /// A pair of ranks whose link is slow (lower rank first).
@@ -64,13 +79,13 @@ pub struct Observation {
     pub wall: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinkRef {
     pub ranks: [u32; 2],
 }
 
 /// A verdict as reported (`verdicts[]` in `report.json`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Verdict {
     pub id: u64,
     pub rank: u32,

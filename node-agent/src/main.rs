@@ -210,6 +210,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     wall_ns: clock::wall_ns(),
                 },
                 spool_bytes: cli.spool_bytes,
+                clock: clock::HostClock::real(),
             }))
         }
         None => None,

@@ -6,15 +6,32 @@
 //! blocks the next. TLS authenticates the coordinator (its certificate must
 //! chain to the CA file the agent was given); the token authenticates the
 //! agent.
+//!
+//! After the hello the coordinator opens a bidirectional *control* stream:
+//! it carries [`ClockProbe`]s, answered at once with the agent's
+//! [`HostClock`] (the same clock every record is stamped with, so the
+//! coordinator learns exactly the mapping it must undo), and [`Control`]
+//! requests for deep-probe windows, handed to the agent's main loop through
+//! [`Uplink::take_control_requests`].
 
 use std::{net::SocketAddr, sync::Arc};
 
-use quinn::{crypto::rustls::QuicClientConfig, Connection, Endpoint};
+use quinn::{crypto::rustls::QuicClientConfig, Connection, Endpoint, RecvStream, SendStream};
 use rustls::pki_types::{pem::PemObject, CertificateDer};
-use slowrank_shared::wire::{self, Batch, Hello, HelloReply, WireError};
+use slowrank_shared::wire::{
+    self, Batch, ClockProbe, ClockReply, Control, Hello, HelloReply, MessageKind, WireError,
+    HEADER_LEN,
+};
+use tokio::sync::mpsc;
 
-/// Largest reply the agent reads on the control stream.
+use crate::clock::HostClock;
+
+/// Largest reply the agent reads on the hello stream.
 const MAX_REPLY: usize = 64 * 1024;
+/// Largest message accepted on the control stream.
+const MAX_CONTROL: usize = 64 * 1024;
+/// Deep-window requests queued for the main loop before new ones are dropped.
+const CONTROL_QUEUE: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShipError {
@@ -48,6 +65,10 @@ pub enum ShipError {
     Wire(#[from] WireError),
     #[error("the coordinator refused this agent: {0}")]
     Refused(String),
+    #[error("reading the control stream failed")]
+    ReadExact(#[from] quinn::ReadExactError),
+    #[error("control message of {0} bytes exceeds the {MAX_CONTROL}-byte cap")]
+    ControlTooLarge(usize),
 }
 
 /// Builds the QUIC client config that trusts exactly the given CA (PEM).
@@ -125,11 +146,94 @@ impl Shipper {
         Ok(())
     }
 
+    /// Answers the coordinator's control streams (clock probes, deep-window
+    /// requests) until the connection ends. Probe answers are read from
+    /// `clock`; deep-window requests go to `requests`.
+    pub fn spawn_control(
+        &self,
+        clock: HostClock,
+        requests: mpsc::Sender<Control>,
+    ) -> tokio::task::JoinHandle<()> {
+        let conn = self.conn.clone();
+        tokio::spawn(async move {
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                tokio::spawn(control_stream(send, recv, clock, requests.clone()));
+            }
+        })
+    }
+
     /// Closes the connection cleanly after pending streams are acknowledged.
     pub async fn close(self) {
         self.conn.close(0u32.into(), b"agent done");
         self._endpoint.wait_idle().await;
     }
+}
+
+/// Reads one framed message (header + archive); `None` at a clean end.
+async fn read_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, ShipError> {
+    let mut header = [0u8; HEADER_LEN];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let (_, len) = wire::peek_header(&header)?;
+    if len > MAX_CONTROL {
+        return Err(ShipError::ControlTooLarge(len));
+    }
+    let mut frame = vec![0u8; HEADER_LEN + len];
+    frame[..HEADER_LEN].copy_from_slice(&header);
+    recv.read_exact(&mut frame[HEADER_LEN..]).await?;
+    Ok(Some(frame))
+}
+
+async fn control_stream(
+    mut send: SendStream,
+    mut recv: RecvStream,
+    clock: HostClock,
+    requests: mpsc::Sender<Control>,
+) {
+    if let Err(e) = answer_control(&mut send, &mut recv, clock, &requests).await {
+        tracing::warn!("control stream ended: {e}");
+    }
+}
+
+async fn answer_control(
+    send: &mut SendStream,
+    recv: &mut RecvStream,
+    clock: HostClock,
+    requests: &mpsc::Sender<Control>,
+) -> Result<(), ShipError> {
+    while let Some(frame) = read_frame(recv).await? {
+        let (kind, _) = wire::peek_header(frame[..HEADER_LEN].try_into().expect("header"))?;
+        match kind {
+            MessageKind::ClockProbe => {
+                // Decode, then read the clock, then encode: the coordinator
+                // stamps before encoding a probe and after decoding a reply,
+                // so both halves of the round trip carry the same work and
+                // the midpoint stays unbiased.
+                let probe: ClockProbe = wire::decode(&frame)?;
+                let agent_mono_ns = clock.now();
+                let reply = ClockReply {
+                    seq: probe.seq,
+                    coord_send_ns: probe.coord_send_ns,
+                    agent_mono_ns,
+                };
+                send.write_all(&wire::encode(&reply)?).await?;
+            }
+            MessageKind::Control => {
+                let c: Control = wire::decode(&frame)?;
+                tracing::info!(enable = c.deep_enable, seconds = c.seconds, ranks = ?c.ranks, "coordinator requests a deep-probe window");
+                if requests.try_send(c).is_err() {
+                    tracing::warn!(
+                        "deep-window request dropped: the agent has not taken the previous ones"
+                    );
+                }
+            }
+            other => tracing::warn!(?other, "unexpected message on the control stream; ignored"),
+        }
+    }
+    Ok(())
 }
 
 /// Where and how to reach the coordinator.
@@ -141,6 +245,8 @@ pub struct UplinkConfig {
     pub hello: Hello,
     /// Bound of the in-memory spool while the coordinator is away.
     pub spool_bytes: usize,
+    /// The clock this agent reports in; clock probes are answered from it.
+    pub clock: HostClock,
 }
 
 /// What the uplink did, reported when it finishes.
@@ -160,20 +266,28 @@ pub struct Uplink {
     task: tokio::task::JoinHandle<UplinkReport>,
     dropped: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<tokio::sync::Notify>,
+    control: Option<mpsc::Receiver<Control>>,
 }
 
 impl Uplink {
     pub fn spawn(cfg: UplinkConfig) -> Self {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
         let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let stop = Arc::new(tokio::sync::Notify::new());
-        let task = tokio::spawn(uplink_task(cfg, rx, dropped.clone(), stop.clone()));
+        let task = tokio::spawn(uplink_task(cfg, rx, ctl_tx, dropped.clone(), stop.clone()));
         Self {
             tx,
             task,
             dropped,
             stop,
+            control: Some(ctl_rx),
         }
+    }
+
+    /// The coordinator's deep-probe window requests (once; later calls get `None`).
+    pub fn take_control_requests(&mut self) -> Option<mpsc::Receiver<Control>> {
+        self.control.take()
     }
 
     /// Queues an encoded batch.
@@ -204,37 +318,45 @@ impl Uplink {
 async fn uplink_task(
     cfg: UplinkConfig,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    control: mpsc::Sender<Control>,
     dropped: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<tokio::sync::Notify>,
 ) -> UplinkReport {
     use std::time::Duration;
     let mut spool = crate::spool::Spool::new(cfg.spool_bytes);
     let mut conn: Option<Shipper> = None;
+    let mut control_task: Option<tokio::task::JoinHandle<()>> = None;
     let mut report = UplinkReport::default();
     let mut backoff = Duration::from_millis(200);
     let mut open = true;
     loop {
         // Take everything queued without waiting.
-        while let Ok(b) = rx.try_recv() {
-            spool.push(b);
+        loop {
+            match rx.try_recv() {
+                Ok(b) => spool.push(b),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
         }
         dropped.store(spool.dropped(), std::sync::atomic::Ordering::Relaxed);
-        if spool.is_empty() {
-            if !open {
-                break;
-            }
-            tokio::select! {
-                b = rx.recv() => match b { Some(b) => spool.push(b), None => open = false },
-                _ = stop.notified() => break,
-            }
-            continue;
+        if spool.is_empty() && !open {
+            break;
         }
+        // Connect eagerly, even with nothing to send: the coordinator probes
+        // our clock from the moment we say hello, before the job's first batch.
         if conn.is_none() {
             match Shipper::connect(cfg.addr, &cfg.server_name, cfg.client.clone(), &cfg.hello).await
             {
                 Ok(s) => {
                     tracing::info!(addr = %cfg.addr, spooled = spool.len(), "connected to coordinator");
                     backoff = Duration::from_millis(200);
+                    if let Some(t) = control_task.take() {
+                        t.abort();
+                    }
+                    control_task = Some(s.spawn_control(cfg.clock, control.clone()));
                     conn = Some(s);
                 }
                 Err(ShipError::Refused(reason)) => {
@@ -255,8 +377,19 @@ async fn uplink_task(
                 continue;
             }
         }
-        let front = spool.front().expect("not empty").to_vec();
         let shipper = conn.as_ref().expect("connected");
+        if spool.is_empty() {
+            tokio::select! {
+                b = rx.recv() => match b { Some(b) => spool.push(b), None => open = false },
+                _ = shipper.conn.closed() => {
+                    tracing::warn!("lost the coordinator while idle; reconnecting");
+                    conn = None;
+                }
+                _ = stop.notified() => break,
+            }
+            continue;
+        }
+        let front = spool.front().expect("not empty").to_vec();
         match shipper.send_encoded(&front).await {
             Ok(()) => {
                 spool.pop();
@@ -267,6 +400,9 @@ async fn uplink_task(
                 conn = None;
             }
         }
+    }
+    if let Some(t) = control_task {
+        t.abort();
     }
     if let Some(s) = conn {
         s.close().await;

@@ -6,12 +6,14 @@
 //! - [`orchestrate`]: where agents and the coordinator join a run.
 //! - [`trainer`]: the PyTorch-like job each rank process runs.
 //! - [`layout`]: ranks, hosts and parallel groups.
+//! - [`score`]: a run's report against its truth.
 
 pub mod children;
 pub mod layout;
 pub mod libs;
 pub mod orchestrate;
 pub mod run;
+pub mod score;
 pub mod spec;
 pub mod steps;
 pub mod trainer;

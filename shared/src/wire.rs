@@ -85,6 +85,9 @@ pub enum MessageKind {
     Hello = 1,
     HelloReply = 2,
     Batch = 3,
+    ClockProbe = 4,
+    ClockReply = 5,
+    Control = 6,
 }
 
 impl MessageKind {
@@ -93,6 +96,9 @@ impl MessageKind {
             1 => Ok(Self::Hello),
             2 => Ok(Self::HelloReply),
             3 => Ok(Self::Batch),
+            4 => Ok(Self::ClockProbe),
+            5 => Ok(Self::ClockReply),
+            6 => Ok(Self::Control),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -306,6 +312,64 @@ impl Message for Batch {
     const KIND: MessageKind = MessageKind::Batch;
 }
 
+/// Coordinator → agent on the control stream: "read your clock now".
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockProbe {
+    pub seq: u64,
+    /// Coordinator monotonic ns when the probe left (echoed back).
+    pub coord_send_ns: u64,
+}
+impl Message for ClockProbe {
+    const KIND: MessageKind = MessageKind::ClockProbe;
+}
+
+/// Agent → coordinator: the answer to one [`ClockProbe`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockReply {
+    pub seq: u64,
+    /// Echo of the probe's `coord_send_ns`, so the coordinator keeps no state.
+    pub coord_send_ns: u64,
+    /// The agent's reporting clock (the one its records use) when it answered.
+    pub agent_mono_ns: u64,
+}
+impl Message for ClockReply {
+    const KIND: MessageKind = MessageKind::ClockReply;
+}
+
+/// Coordinator → agent on the control stream: open or close a deep-probe
+/// window (verbs post/poll, per-launch timing) for some ranks.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Control {
+    /// True opens the window, false closes it now.
+    pub deep_enable: bool,
+    /// Window length; the agent closes it by itself afterwards.
+    pub seconds: u32,
+    /// Global ranks the window is for; empty means every rank of the host.
+    pub ranks: Vec<u32>,
+}
+impl Message for Control {
+    const KIND: MessageKind = MessageKind::Control;
+}
+
+/// For framed streams carrying several messages: checks a 12-byte header and
+/// returns the kind and the archive length that follows it.
+pub fn peek_header(header: &[u8; HEADER_LEN]) -> Result<(MessageKind, usize), WireError> {
+    let magic: [u8; 4] = header[0..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let version = u16::from_le_bytes([header[4], header[5]]);
+    if version != SCHEMA_VERSION {
+        return Err(WireError::Version { got: version });
+    }
+    let kind = MessageKind::from_raw(header[6])?;
+    let declared = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as usize;
+    if declared > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge(declared));
+    }
+    Ok((kind, declared))
+}
+
 /// Serializes `value` with its header.
 pub fn encode<T>(value: &T) -> Result<Vec<u8>, WireError>
 where
@@ -402,6 +466,37 @@ mod tests {
             ringbuf_drops: 3,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn control_messages_round_trip_and_frame() {
+        let p = ClockProbe {
+            seq: 3,
+            coord_send_ns: 99,
+        };
+        let bytes = encode(&p).unwrap();
+        let (kind, len) = peek_header(bytes[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(kind, MessageKind::ClockProbe);
+        assert_eq!(len, bytes.len() - HEADER_LEN);
+        assert_eq!(decode::<ClockProbe>(&bytes).unwrap(), p);
+        let c = Control {
+            deep_enable: true,
+            seconds: 30,
+            ranks: vec![5, 6],
+        };
+        assert_eq!(decode::<Control>(&encode(&c).unwrap()).unwrap(), c);
+        let r = ClockReply {
+            seq: 3,
+            coord_send_ns: 99,
+            agent_mono_ns: 7,
+        };
+        assert!(matches!(
+            decode::<ClockProbe>(&encode(&r).unwrap()),
+            Err(WireError::WrongKind { .. })
+        ));
+        let mut bad = bytes.clone();
+        bad[0] = 0;
+        assert!(peek_header(bad[..HEADER_LEN].try_into().unwrap()).is_err());
     }
 
     #[test]

@@ -50,6 +50,16 @@ enum Cmd {
         #[arg(long)]
         trace: bool,
     },
+    /// Score DIR/report.json (the coordinator's) against DIR/truth.json:
+    /// per fault matched or missed, false verdicts listed. Exits 1 on any
+    /// miss or false finding, 2 when the files cannot be read.
+    Score {
+        /// Output directory of `slowrank-scenario run`.
+        dir: PathBuf,
+        /// Print the score as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Parse and validate specs, printing a one-line summary of each.
     Check {
         /// Spec files.
@@ -77,6 +87,20 @@ fn main() -> ExitCode {
 
 fn real_main() -> anyhow::Result<ExitCode> {
     match Cli::parse().cmd {
+        Cmd::Score { dir, json } => {
+            let s = slowrank_scenarios::score::score_dir(&dir)
+                .with_context(|| format!("scoring {}", dir.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", slowrank_scenarios::score::render(&s));
+            }
+            Ok(if s.passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Cmd::Check { specs } => {
             for p in specs {
                 let s = Spec::load(&p)?;

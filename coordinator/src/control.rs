@@ -1,0 +1,243 @@
+//! The control stream the coordinator keeps with every agent.
+//!
+//! After the hello the coordinator opens one bidirectional stream per agent.
+//! Down it go [`ClockProbe`]s (a burst at connect so the clock is known before
+//! the first batch matters, then one every 50 ms, each followed by an
+//! immediate second probe once answered) and [`Control`] requests
+//! (deep-probe windows); up come [`ClockReply`]s. Each answered probe becomes
+//! a [`ClockSample`] stamped on the coordinator's monotonic clock — the clock
+//! the analyzer reasons in — and is handed on as [`IngestEvent::Clock`].
+//! Replies are matched against the probes actually sent, so an agent cannot
+//! invent samples.
+
+use std::{collections::BTreeMap, sync::Mutex, time::Duration};
+
+use tokio::sync::Notify;
+
+use quinn::{Connection, RecvStream, SendStream};
+use slowrank_shared::wire::{self, ClockProbe, ClockReply, Control, MessageKind, HEADER_LEN};
+use tokio::sync::mpsc;
+
+use crate::{clock::ClockSample, ingest::IngestEvent};
+
+/// Largest message accepted on the control stream.
+const MAX_CONTROL: usize = 64 * 1024;
+/// Unanswered probes remembered (older ones are forgotten).
+const MAX_OUTSTANDING: usize = 256;
+
+/// CLOCK_MONOTONIC in ns: the coordinator's clock for probes, batches and ticks.
+pub fn coord_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id and a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// When probes are sent.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeSchedule {
+    /// Probes sent right after the hello…
+    pub burst: u32,
+    /// …this far apart…
+    pub burst_gap: Duration,
+    /// …then one every `every`.
+    pub every: Duration,
+    /// Follow every answered probe at once with a second one. A host idle
+    /// for `every` wakes slowly (deep CPU idle, parked threads), which makes
+    /// the first leg of a lone probe slower than the return leg — a bias
+    /// round trips cannot see. Sent the moment the answer lands, the
+    /// follow-up finds both ends awake, so its two legs match; the estimator's
+    /// minimum-RTT filter then prefers it.
+    pub follow_up: bool,
+}
+
+impl Default for ProbeSchedule {
+    /// About 20 probes per second (≈ 2 KB/s each way): the estimator keeps
+    /// the minimum-RTT probe of each second, and the more candidates it has,
+    /// the closer that one is to an unqueued, symmetric round trip.
+    fn default() -> Self {
+        Self {
+            burst: 20,
+            burst_gap: Duration::from_millis(10),
+            every: Duration::from_millis(50),
+            follow_up: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("connection lost")]
+    Connection(#[from] quinn::ConnectionError),
+    #[error("writing to the agent failed")]
+    Write(#[from] quinn::WriteError),
+    #[error("reading from the agent failed")]
+    Read(#[from] quinn::ReadExactError),
+    #[error("bad control message")]
+    Wire(#[from] wire::WireError),
+    #[error("control message of {0} bytes exceeds the {MAX_CONTROL}-byte cap")]
+    TooLarge(usize),
+    #[error("unexpected {0:?} message from the agent")]
+    Unexpected(MessageKind),
+    #[error("the coordinator is shutting down")]
+    Shutdown,
+}
+
+/// Reads one framed message (header + archive); `None` at a clean end.
+async fn read_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, ControlError> {
+    let mut header = [0u8; HEADER_LEN];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let (_, len) = wire::peek_header(&header)?;
+    if len > MAX_CONTROL {
+        return Err(ControlError::TooLarge(len));
+    }
+    let mut frame = vec![0u8; HEADER_LEN + len];
+    frame[..HEADER_LEN].copy_from_slice(&header);
+    recv.read_exact(&mut frame[HEADER_LEN..]).await?;
+    Ok(Some(frame))
+}
+
+/// Probes `conn`'s agent and forwards `commands` to it until the connection
+/// ends or the coordinator stops listening.
+pub(crate) async fn run(
+    conn: Connection,
+    agent_id: String,
+    host: String,
+    events: mpsc::Sender<IngestEvent>,
+    commands: mpsc::Receiver<Control>,
+    schedule: ProbeSchedule,
+) -> Result<(), ControlError> {
+    let (send, recv) = conn.open_bi().await?;
+    let probes = Probes {
+        outstanding: Mutex::new(BTreeMap::new()),
+        follow: Notify::new(),
+        follow_up: schedule.follow_up,
+    };
+    let writer = write_loop(send, commands, schedule, &probes);
+    let reader = read_loop(recv, &agent_id, &host, &events, &probes);
+    tokio::select! {
+        r = writer => r,
+        r = reader => r,
+    }
+}
+
+/// Probe bookkeeping shared by the writer and the reader.
+struct Probes {
+    /// seq → (send time, whether a follow-up should answer it).
+    outstanding: Mutex<BTreeMap<u64, (u64, bool)>>,
+    /// Raised by the reader when a scheduled probe's answer arrived.
+    follow: Notify,
+    follow_up: bool,
+}
+
+impl Probes {
+    /// Records and sends probe `seq`.
+    async fn send(&self, send: &mut SendStream, seq: u64, lead: bool) -> Result<(), ControlError> {
+        let coord_send_ns = coord_now_ns();
+        {
+            let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+            o.insert(seq, (coord_send_ns, lead && self.follow_up));
+            while o.len() > MAX_OUTSTANDING {
+                o.pop_first();
+            }
+        }
+        send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn write_loop(
+    mut send: SendStream,
+    mut commands: mpsc::Receiver<Control>,
+    schedule: ProbeSchedule,
+    probes: &Probes,
+) -> Result<(), ControlError> {
+    let mut seq = 0u64;
+    let mut scheduled = 0u64;
+    let mut commands_open = true;
+    loop {
+        let gap = if scheduled < u64::from(schedule.burst) {
+            schedule.burst_gap
+        } else {
+            schedule.every
+        };
+        probes.send(&mut send, seq, true).await?;
+        seq += 1;
+        scheduled += 1;
+        let sleep = tokio::time::sleep(gap);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                _ = probes.follow.notified() => {
+                    probes.send(&mut send, seq, false).await?;
+                    seq += 1;
+                }
+                c = commands.recv(), if commands_open => match c {
+                    Some(c) => send.write_all(&wire::encode(&c)?).await?,
+                    None => commands_open = false,
+                },
+            }
+        }
+    }
+}
+
+async fn read_loop(
+    mut recv: RecvStream,
+    agent_id: &str,
+    host: &str,
+    events: &mpsc::Sender<IngestEvent>,
+    probes: &Probes,
+) -> Result<(), ControlError> {
+    while let Some(frame) = read_frame(&mut recv).await? {
+        let reply: ClockReply = match wire::decode(&frame) {
+            Ok(r) => r,
+            Err(wire::WireError::WrongKind { got, .. }) => {
+                return Err(ControlError::Unexpected(got))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // Stamped after decoding, as the agent stamps after decoding the
+        // probe: each half of the round trip then carries one encode and one
+        // decode, and the midpoint is unbiased.
+        let coord_recv_ns = coord_now_ns();
+        let sent = probes
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&reply.seq);
+        match sent {
+            Some((t, lead)) if t == reply.coord_send_ns => {
+                if lead {
+                    probes.follow.notify_one();
+                }
+            }
+            _ => {
+                tracing::warn!(agent = %agent_id, seq = reply.seq, "clock reply to a probe never sent; ignored");
+                continue;
+            }
+        }
+        let sample = ClockSample {
+            coord_send_ns: reply.coord_send_ns,
+            agent_mono_ns: reply.agent_mono_ns,
+            coord_recv_ns,
+        };
+        let ev = IngestEvent::Clock {
+            agent_id: agent_id.to_owned(),
+            host: host.to_owned(),
+            sample,
+        };
+        if events.send(ev).await.is_err() {
+            return Err(ControlError::Shutdown);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! The files `slowrank serve --out DIR` keeps current: `report.json`,
+//! `report.txt` and `trace.json`. Each is written to a temporary file in the
+//! same directory and renamed over the old one, so a reader (or a crash)
+//! never sees half a report.
+
+use std::{
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use crate::report::{render_human, render_json, Report};
+
+pub const REPORT_JSON: &str = "report.json";
+pub const REPORT_TXT: &str = "report.txt";
+pub const TRACE_JSON: &str = "trace.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("cannot write {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot serialize the report")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writes `bytes` to `dir/name` atomically (tmp + fsync + rename).
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), OutputError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let io = |source| OutputError::Io {
+        path: path.clone(),
+        source,
+    };
+    fs::create_dir_all(dir).map_err(io)?;
+    let mut f = fs::File::create(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(io)
+}
+
+/// Writes the report (JSON and human) and the trace into `dir`.
+pub fn write_all(
+    dir: &Path,
+    report: &Report,
+    trace: &serde_json::Value,
+) -> Result<(), OutputError> {
+    write_atomic(dir, REPORT_JSON, render_json(report)?.as_bytes())?;
+    write_atomic(dir, REPORT_TXT, render_human(report).as_bytes())?;
+    write_atomic(dir, TRACE_JSON, serde_json::to_string(trace)?.as_bytes())
+}
+
+/// Reads `dir/report.json` (or a report file given directly) back.
+pub fn read_report(path: &Path) -> Result<Report, ReadError> {
+    let file = if path.is_dir() {
+        path.join(REPORT_JSON)
+    } else {
+        path.to_path_buf()
+    };
+    let text = fs::read_to_string(&file).map_err(|source| ReadError::Io {
+        path: file.clone(),
+        source,
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|source| ReadError::Json {
+        path: file.clone(),
+        source,
+    })?;
+    match v.get("schema").and_then(|s| s.as_str()) {
+        Some(crate::report::SCHEMA) => {}
+        other => {
+            return Err(ReadError::Schema {
+                path: file,
+                found: other.unwrap_or("none").to_owned(),
+            })
+        }
+    }
+    serde_json::from_value(v).map_err(|source| ReadError::Json { path: file, source })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid slowrank report")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{path} has schema {found:?}; this build reads {}",
+        crate::report::SCHEMA
+    )]
+    Schema { path: PathBuf, found: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Fault, FaultKind, Generator, SynthSpec};
+    use crate::{Analyzer, AnalyzerConfig};
+
+    fn analyzer_with_verdict() -> Analyzer {
+        let a = Analyzer::new(AnalyzerConfig::default());
+        let mut spec = SynthSpec::dp(2, 4);
+        spec.faults.push(Fault::persistent(
+            FaultKind::Compute {
+                rank: 5,
+                factor: 1.5,
+            },
+            10,
+        ));
+        let mut g = Generator::new(spec);
+        for (h, s) in g.initial_samples() {
+            a.add_clock_sample(&h, s).unwrap();
+        }
+        for _ in 0..40 {
+            let out = g.next_iteration();
+            for (h, s) in &out.samples {
+                a.add_clock_sample(h, *s).unwrap();
+            }
+            for (recv, b) in &out.batches {
+                a.ingest(b, *recv);
+            }
+            a.tick(out.end_ns as i64 + 3_000_000);
+        }
+        a
+    }
+
+    #[test]
+    fn files_are_written_and_read_back_unchanged() {
+        let dir = std::env::temp_dir().join(format!("slowrank-outputs-{}", std::process::id()));
+        let a = analyzer_with_verdict();
+        let r = a.report();
+        assert_eq!(r.verdicts.len(), 1, "{:?}", r.verdicts);
+        write_all(&dir, &r, &a.trace_json()).unwrap();
+        for f in [REPORT_JSON, REPORT_TXT, TRACE_JSON] {
+            assert!(dir.join(f).is_file(), "{f}");
+            assert!(
+                !dir.join(format!(".{f}.tmp")).exists(),
+                "{f} temp left behind"
+            );
+        }
+        let back = read_report(&dir).unwrap();
+        // Same JSON after a round trip, and the same table.
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&r).unwrap()
+        );
+        assert_eq!(render_human(&back), render_human(&r));
+        assert!(render_human(&back).contains("rank 5 on node-1 is compute-slow"));
+        let trace: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(dir.join(TRACE_JSON)).unwrap()).unwrap();
+        assert!(trace["traceEvents"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty()));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unreadable_or_foreign_reports_are_clear_errors() {
+        let dir = std::env::temp_dir().join(format!("slowrank-outputs-bad-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        assert!(matches!(read_report(&dir), Err(ReadError::Io { .. })));
+        fs::write(
+            dir.join(REPORT_JSON),
+            "{\"schema\": \"slowrank.report/v9\"}",
+        )
+        .unwrap();
+        assert!(matches!(read_report(&dir), Err(ReadError::Schema { .. })));
+        fs::write(dir.join(REPORT_JSON), "{\"schema\": \"slowrank.report/v1\"").unwrap();
+        assert!(matches!(read_report(&dir), Err(ReadError::Json { .. })));
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,580 @@
+//! `slowrank serve` as a library: the QUIC ingest feeding the [`Analyzer`],
+//! ticks, alerts, hooks, `/metrics` and the report files, until shutdown.
+//!
+//! One task owns the loop: ingest events (batches, clock samples, agents
+//! coming and going) are applied as they arrive; every `tick_every` the
+//! analyzer reasons and verdict events become alert lines and hook calls;
+//! every `write_every` (and at shutdown) the report files are replaced.
+//! Hooks run on their own thread and `/metrics` on another, so neither can
+//! stall ingest. The analyzer's CPU work (ingest, tick, rendering the
+//! report) runs on the blocking pool, one call at a time and in arrival
+//! order, so the async workers stay free for QUIC — clock probes measure
+//! round trips, and a worker busy reasoning would skew them.
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use chrono::Utc;
+use slowrank_shared::wire::{Batch, Control};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::{
+    alert::{self, HookConfig, HookStats, Hooks},
+    control::{coord_now_ns, ProbeSchedule},
+    ingest::{Ingest, IngestError, IngestEvent, IngestStats},
+    metrics_http::{MetricsError, MetricsServer},
+    outputs::{self, OutputError},
+    report::{AgentReport, Report},
+    tls::Identity,
+    verdict::EventKind,
+    Analyzer, AnalyzerConfig, CoordNs, VerdictEvent,
+};
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub token: String,
+    /// Directory for report.json, report.txt and trace.json.
+    pub out_dir: Option<PathBuf>,
+    pub write_every: Duration,
+    pub tick_every: Duration,
+    pub hooks: HookConfig,
+    pub metrics_listen: Option<SocketAddr>,
+    /// Stop once every agent that connected has gone (and one did).
+    pub exit_when_idle: bool,
+    /// Print every raw probed call (generic `--probe` agents).
+    pub print_calls: bool,
+    /// Print alert lines on stdout.
+    pub print_alerts: bool,
+    /// Ask the suspect's agent for a deep-probe window of this many seconds
+    /// when a verdict opens (0: never).
+    pub deep_window_s: u32,
+    pub probes: ProbeSchedule,
+    pub analyzer: AnalyzerConfig,
+}
+
+impl ServeConfig {
+    pub fn new(listen: SocketAddr, token: impl Into<String>) -> Self {
+        Self {
+            listen,
+            token: token.into(),
+            out_dir: None,
+            write_every: Duration::from_secs(3),
+            tick_every: Duration::from_millis(500),
+            hooks: HookConfig {
+                webhook: None,
+                exec: None,
+                timeout: Duration::from_secs(5),
+            },
+            metrics_listen: None,
+            exit_when_idle: false,
+            print_calls: false,
+            print_alerts: true,
+            deep_window_s: 30,
+            probes: ProbeSchedule::default(),
+            analyzer: AnalyzerConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot start the QUIC ingest")]
+    Ingest(#[from] IngestError),
+    #[error("cannot start /metrics")]
+    Metrics(#[from] MetricsError),
+    #[error("cannot write the report files")]
+    Output(#[from] OutputError),
+    #[error("cannot read the listening address")]
+    Addr(#[source] std::io::Error),
+}
+
+/// What a finished serve did.
+#[derive(Debug, Clone)]
+pub struct ServeSummary {
+    pub report: Report,
+    pub events: Vec<VerdictEvent>,
+    pub batches: u64,
+    pub batches_rejected: u64,
+    pub agents_refused: u64,
+    pub clock_samples: u64,
+}
+
+/// A bound coordinator, ready to [`Server::run`].
+pub struct Server {
+    cfg: ServeConfig,
+    ingest: Arc<Ingest>,
+    analyzer: Arc<Analyzer>,
+    hooks: Hooks,
+    metrics: Option<MetricsServer>,
+    agents: Arc<std::sync::Mutex<BTreeMap<String, AgentReport>>>,
+}
+
+fn render_metrics(
+    analyzer: &Analyzer,
+    ingest: &IngestStats,
+    hooks: &HookStats,
+    agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
+) -> String {
+    use std::fmt::Write;
+    let mut s = analyzer.metrics().to_prometheus();
+    let _ = writeln!(s, "# HELP slowrank_batches_rejected_total Batches rejected by the QUIC ingest before decoding, by reason\n# TYPE slowrank_batches_rejected_total counter");
+    let mut rej: Vec<(String, u64)> = ingest
+        .rejected
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    rej.sort();
+    for (k, v) in rej {
+        let _ = writeln!(s, "slowrank_batches_rejected_total{{reason=\"{k}\"}} {v}");
+    }
+    let counters = [
+        (
+            "slowrank_batches_received_total",
+            "Batches that passed validation",
+            ingest.batches_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_batch_bytes_received_total",
+            "Bytes of valid batches",
+            ingest.bytes_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_agents_refused_total",
+            "Agent connections refused (token, malformed hello)",
+            ingest.refused_agents.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_webhook_ok_total",
+            "Webhook deliveries that succeeded",
+            hooks.webhook_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_webhook_failed_total",
+            "Webhook deliveries that failed",
+            hooks.webhook_failed.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_exec_hook_ok_total",
+            "Exec hook runs that succeeded",
+            hooks.exec_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_exec_hook_failed_total",
+            "Exec hook runs that failed",
+            hooks.exec_failed.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_hook_events_dropped_total",
+            "Events not delivered to hooks because they were behind",
+            hooks.dropped.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, v) in counters {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+    }
+    let connected = agents
+        .lock()
+        .map(|a| a.values().filter(|a| a.connected).count())
+        .unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "# HELP slowrank_agents_connected Agents connected now\n# TYPE slowrank_agents_connected gauge\nslowrank_agents_connected {connected}"
+    );
+    s
+}
+
+fn build_report(
+    analyzer: &Analyzer,
+    stats: &IngestStats,
+    agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
+) -> Report {
+    let mut r = analyzer.report();
+    r.ingest.batches_rejected = stats
+        .rejected
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    r.ingest.agents_refused = stats.refused_agents.load(Ordering::Relaxed);
+    r.agents = agents
+        .lock()
+        .map(|a| a.values().cloned().collect())
+        .unwrap_or_default();
+    r
+}
+
+impl Server {
+    /// Binds the QUIC socket (and `/metrics` when asked).
+    pub fn bind(cfg: ServeConfig, identity: &Identity) -> Result<Self, ServeError> {
+        let ingest = Arc::new(Ingest::bind_with(
+            cfg.listen, identity, &cfg.token, cfg.probes,
+        )?);
+        let analyzer = Arc::new(Analyzer::new(cfg.analyzer.clone()));
+        let hooks = Hooks::start(cfg.hooks.clone());
+        let agents = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let metrics = match cfg.metrics_listen {
+            Some(addr) => {
+                let (a, i, h, ag) = (
+                    analyzer.clone(),
+                    ingest.stats(),
+                    hooks.stats(),
+                    agents.clone(),
+                );
+                Some(MetricsServer::start(
+                    addr,
+                    Arc::new(move || render_metrics(&a, &i, &h, &ag)),
+                )?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            cfg,
+            ingest,
+            analyzer,
+            hooks,
+            metrics,
+            agents,
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, ServeError> {
+        self.ingest.local_addr().map_err(ServeError::Addr)
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
+    }
+
+    pub fn analyzer(&self) -> Arc<Analyzer> {
+        self.analyzer.clone()
+    }
+
+    pub fn ingest_stats(&self) -> Arc<IngestStats> {
+        self.ingest.stats()
+    }
+
+    /// The analyzer's report plus what only `serve` knows (agents, transport
+    /// rejections).
+    pub fn report(&self) -> Report {
+        build_report(&self.analyzer, &self.ingest.stats(), &self.agents)
+    }
+
+    /// Renders and writes the report files on the blocking pool.
+    async fn write_outputs(&self) -> Result<(), OutputError> {
+        let Some(dir) = self.cfg.out_dir.clone() else {
+            return Ok(());
+        };
+        let (a, s, ag) = (
+            self.analyzer.clone(),
+            self.ingest.stats(),
+            self.agents.clone(),
+        );
+        let job = move || outputs::write_all(&dir, &build_report(&a, &s, &ag), &a.trace_json());
+        match tokio::task::spawn_blocking(job).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("report writer task failed: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// `Analyzer::tick` on the blocking pool.
+    async fn tick(&self) -> Vec<VerdictEvent> {
+        let a = self.analyzer.clone();
+        tokio::task::spawn_blocking(move || a.tick(coord_now_ns() as CoordNs))
+            .await
+            .unwrap_or_else(|e| {
+                warn!("analyzer tick failed: {e}");
+                Vec::new()
+            })
+    }
+
+    /// `Analyzer::ingest` on the blocking pool (awaited, so batches keep
+    /// their arrival order).
+    async fn ingest_batch(&self, agent_id: String, batch: Box<Batch>) {
+        if self.cfg.print_calls {
+            print_calls(&batch);
+        }
+        let a = self.analyzer.clone();
+        let recv_ns = coord_now_ns();
+        let (sum, batch) = match tokio::task::spawn_blocking(move || {
+            let sum = a.ingest(&batch, recv_ns);
+            (sum, batch)
+        })
+        .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(agent = %agent_id, "ingest task failed: {e}");
+                return;
+            }
+        };
+        if sum.rejected > 0 {
+            warn!(agent = %agent_id, seq = batch.seq, rejected = sum.rejected, accepted = sum.accepted,
+                "records rejected (reasons in report.json ingest.records_rejected)");
+        }
+        if sum.duplicate_batch {
+            debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
+        }
+        if let Ok(mut a) = self.agents.lock() {
+            if let Some(a) = a.get_mut(&agent_id) {
+                a.batches += 1;
+            }
+        }
+    }
+
+    fn alert(&self, events: Vec<VerdictEvent>, log: &mut Vec<VerdictEvent>) {
+        let now = Utc::now();
+        for e in events {
+            if self.cfg.print_alerts {
+                println!("{}", alert::format_line(&e, now));
+            }
+            if matches!(e.event, EventKind::Opened | EventKind::Reopened) {
+                self.request_deep_window(&e);
+            }
+            self.hooks.send(&e);
+            log.push(e);
+        }
+    }
+
+    /// Deep probes (verbs, per-launch timing) for the suspect's host.
+    fn request_deep_window(&self, e: &VerdictEvent) {
+        let (Some(v), true) = (&e.verdict, self.cfg.deep_window_s > 0) else {
+            return;
+        };
+        let ids: Vec<String> = self
+            .agents
+            .lock()
+            .map(|a| {
+                a.values()
+                    .filter(|a| a.connected && a.host == v.host)
+                    .map(|a| a.agent_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut ranks = vec![v.rank];
+        if let Some(l) = &v.link {
+            ranks = l.ranks.to_vec();
+        }
+        for id in ids {
+            let sent = self.ingest.send_control(
+                &id,
+                Control {
+                    deep_enable: true,
+                    seconds: self.cfg.deep_window_s,
+                    ranks: ranks.clone(),
+                },
+            );
+            debug!(agent = %id, sent, "deep-probe window requested");
+        }
+    }
+
+    fn on_event(&self, ev: IngestEvent, clock_samples: &mut u64) -> Option<String> {
+        match ev {
+            IngestEvent::AgentUp { agent_id, host } => {
+                info!(agent = %agent_id, %host, "agent up");
+                if self.cfg.print_alerts {
+                    println!(
+                        "{} agent {agent_id} on {host} connected",
+                        Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    );
+                }
+                if let Ok(mut a) = self.agents.lock() {
+                    let e = a.entry(agent_id.clone()).or_insert_with(|| AgentReport {
+                        agent_id,
+                        host,
+                        connected: true,
+                        connected_at: Utc::now(),
+                        disconnected_at: None,
+                        reason: None,
+                        batches: 0,
+                        ranks_unobserved: Vec::new(),
+                    });
+                    e.connected = true;
+                    e.disconnected_at = None;
+                    e.reason = None;
+                }
+                None
+            }
+            IngestEvent::Clock { host, sample, .. } => {
+                *clock_samples += 1;
+                if let Err(e) = self.analyzer.add_clock_sample(&host, sample) {
+                    debug!(%host, "clock sample refused: {e}");
+                }
+                None
+            }
+            IngestEvent::Batch { agent_id, batch } => {
+                // Normally taken by `run`; kept correct for any other caller.
+                let sum = self.analyzer.ingest(&batch, coord_now_ns());
+                debug!(agent = %agent_id, ?sum, "batch ingested inline");
+                None
+            }
+            IngestEvent::AgentDown { agent_id, reason } => {
+                let host = self
+                    .agents
+                    .lock()
+                    .ok()
+                    .and_then(|a| a.get(&agent_id).map(|a| a.host.clone()))
+                    .unwrap_or_default();
+                // Ranks of that host still running are now invisible: say so.
+                let still_connected = self
+                    .agents
+                    .lock()
+                    .map(|a| {
+                        a.values()
+                            .any(|o| o.connected && o.host == host && o.agent_id != agent_id)
+                    })
+                    .unwrap_or(false);
+                let unobserved: Vec<u32> = if still_connected {
+                    Vec::new()
+                } else {
+                    self.analyzer
+                        .ranks()
+                        .into_iter()
+                        .filter(|r| r.host == host && r.exited_at.is_none())
+                        .map(|r| r.rank)
+                        .collect()
+                };
+                let line = format!(
+                    "{} agent {agent_id} on {host} went away ({reason}){}",
+                    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    if unobserved.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; ranks {:?} on {host} are no longer observed", unobserved)
+                    }
+                );
+                if unobserved.is_empty() {
+                    info!("{line}");
+                } else {
+                    warn!("{line}");
+                }
+                if self.cfg.print_alerts {
+                    println!("{line}");
+                }
+                if let Ok(mut a) = self.agents.lock() {
+                    if let Some(a) = a.get_mut(&agent_id) {
+                        a.connected = false;
+                        a.disconnected_at = Some(Utc::now());
+                        a.reason = Some(reason);
+                        a.ranks_unobserved = unobserved;
+                    }
+                }
+                Some(agent_id)
+            }
+        }
+    }
+
+    fn connected(&self) -> usize {
+        self.agents
+            .lock()
+            .map(|a| a.values().filter(|a| a.connected).count())
+            .unwrap_or(0)
+    }
+
+    /// Serves until `shutdown` resolves, or — with `exit_when_idle` — every
+    /// agent has gone; then writes the final outputs.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<ServeSummary, ServeError> {
+        let (tx, mut rx) = mpsc::channel(4096);
+        let accept = {
+            let ingest = self.ingest.clone();
+            tokio::spawn(async move { ingest.run(tx).await })
+        };
+        let mut tick = tokio::time::interval(self.cfg.tick_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut write = tokio::time::interval(self.cfg.write_every);
+        write.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut log = Vec::new();
+        let mut clock_samples = 0u64;
+        let mut seen_agent = false;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                ev = rx.recv() => {
+                    let Some(ev) = ev else { break };
+                    seen_agent |= matches!(ev, IngestEvent::AgentUp { .. });
+                    if let IngestEvent::Batch { agent_id, batch } = ev {
+                        self.ingest_batch(agent_id, batch).await;
+                        continue;
+                    }
+                    let down = self.on_event(ev, &mut clock_samples).is_some();
+                    if down && self.cfg.exit_when_idle && seen_agent && self.connected() == 0 {
+                        info!("every agent has gone; finishing");
+                        break;
+                    }
+                }
+                _ = tick.tick() => {
+                    let events = self.tick().await;
+                    self.alert(events, &mut log);
+                }
+                _ = write.tick() => {
+                    if let Err(e) = self.write_outputs().await {
+                        warn!("writing the report files: {e}: {}", alert::source_chain(&e));
+                    }
+                }
+                _ = &mut shutdown => {
+                    info!("shutting down");
+                    break;
+                }
+            }
+        }
+        self.ingest.close();
+        accept.abort();
+        // What was already received still counts.
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                IngestEvent::Batch { agent_id, batch } => self.ingest_batch(agent_id, batch).await,
+                ev => {
+                    self.on_event(ev, &mut clock_samples);
+                }
+            }
+        }
+        let events = self.tick().await;
+        self.alert(events, &mut log);
+        self.write_outputs().await?;
+        let report = self.report();
+        let stats = self.ingest.stats();
+        let summary = ServeSummary {
+            report,
+            events: log,
+            batches: stats.batches_ok.load(Ordering::Relaxed),
+            batches_rejected: stats.rejected_total(),
+            agents_refused: stats.refused_agents.load(Ordering::Relaxed),
+            clock_samples,
+        };
+        let Server { hooks, metrics, .. } = self;
+        drop(metrics);
+        // Hooks get their bounded time to deliver the last events.
+        let _ = tokio::task::spawn_blocking(move || hooks.finish()).await;
+        Ok(summary)
+    }
+}
+
+fn print_calls(batch: &Batch) {
+    for c in &batch.calls {
+        let symbol = batch
+            .probes
+            .iter()
+            .find(|p| p.id == c.probe)
+            .map_or("?", |p| p.symbol.as_str());
+        if c.is_return {
+            println!(
+                "[{}] pid {} {symbol} returned {} at {} ns",
+                batch.host, c.pid, c.ret, c.ts_ns
+            );
+        } else {
+            println!(
+                "[{}] pid {} {symbol}({}, {}) entered at {} ns",
+                batch.host, c.pid, c.args[0], c.args[1], c.ts_ns
+            );
+        }
+    }
+}
