@@ -81,11 +81,10 @@ pub fn host_plans(spec: &Spec) -> Vec<HostPlan> {
         .collect()
 }
 
-/// Extra `slowrank serve` arguments, given the run directory. The hook for
-/// the coordinator's analyzer/report options (e.g. `--out DIR`) once serve
-/// has them; today serve only ingests.
-fn coordinator_extra_args(_run_dir: &Path) -> Vec<String> {
-    Vec::new()
+/// Extra `slowrank serve` arguments, given the run directory: the report,
+/// table and trace land next to `truth.json`, where `score` looks for them.
+fn coordinator_extra_args(run_dir: &Path) -> Vec<String> {
+    vec!["--out".into(), run_dir.display().to_string()]
 }
 
 /// A started helper process.
