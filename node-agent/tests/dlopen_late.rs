@@ -59,9 +59,10 @@ fn library_dlopened_after_agent_start_is_found_and_probed() {
             .join("../scenarios/specs/dp8-healthy.toml"),
     )
     .unwrap();
-    // Long enough for the scan to see the ranks with the libraries mapped
-    // even on a loaded 2-core machine.
-    spec.iterations = 40;
+    // Long enough (~5 s) for the scan to see the ranks with the libraries
+    // mapped even while other agents on the machine detach their uprobes
+    // (attach and detach serialise in the kernel and can stall for seconds).
+    spec.iterations = 100;
     let job = {
         let out = out.clone();
         std::thread::spawn(move || run(&spec, &RunOptions::job_only(&out)).expect("scenario"))
