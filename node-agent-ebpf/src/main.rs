@@ -25,7 +25,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use slowrank_shared::probe::{
-    counter, cuda_count, CallEvent, CallKind, CudaCounts, StackEvent, MAX_ARGS, STACK_WORDS,
+    counter, cuda_count, CallEvent, CallKind, CudaCounts, ObjectSnapshot, StackEvent, MAX_ARGS,
+    SNAPSHOT_BYTES, STACK_WORDS,
 };
 
 mod stacks;
@@ -237,7 +238,43 @@ pub fn call_return_out(ctx: RetProbeContext) -> u32 {
     }
     let ret: u64 = ctx.ret();
     emit(ctx.as_ptr(), CallKind::Return, args, ret, who);
+    if args[0] != 0 {
+        snapshot(&ctx, args[0], who);
+    }
     0
+}
+
+/// Emits the first SNAPSHOT_BYTES of the object at `addr` (zeroes where it
+/// could not be read).
+#[inline(always)]
+fn snapshot(ctx: &RetProbeContext, addr: u64, who: (u32, u32)) {
+    let Some(mut slot) = EVENTS.reserve::<ObjectSnapshot>(0) else {
+        bump(counter::RINGBUF_DROPS);
+        return;
+    };
+    let p = slot.as_mut_ptr();
+    // SAFETY: `p` is the reserved, exclusively owned slot; fields are
+    // written in place (the struct is too large for the BPF stack).
+    unsafe {
+        (*p).call = CallEvent {
+            ts_ns: bpf_ktime_get_ns(),
+            pid: who.0,
+            tid: who.1,
+            probe: bpf_get_attach_cookie(ctx.as_ptr()) as u32,
+            kind: CallKind::Snapshot as u32,
+            args: [addr, 0, 0, 0, 0, 0],
+            ret: 0,
+        };
+        let buf = &mut (*p).bytes;
+        if bpf_probe_read_user_buf(addr as *const u8, buf).is_err() {
+            // The object may end near an unmapped page: keep what fits.
+            let half = &mut buf[..SNAPSHOT_BYTES / 4];
+            if bpf_probe_read_user_buf(addr as *const u8, half).is_err() {
+                (*p).call.args[1] = 1;
+            }
+        }
+    }
+    slot.submit(0);
 }
 
 #[cfg(target_arch = "bpf")]

@@ -414,8 +414,12 @@ impl Agent {
     /// after the call); `last` gives up on what is still ambiguous.
     fn resolve_splits(&mut self, last: bool) {
         for (pid, ptr, rank, nranks) in self.folder.take_inits() {
-            self.layout.learn(pid, ptr, rank, nranks);
+            match self.folder.snapshot(pid, ptr) {
+                Some(bytes) => self.layout.learn_bytes(bytes, rank, nranks),
+                None => self.layout.learn(pid, ptr, rank, nranks),
+            }
         }
+        self.folder.fill_split_snapshots();
         type Done = (u32, u64, Option<(u32, u32)>);
         let mut done: Vec<Done> = Vec::new();
         for s in self.folder.pending_splits().iter_mut() {

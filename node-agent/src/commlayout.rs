@@ -26,9 +26,13 @@ pub struct CommLayout {
 impl CommLayout {
     /// Adds one initialised communicator as evidence.
     pub fn learn(&mut self, pid: u32, comm_ptr: u64, rank: u32, nranks: u32) {
-        let Some(mem) = read_object(pid, comm_ptr) else {
-            return;
-        };
+        if let Some(mem) = read_object(pid, comm_ptr) {
+            self.learn_bytes(&mem, rank, nranks);
+        }
+    }
+
+    /// Adds evidence from the object's bytes (e.g. the kernel's snapshot).
+    pub fn learn_bytes(&mut self, mem: &[u8], rank: u32, nranks: u32) {
         let hits = |v: u32| -> BTreeSet<usize> {
             (0..mem.len() / 4)
                 .filter(|i| u32::from_le_bytes(mem[i * 4..i * 4 + 4].try_into().expect("4")) == v)
@@ -63,7 +67,9 @@ impl CommLayout {
         }
         let at = |o: usize| u32::from_le_bytes(mem.get(o..o + 4)?.try_into().ok()?).into();
         let one = |set: &BTreeSet<usize>| -> Option<u32> {
-            let vals: BTreeSet<u32> = set.iter().map(|&o| at(o)).collect::<Option<_>>()?;
+            // Candidates past the end of a short read (a snapshot) are
+            // skipped; at least one must be inside.
+            let vals: BTreeSet<u32> = set.iter().filter_map(|&o| at(o)).collect();
             (vals.len() == 1).then(|| *vals.iter().next().expect("one"))
         };
         let (r, n) = (one(ra)?, one(na)?);

@@ -122,6 +122,9 @@ struct Proc {
     last_launches: u64,
     /// Per QP number (deep set): peer and traffic this interval.
     qps: HashMap<u32, Qp>,
+    /// Communicator objects as the kernel read them at init/split return
+    /// (address → bytes), for the layout even after the process ended.
+    snapshots: HashMap<u64, Vec<u8>>,
     /// Posts waiting for their completion: (qp_num, wr_id) → post time.
     posted: HashMap<(u32, u64), u64>,
 }
@@ -136,6 +139,8 @@ struct Qp {
     post_to_completion_ns: u64,
 }
 
+/// Communicator snapshots kept per process.
+const SNAPSHOTS_MAX: usize = 256;
 /// Posts awaiting completion, per process, and QPs per process.
 const POSTED_MAX: usize = 65536;
 const QPS_MAX: usize = 4096;
@@ -238,6 +243,7 @@ impl Folder {
                 iv_launches_base: 0,
                 last_launches: 0,
                 qps: HashMap::new(),
+                snapshots: HashMap::new(),
                 posted: HashMap::new(),
             },
         );
@@ -315,7 +321,7 @@ impl Folder {
             if held.len() >= LIMBO_EVENTS {
                 self.drops.limbo += 1;
             } else {
-                held.push(*ev);
+                held.push(ev.clone());
             }
             return;
         };
@@ -369,6 +375,14 @@ impl Folder {
             _ => {}
         }
         match CallKind::from_raw(c.kind) {
+            Some(CallKind::Snapshot) => {
+                if let RawEvent::Snapshot(snap) = ev {
+                    if p.snapshots.len() >= SNAPSHOTS_MAX {
+                        p.snapshots.clear();
+                    }
+                    p.snapshots.insert(c.args[0], snap.bytes.to_vec());
+                }
+            }
             Some(CallKind::Entry) => {
                 if p.open_count >= self.limits.open_calls {
                     // Evict everything open on the busiest key: it is the
@@ -381,7 +395,7 @@ impl Folder {
                 }
                 let (stack, launches, has_stack) = match ev {
                     RawEvent::Stack(s) => (s.stack, s.launches, true),
-                    RawEvent::Call(_) => ([0; STACK_WORDS], 0, false),
+                    RawEvent::Call(_) | RawEvent::Snapshot(_) => ([0; STACK_WORDS], 0, false),
                 };
                 p.open.entry(key).or_default().push(Open {
                     ts: c.ts_ns,
@@ -572,6 +586,28 @@ impl Folder {
                 .map(|(n, q)| (*n, q.dest_qp_num, q.dlid))
                 .collect()
         })
+    }
+
+    /// The kernel's snapshot of the object at `addr` in `pid`, if any.
+    pub fn snapshot(&self, pid: u32, addr: u64) -> Option<&[u8]> {
+        self.procs
+            .get(&pid)?
+            .snapshots
+            .get(&addr)
+            .map(Vec::as_slice)
+    }
+
+    /// Gives pending splits the kernel's snapshot of their object.
+    pub fn fill_split_snapshots(&mut self) {
+        for s in &mut self.splits {
+            if s.snapshot.is_none() {
+                s.snapshot = self
+                    .procs
+                    .get(&s.pid)
+                    .and_then(|p| p.snapshots.get(&s.comm_ptr))
+                    .cloned();
+            }
+        }
     }
 
     /// Communicators made by init since the last call (layout evidence).

@@ -15,7 +15,7 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use slowrank_shared::{
-    probe::{cookie, counter, cuda_count, CallEvent, StackEvent},
+    probe::{cookie, counter, cuda_count, CallEvent, ObjectSnapshot, StackEvent},
     wire::ProbeDesc,
 };
 
@@ -64,10 +64,12 @@ pub enum Attach {
 }
 
 /// One event from the ring buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RawEvent {
     Call(CallEvent),
     Stack(StackEvent),
+    /// Rare (communicator creation) and 2 KiB: boxed.
+    Snapshot(Box<ObjectSnapshot>),
 }
 
 impl RawEvent {
@@ -75,6 +77,7 @@ impl RawEvent {
         match self {
             Self::Call(c) => c,
             Self::Stack(s) => &s.call,
+            Self::Snapshot(s) => &s.call,
         }
     }
 }
@@ -386,6 +389,8 @@ impl Probes {
                 out.push(RawEvent::Call(ev));
             } else if let Some(ev) = StackEvent::from_bytes(&item) {
                 out.push(RawEvent::Stack(ev));
+            } else if let Some(ev) = ObjectSnapshot::from_bytes(&item) {
+                out.push(RawEvent::Snapshot(Box::new(ev)));
             } else {
                 bad += 1;
                 continue;

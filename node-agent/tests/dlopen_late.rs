@@ -29,11 +29,29 @@ fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// Agents of earlier tests detach their uprobes when they exit, which can
+/// take many seconds and stalls every attach on the machine meanwhile; this
+/// test measures discovery, not that, so it waits for them (bounded).
+fn wait_for_other_agents() {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        let busy = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "slowrank-agent")
+        });
+        if !busy {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn library_dlopened_after_agent_start_is_found_and_probed() {
     if !root_or_skip("library_dlopened_after_agent_start_is_found_and_probed") {
         return;
     }
+    wait_for_other_agents();
     let out =
         std::env::temp_dir().join(format!("slowrank-agent-test-dlopen-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
@@ -59,8 +77,8 @@ fn library_dlopened_after_agent_start_is_found_and_probed() {
             .join("../scenarios/specs/dp8-healthy.toml"),
     )
     .unwrap();
-    // Long enough for the scan to see the ranks with the libraries mapped
-    // even on a loaded 2-core machine.
+    // Long enough (~2 s) for the scan to see the ranks with the libraries
+    // mapped on a loaded 2-core machine.
     spec.iterations = 40;
     let job = {
         let out = out.clone();

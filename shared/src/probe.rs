@@ -14,6 +14,8 @@ pub const MAX_ARGS: usize = 6;
 pub enum CallKind {
     Entry = 1,
     Return = 2,
+    /// A [`ObjectSnapshot`] of the object an out-pointer call produced.
+    Snapshot = 3,
 }
 
 impl CallKind {
@@ -21,6 +23,7 @@ impl CallKind {
         match raw {
             1 => Some(Self::Entry),
             2 => Some(Self::Return),
+            3 => Some(Self::Snapshot),
             _ => None,
         }
     }
@@ -147,4 +150,34 @@ pub mod cuda_count {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaCounts {
     pub counts: [u64; cuda_count::SLOTS],
+}
+
+/// Bytes of an object captured by [`ObjectSnapshot`].
+pub const SNAPSHOT_BYTES: usize = 2048;
+
+/// The first bytes of the object a call returned through its out-pointer
+/// (the `ncclComm` behind `*comm` after `ncclCommInitRank`/`ncclCommSplit`),
+/// read in the kernel at return so the agent has them even if it reads its
+/// ring buffer after the process ended. `call.args[0]` is the object's
+/// address; `call.kind` is [`CallKind::Snapshot`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectSnapshot {
+    pub call: CallEvent,
+    pub bytes: [u8; SNAPSHOT_BYTES],
+}
+
+/// Size of [`ObjectSnapshot`] in the ring buffer.
+pub const SNAPSHOT_EVENT_SIZE: usize = CALL_EVENT_SIZE + SNAPSHOT_BYTES;
+const _: () = assert!(core::mem::size_of::<ObjectSnapshot>() == SNAPSHOT_EVENT_SIZE);
+
+impl ObjectSnapshot {
+    /// Reads an event from ring-buffer bytes; `None` when the length is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != SNAPSHOT_EVENT_SIZE {
+            return None;
+        }
+        // SAFETY: length checked; plain integers and bytes.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<ObjectSnapshot>()) })
+    }
 }
