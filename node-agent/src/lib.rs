@@ -5,11 +5,11 @@
 pub mod agent;
 pub mod catalog;
 pub mod clock;
-pub mod folded;
-pub mod gputime;
 pub mod commlayout;
 pub mod discover;
 pub mod fold;
+pub mod folded;
+pub mod gputime;
 pub mod output;
 pub mod probes;
 pub mod ship;

@@ -192,7 +192,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
 
     let host = cli.host.clone().unwrap_or_else(clock::hostname);
     let agent_id = format!("{host}-{}-{}", std::process::id(), clock::mono_ns());
-    let uplink = match cli.coordinator {
+    let mut uplink = match cli.coordinator {
         Some(addr) => {
             let ca_path = cli.ca.as_ref().context("--coordinator needs --ca FILE")?;
             let ca =
@@ -210,7 +210,9 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     wall_ns: clock::wall_ns(),
                 },
                 spool_bytes: cli.spool_bytes,
-                clock: clock::HostClock::real(),
+                // The same clock the records are stamped with, or the
+                // coordinator would fit the wrong offset.
+                clock: host_clock,
             }))
         }
         None => None,
@@ -247,6 +249,8 @@ async fn run(cli: RunArgs) -> Result<i32> {
         None => None,
     };
 
+    // Deep-probe windows the coordinator asks for (a suspect and references).
+    let mut control = uplink.as_mut().and_then(Uplink::take_control_requests);
     let mut flush = tokio::time::interval(Duration::from_millis(cli.flush_ms.max(10)));
     let mut scan = tokio::time::interval(Duration::from_millis(cli.scan_ms.max(5)));
     let mut poll = tokio::time::interval(Duration::from_millis(5));
@@ -260,6 +264,21 @@ async fn run(cli: RunArgs) -> Result<i32> {
     loop {
         let done = tokio::select! {
             _ = poll.tick() => { agent.poll(); false }
+            req = async { control.as_mut().expect("guarded").recv().await }, if control.is_some() => {
+                match req {
+                    Some(c) if c.deep_enable => {
+                        tracing::info!(seconds = c.seconds, "coordinator opened a deep-probe window");
+                        agent.open_deep_window(Duration::from_secs(u64::from(c.seconds.max(1))));
+                    }
+                    Some(_) if !cli.deep => {
+                        tracing::info!("coordinator closed the deep-probe window");
+                        agent.set_deep(slowrank_agent::agent::Deep::Off);
+                    }
+                    Some(_) => {}
+                    None => control = None,
+                }
+                false
+            }
             _ = scan.tick() => {
                 if let Err(e) = agent.scan() {
                     tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");

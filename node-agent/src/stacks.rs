@@ -12,7 +12,8 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::UProbeAttachLocation, PerfEvent, ProgramError, TracePoint, UProbe,
+        uprobe::UProbeAttachLocation,
+        PerfEvent, ProgramError, TracePoint, UProbe,
     },
     Ebpf, EbpfError, EbpfLoader,
 };
