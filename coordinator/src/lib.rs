@@ -25,6 +25,7 @@ pub mod metrics_http;
 pub mod outputs;
 pub mod report;
 pub mod serve;
+pub mod stackstore;
 pub mod stats;
 pub mod synth;
 pub mod tls;

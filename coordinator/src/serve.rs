@@ -32,6 +32,7 @@ use crate::{
     metrics_http::{MetricsError, MetricsServer},
     outputs::{self, OutputError},
     report::{AgentReport, Report},
+    stackstore::StackStore,
     tls::Identity,
     verdict::EventKind,
     Analyzer, AnalyzerConfig, CoordNs, VerdictEvent,
@@ -115,6 +116,7 @@ pub struct Server {
     hooks: Hooks,
     metrics: Option<MetricsServer>,
     agents: Arc<std::sync::Mutex<BTreeMap<String, AgentReport>>>,
+    stacks: Arc<StackStore>,
 }
 
 fn render_metrics(
@@ -241,6 +243,7 @@ impl Server {
             hooks,
             metrics,
             agents,
+            stacks: Arc::new(StackStore::default()),
         })
     }
 
@@ -271,12 +274,27 @@ impl Server {
         let Some(dir) = self.cfg.out_dir.clone() else {
             return Ok(());
         };
-        let (a, s, ag) = (
+        let (a, s, ag, st) = (
             self.analyzer.clone(),
             self.ingest.stats(),
             self.agents.clone(),
+            self.stacks.clone(),
         );
-        let job = move || outputs::write_all(&dir, &build_report(&a, &s, &ag), &a.trace_json());
+        let job = move || {
+            let mut report = build_report(&a, &s, &ag);
+            let (world, step_ms) = (
+                report.job.world_size,
+                report.job.step_time_ms.unwrap_or(0.0),
+            );
+            st.annotate(
+                &mut report.verdicts,
+                world,
+                step_ms,
+                coord_now_ns() as CoordNs,
+                &dir,
+            );
+            outputs::write_all(&dir, &report, &a.trace_json())
+        };
         match tokio::task::spawn_blocking(job).await {
             Ok(r) => r,
             Err(e) => {
@@ -304,9 +322,11 @@ impl Server {
             print_calls(&batch);
         }
         let a = self.analyzer.clone();
+        let st = self.stacks.clone();
         let recv_ns = coord_now_ns();
         let (sum, batch) = match tokio::task::spawn_blocking(move || {
             let sum = a.ingest(&batch, recv_ns);
+            st.add(&batch, &a);
             (sum, batch)
         })
         .await

@@ -15,5 +15,6 @@ pub mod probes;
 pub mod ship;
 pub mod spool;
 pub mod stack_collector;
+pub mod stackfeed;
 pub mod stacks;
 pub mod symbolize;

@@ -17,6 +17,9 @@ use slowrank_agent::{
     output,
     probes::Probes,
     ship::{client_config, Uplink, UplinkConfig},
+    stack_collector::StackCollector,
+    stackfeed::StackFeed,
+    stacks::StackConfig,
 };
 use slowrank_shared::wire::{self, Batch, Hello};
 use tokio::signal::unix::{signal, SignalKind};
@@ -101,6 +104,10 @@ struct RunArgs {
     /// opens deep windows for a suspect instead.
     #[arg(long)]
     deep: bool,
+    /// Do not sample rank stacks (CPU/off-CPU at 49 Hz; with --deep also
+    /// launch sites). Without stacks a verdict has no flame-graph diff.
+    #[arg(long)]
+    no_stacks: bool,
     /// Probe a C-ABI function: FILE:SYMBOL, FILE an exact path. Repeatable.
     #[arg(long = "probe", value_name = "FILE:SYMBOL")]
     probes: Vec<String>,
@@ -165,6 +172,23 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let probes = Probes::load().context("loading the eBPF programs")?;
     let scanner = Scanner::new(&cli.only_env, None)?;
     let mut agent = Agent::new(probes, scanner, host_clock, Limits::default());
+    let mut stacks = if cli.no_stacks {
+        None
+    } else {
+        let config = if cli.deep {
+            StackConfig::DEEP
+        } else {
+            StackConfig::DEFAULT
+        };
+        match StackCollector::start(config, cli.deep, clock::mono_ns()) {
+            Ok(c) => Some(StackFeed::new(c, host_clock)),
+            Err(e) => {
+                // Stacks explain a verdict; they never stop the agent.
+                tracing::warn!(error = %e, "stack sampling unavailable; verdicts will carry no flame graph");
+                None
+            }
+        }
+    };
     for spec in &cli.probes {
         let (file, symbol) = spec
             .rsplit_once(':')
@@ -263,7 +287,11 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     loop {
         let done = tokio::select! {
-            _ = poll.tick() => { agent.poll(); false }
+            _ = poll.tick() => {
+                agent.poll();
+                if let Some(s) = stacks.as_mut() { s.poll(); }
+                false
+            }
             req = async { control.as_mut().expect("guarded").recv().await }, if control.is_some() => {
                 match req {
                     Some(c) if c.deep_enable => {
@@ -283,6 +311,9 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if let Err(e) = agent.scan() {
                     tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");
                 }
+                if let Some(s) = stacks.as_mut() {
+                    s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
+                }
                 false
             }
             _ = flush.tick() => {
@@ -290,7 +321,10 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if close {
                     last_interval = std::time::Instant::now();
                 }
-                cut(&mut agent, close, &host, &agent_id, uplink.as_ref(), &mut out)?;
+                if close {
+                    if let Some(s) = stacks.as_mut() { s.cut_window(); }
+                }
+                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref(), &mut out)?;
                 false
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
@@ -309,8 +343,13 @@ async fn run(cli: RunArgs) -> Result<i32> {
     // Returns of calls in flight at exit land just after it.
     tokio::time::sleep(Duration::from_millis(20)).await;
     agent.scan()?;
+    if let Some(s) = stacks.as_mut() {
+        s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
+        s.cut_window();
+    }
     cut(
         &mut agent,
+        stacks.as_mut(),
         true,
         &host,
         &agent_id,
@@ -349,6 +388,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
 /// Cuts one batch and ships it.
 fn cut(
     agent: &mut Agent,
+    stacks: Option<&mut StackFeed>,
     close_interval: bool,
     host: &str,
     agent_id: &str,
@@ -356,9 +396,14 @@ fn cut(
     out: &mut Option<Box<dyn Write + Send>>,
 ) -> Result<()> {
     let spool_drops = uplink.map_or(0, Uplink::dropped);
-    let Some(batch): Option<Batch> = agent.cut(host, agent_id, close_interval, spool_drops)? else {
+    let Some(mut batch): Option<Batch> = agent.cut(host, agent_id, close_interval, spool_drops)?
+    else {
+        // Folded stacks wait in the feed for the next batch.
         return Ok(());
     };
+    if let Some(s) = stacks {
+        batch.stacks = s.take();
+    }
     if let Some(o) = out.as_mut() {
         output::write_records(o, &batch)?;
         o.flush()?;
