@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The README's demo: installs what is missing, builds, starts a coordinator on
-# loopback and an agent wrapping a tiny process, and shows the probed calls
-# arriving at the coordinator over QUIC. Needs root (eBPF uprobes).
+# The README's demo: installs what is missing, builds, then runs a simulated
+# 8-rank training job (2 simulated hosts) with one injected slow rank. A
+# coordinator and one eBPF agent per simulated host watch it; at the end the
+# coordinator's cluster report is printed, then scored against the injected
+# truth. Needs root (eBPF uprobes).
+#
+#   SLOWRANK_DEMO_SPEC=scenarios/specs/X.toml   pick another scenario
+#   SLOWRANK_DEMO_OUT=DIR                       keep the run's files there
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS=fallback
@@ -11,28 +16,26 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 bash scripts/setup.sh
-echo "[demo] building (first build takes a few minutes)"
+echo "[demo] building (the first build takes several minutes)"
 cargo build --quiet -p slowrank-agent -p slowrank-coordinator -p slowrank-scenarios 2>&1 \
   | grep -v '^warning: slowrank-agent@' || true
+# The trainer with frame pointers, so the flame graphs reach its functions.
+bash scenarios/build-fp-trainer.sh
 
-work=$(mktemp -d /tmp/slowrank-demo.XXXXXX)
-token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-port=${SLOWRANK_DEMO_PORT:-47700}
-tiny="$PWD/target/debug/slowrank-tiny"
-
-echo "[demo] coordinator on 127.0.0.1:$port (output in $work/coordinator.log)"
-SLOWRANK_TOKEN=$token ./target/debug/slowrank serve --listen "127.0.0.1:$port" \
-  --tls-dir "$work/tls" --print-calls --exit-when-idle >"$work/coordinator.log" 2>&1 &
-coord=$!
-trap 'kill $coord 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -f "$work/tls/coordinator.crt" ] && break; sleep 0.1; done
-[ -f "$work/tls/coordinator.crt" ] || { cat "$work/coordinator.log"; echo "[demo] coordinator did not start" >&2; exit 1; }
-
-echo "[demo] agent wrapping: $tiny 10  (probe: slowrank_demo_step, entry + return)"
-SLOWRANK_TOKEN=$token ./target/debug/slowrank-agent --coordinator "127.0.0.1:$port" \
-  --ca "$work/tls/coordinator.crt" --probe "$tiny:slowrank_demo_step" -- "$tiny" 10
-
-wait $coord || true
-trap - EXIT
-echo "[demo] ---- what the coordinator printed ----"
-cat "$work/coordinator.log"
+spec=${SLOWRANK_DEMO_SPEC:-scenarios/specs/dp8-host-slow-dataloader.toml}
+out=${SLOWRANK_DEMO_OUT:-$(mktemp -d /tmp/slowrank-demo.XXXXXX)}
+rm -rf "$out"
+echo "[demo] running $spec (coordinator + 2 agents + 8 ranks); files in $out"
+grep '^description' "$spec" | sed 's/^description = /[demo] scenario: /'
+./target/debug/slowrank-scenario run "$spec" --out "$out" \
+  --trainer target/fp/debug/slowrank-trainer
+echo
+echo "[demo] ---- the cluster report (slowrank report $out) ----"
+./target/debug/slowrank report "$out"
+if ls "$out"/flame/*diff.svg >/dev/null 2>&1; then
+  echo "[demo] differential flame graphs: $(ls "$out"/flame/*diff.svg | tr '\n' ' ')"
+fi
+echo "[demo] Perfetto/Chrome trace of the aligned timeline: $out/trace.json"
+echo
+echo "[demo] ---- scored against the injected truth ----"
+./target/debug/slowrank-scenario score "$out"

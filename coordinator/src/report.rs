@@ -201,6 +201,22 @@ pub fn render_human(r: &Report) -> String {
             for e in &v.evidence {
                 let _ = writeln!(s, "  - {e}");
             }
+            if let Some(f) = &v.flamegraph {
+                let _ = writeln!(
+                    s,
+                    "  where it differs ({} view, against rank {}; {}):",
+                    f.view, f.reference_rank, f.diff_svg
+                );
+                for t in f.top_frames.iter().take(3) {
+                    let _ = writeln!(
+                        s,
+                        "    {:>5.1}% vs {:>5.1}%  {}",
+                        t.flagged_share * 100.0,
+                        t.reference_share * 100.0,
+                        short_frame(&t.frame)
+                    );
+                }
+            }
         }
     }
     for h in &r.hangs {
@@ -276,5 +292,31 @@ fn fmt_ranks(r: &[u32]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+    }
+}
+
+/// The function name without its module path and generic noise, so the
+/// table stays readable (the JSON keeps the full name).
+fn short_frame(frame: &str) -> &str {
+    let cut = frame.rfind(">::").map(|i| i + 3).or_else(|| {
+        // `a::b::c` → `c`, but keep `GPU:kernel` whole.
+        frame.rfind("::").map(|i| i + 2)
+    });
+    cut.map_or(frame, |i| &frame[i..])
+}
+
+#[cfg(test)]
+mod short_frame_tests {
+    #[test]
+    fn keeps_the_function_name() {
+        assert_eq!(
+            super::short_frame("slowrank_scenarios::trainer::phases::<impl slowrank_scenarios::trainer::Trainer>::load_batch"),
+            "load_batch"
+        );
+        assert_eq!(
+            super::short_frame("GPU:gemm_backward_kernel"),
+            "GPU:gemm_backward_kernel"
+        );
+        assert_eq!(super::short_frame("a::b::c"), "c");
     }
 }
