@@ -248,9 +248,15 @@ async fn serve_connection(
     events: &mpsc::Sender<IngestEvent>,
 ) -> Result<(), String> {
     let stats = &*shared.stats;
-    let conn = incoming
-        .await
-        .map_err(|e| format!("handshake failed: {e}"))?;
+    let conn = match incoming.await {
+        Ok(c) => c,
+        Err(e) => {
+            // Under mutual TLS this is where an agent without a certificate
+            // from the job's CA is turned away: count it as a refusal.
+            stats.refused_agents.fetch_add(1, Ordering::Relaxed);
+            return Err(format!("refused: TLS handshake failed: {e}"));
+        }
+    };
     let hello = handshake(&conn, &shared.token, stats).await?;
     let agent_id = hello.agent_id.clone();
     info!(host = %hello.host, agent = %agent_id, remote = %conn.remote_address(), "agent connected");

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use slowrank_coordinator::{
     outputs, render_human, render_json,
     serve::{ServeConfig, Server},
-    tls::Identity,
+    tls::{make_job_pki, Identity},
 };
 
 /// Finds the rank that slows a distributed GPU training job down.
@@ -27,6 +27,22 @@ enum Command {
     Serve(ServeArgs),
     /// Show a report written by `slowrank serve --out DIR`.
     Report(ReportArgs),
+    /// Make a per-job CA and certificates for mutual TLS: `serve --tls-dir
+    /// DIR` then demands agent certificates signed by it. Give each agent
+    /// DIR/ca.crt (--ca), DIR/agent.crt (--cert) and DIR/agent.key (--key);
+    /// keep DIR/ca.key offline.
+    Certs(CertsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CertsArgs {
+    /// Directory to create the files in (must not hold a job's keys yet).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Extra DNS names or IPs for the coordinator certificate (the name
+    /// agents use in --server-name). Repeatable.
+    #[arg(long = "san", value_name = "NAME")]
+    sans: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -35,7 +51,9 @@ struct ServeArgs {
     #[arg(long, default_value = "0.0.0.0:7700")]
     listen: SocketAddr,
     /// Directory for the coordinator's certificate and key; created on first
-    /// use. Give agents DIR/coordinator.crt as --ca.
+    /// use (give agents DIR/coordinator.crt as --ca). If `slowrank certs`
+    /// made it (DIR/ca.crt exists), agents must also present a certificate
+    /// signed by that CA (mutual TLS) and get DIR/ca.crt as --ca.
     #[arg(long, default_value = "./slowrank-tls", value_name = "DIR")]
     tls_dir: PathBuf,
     /// Job token agents must present (or env SLOWRANK_TOKEN).
@@ -103,6 +121,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve(args))),
         Command::Report(args) => report(args),
+        Command::Certs(args) => certs(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -142,6 +161,19 @@ async fn shutdown_signal() {
 async fn serve(args: ServeArgs) -> Result<()> {
     let identity = Identity::load_or_create(&args.tls_dir)
         .with_context(|| format!("TLS identity in {}", args.tls_dir.display()))?;
+    if args.token.is_empty() && !identity.requires_client_cert() {
+        anyhow::bail!(
+            "no job token: set SLOWRANK_TOKEN (or --token), or make a per-job CA with \
+             `slowrank certs --out {}` so agents authenticate with certificates",
+            args.tls_dir.display()
+        );
+    }
+    if identity.requires_client_cert() {
+        tracing::info!(
+            "mutual TLS: agents need a certificate from {}/ca.crt",
+            args.tls_dir.display()
+        );
+    }
     let mut cfg = ServeConfig::new(args.listen, args.token);
     cfg.out_dir = args.out.clone();
     cfg.write_every = Duration::from_secs_f64(args.write_every.max(0.1));
@@ -179,5 +211,20 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         eprintln!("report: slowrank report {}", dir.display());
     }
+    Ok(())
+}
+
+fn certs(args: CertsArgs) -> Result<()> {
+    let pki = make_job_pki(&args.out, &args.sans)
+        .with_context(|| format!("making the job PKI in {}", args.out.display()))?;
+    for f in &pki.files {
+        println!("wrote {}", f.display());
+    }
+    println!(
+        "coordinator: slowrank serve --tls-dir {dir}   (now requires agent certificates)\n\
+         agents:      slowrank-agent --ca {dir}/ca.crt --cert {dir}/agent.crt --key {dir}/agent.key ...\n\
+         keep {dir}/ca.key offline; it is only needed to issue more certificates",
+        dir = pki.dir.display()
+    );
     Ok(())
 }

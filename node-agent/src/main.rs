@@ -16,7 +16,7 @@ use slowrank_agent::{
     fold::Limits,
     output,
     probes::Probes,
-    ship::{client_config, Uplink, UplinkConfig},
+    ship::{client_config_with, ClientIdentity, Uplink, UplinkConfig},
     stack_collector::StackCollector,
     stackfeed::StackFeed,
     stacks::StackConfig,
@@ -68,9 +68,16 @@ struct RunArgs {
     /// Coordinator address (HOST:PORT). Without it, records only go to --output.
     #[arg(long, value_name = "HOST:PORT")]
     coordinator: Option<SocketAddr>,
-    /// The coordinator's certificate (PEM), as written by `slowrank serve --tls-dir`.
+    /// The coordinator's certificate (PEM), as written by `slowrank serve
+    /// --tls-dir`; under mutual TLS the job CA (`slowrank certs`: ca.crt).
     #[arg(long, value_name = "FILE", requires = "coordinator")]
     ca: Option<PathBuf>,
+    /// This agent's certificate for mutual TLS (`slowrank certs`: agent.crt).
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The key of --cert (`slowrank certs`: agent.key).
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
     /// Name in the coordinator's certificate.
     #[arg(long, default_value = "slowrank-coordinator")]
     server_name: String,
@@ -221,7 +228,23 @@ async fn run(cli: RunArgs) -> Result<i32> {
             let ca_path = cli.ca.as_ref().context("--coordinator needs --ca FILE")?;
             let ca =
                 std::fs::read(ca_path).with_context(|| format!("reading {}", ca_path.display()))?;
-            let client = client_config(&ca, &ca_path.display().to_string())?;
+            let own = match (&cli.cert, &cli.key) {
+                (Some(c), Some(k)) => Some((
+                    std::fs::read(c).with_context(|| format!("reading {}", c.display()))?,
+                    std::fs::read(k).with_context(|| format!("reading {}", k.display()))?,
+                    c.display().to_string(),
+                )),
+                _ => None,
+            };
+            let client = client_config_with(
+                &ca,
+                &ca_path.display().to_string(),
+                own.as_ref().map(|(c, k, n)| ClientIdentity {
+                    cert_pem: c,
+                    key_pem: k,
+                    name: n,
+                }),
+            )?;
             Some(Uplink::spawn(UplinkConfig {
                 addr,
                 server_name: cli.server_name.clone(),

@@ -35,7 +35,7 @@ const CONTROL_QUEUE: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShipError {
-    #[error("cannot read the coordinator CA certificate {path}")]
+    #[error("cannot read the PEM file {path} (CA, certificate or key)")]
     Ca {
         path: String,
         #[source]
@@ -73,6 +73,23 @@ pub enum ShipError {
 
 /// Builds the QUIC client config that trusts exactly the given CA (PEM).
 pub fn client_config(ca_pem: &[u8], ca_name: &str) -> Result<quinn::ClientConfig, ShipError> {
+    client_config_with(ca_pem, ca_name, None)
+}
+
+/// An agent's own certificate chain and key (PEM), for mutual TLS.
+pub struct ClientIdentity<'a> {
+    pub cert_pem: &'a [u8],
+    pub key_pem: &'a [u8],
+    pub name: &'a str,
+}
+
+/// Like [`client_config`], presenting `identity` when the coordinator asks
+/// for a client certificate (mutual TLS, `slowrank certs`).
+pub fn client_config_with(
+    ca_pem: &[u8],
+    ca_name: &str,
+    identity: Option<ClientIdentity<'_>>,
+) -> Result<quinn::ClientConfig, ShipError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         let cert = cert.map_err(|source| ShipError::Ca {
@@ -85,8 +102,22 @@ pub fn client_config(ca_pem: &[u8], ca_name: &str) -> Result<quinn::ClientConfig
         rustls::crypto::ring::default_provider(),
     ))
     .with_protocol_versions(&[&rustls::version::TLS13])?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let tls = match identity {
+        Some(id) => {
+            let pem_err = |source| ShipError::Ca {
+                path: id.name.to_owned(),
+                source,
+            };
+            let certs = CertificateDer::pem_slice_iter(id.cert_pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(pem_err)?;
+            let key =
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(id.key_pem).map_err(pem_err)?;
+            tls.with_client_auth_cert(certs, key)?
+        }
+        None => tls.with_no_client_auth(),
+    };
     Ok(quinn::ClientConfig::new(Arc::new(
         QuicClientConfig::try_from(tls)?,
     )))
