@@ -296,8 +296,7 @@ fn impossible_batches_are_refused_by_reason_and_change_nothing_for_good_agents()
         counters.records_rejected
     );
     assert_eq!(
-        counters.batches_rejected,
-        expected_batches,
+        counters.batches_rejected, expected_batches,
         "batch rejections by reason"
     );
     assert!(!counters.recent_rejections.is_empty());
@@ -372,11 +371,7 @@ impl RawAgent {
     async fn connect(addr: std::net::SocketAddr, ca: &str, agent_id: &str, host: &str) -> Self {
         let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         endpoint.set_default_client_config(client_config(ca));
-        let conn = endpoint
-            .connect(addr, SERVER_NAME)
-            .unwrap()
-            .await
-            .unwrap();
+        let conn = endpoint.connect(addr, SERVER_NAME).unwrap().await.unwrap();
         let (mut send, mut recv) = conn.open_bi().await.unwrap();
         let hello = Hello {
             token: TOKEN.into(),
@@ -501,12 +496,12 @@ async fn wire_faults_are_rejected_by_reason_while_a_good_agent_keeps_being_serve
         .iter()
         .map(|e| (e.key().clone(), *e.value()))
         .collect();
-    let want: BTreeMap<String, u64> = expected
-        .iter()
-        .map(|(k, v)| (k.to_string(), *v))
-        .collect();
+    let want: BTreeMap<String, u64> = expected.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     assert_eq!(got, want, "rejections by reason");
-    assert_eq!(stats.agents.get("bad-0").unwrap().rejected, want.values().sum::<u64>());
+    assert_eq!(
+        stats.agents.get("bad-0").unwrap().rejected,
+        want.values().sum::<u64>()
+    );
     assert_eq!(stats.agents.get("good-0").unwrap().rejected, 0);
 
     // And the analyzer takes the good agent's batches as if nothing happened.

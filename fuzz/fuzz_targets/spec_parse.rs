@@ -20,7 +20,12 @@ fuzz_target!(|data: &[u8]| {
         let _ = f.slowdown();
         let _ = f.network();
         let _ = f.host_function();
-        for it in [0, f.start_iteration, f.start_iteration.saturating_add(1), u64::MAX] {
+        for it in [
+            0,
+            f.start_iteration,
+            f.start_iteration.saturating_add(1),
+            u64::MAX,
+        ] {
             let _ = f.active_at(it);
         }
     }

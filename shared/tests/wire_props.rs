@@ -6,8 +6,8 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use slowrank_shared::probe::MAX_ARGS;
 use slowrank_shared::wire::{
-    self, Batch, CallRecord, CollOp, CollectiveRecord, CommRecord, LinkRecord, ProbeDesc,
-    RankExit, RankIdentity, RankInterval,
+    self, Batch, CallRecord, CollOp, CollectiveRecord, CommRecord, LinkRecord, ProbeDesc, RankExit,
+    RankIdentity, RankInterval,
 };
 
 fn op() -> impl Strategy<Value = CollOp> {
@@ -24,22 +24,17 @@ fn op() -> impl Strategy<Value = CollOp> {
 }
 
 fn identity() -> impl Strategy<Value = RankIdentity> {
-    (
-        any::<[u32; 7]>(),
-        ".{0,12}",
-        any::<u64>(),
-    )
-        .prop_map(|(n, job_id, seen_ns)| RankIdentity {
-            pid: n[0],
-            rank: n[1],
-            world_size: n[2],
-            local_rank: n[3],
-            local_world_size: n[4],
-            group_rank: n[5],
-            restart_count: n[6],
-            job_id,
-            seen_ns,
-        })
+    (any::<[u32; 7]>(), ".{0,12}", any::<u64>()).prop_map(|(n, job_id, seen_ns)| RankIdentity {
+        pid: n[0],
+        rank: n[1],
+        world_size: n[2],
+        local_rank: n[3],
+        local_world_size: n[4],
+        group_rank: n[5],
+        restart_count: n[6],
+        job_id,
+        seen_ns,
+    })
 }
 
 fn comm() -> impl Strategy<Value = CommRecord> {
@@ -98,20 +93,18 @@ fn interval() -> impl Strategy<Value = RankInterval> {
 }
 
 fn link() -> impl Strategy<Value = LinkRecord> {
-    (any::<[u32; 4]>(), any::<i64>(), any::<[u64; 6]>()).prop_map(|(n, peer_rank, w)| {
-        LinkRecord {
-            pid: n[0],
-            rank: n[1],
-            peer_rank,
-            qp_num: n[2],
-            dest_qp_num: n[3],
-            start_ns: w[0],
-            end_ns: w[1],
-            posts: w[2],
-            completions: w[3],
-            post_to_completion_ns: w[4],
-            bytes: w[5],
-        }
+    (any::<[u32; 4]>(), any::<i64>(), any::<[u64; 6]>()).prop_map(|(n, peer_rank, w)| LinkRecord {
+        pid: n[0],
+        rank: n[1],
+        peer_rank,
+        qp_num: n[2],
+        dest_qp_num: n[3],
+        start_ns: w[0],
+        end_ns: w[1],
+        posts: w[2],
+        completions: w[3],
+        post_to_completion_ns: w[4],
+        bytes: w[5],
     })
 }
 
@@ -151,7 +144,11 @@ fn batch() -> impl Strategy<Value = Batch> {
         ),
     )
         .prop_map(
-            |((host, agent_id, w), (ranks, exits, comms, collectives), (intervals, links, probes, calls))| Batch {
+            |(
+                (host, agent_id, w),
+                (ranks, exits, comms, collectives),
+                (intervals, links, probes, calls),
+            )| Batch {
                 host,
                 agent_id,
                 seq: w[0],
