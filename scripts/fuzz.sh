@@ -28,4 +28,8 @@ for t in "${targets[@]}"; do
     cargo +nightly fuzz run -a "$t" -- -max_total_time="$secs" -print_final_stats=1 "${extra[@]}" 2>&1 |
         grep -E '^(#[0-9]+ +DONE|Done|stat::|==[0-9]+== ?ERROR|SUMMARY|thread .* panicked|artifact_prefix|Test unit written)' || true
 done
-ls artifacts/*/ 2>/dev/null && echo "crashes above: see fuzz/artifacts" || echo "no crashes"
+crashes=$(find artifacts -type f 2>/dev/null)
+if [ -n "$crashes" ]; then
+    echo "crashes:"; echo "$crashes"; exit 1
+fi
+echo "no crashes"
