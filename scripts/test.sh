@@ -9,6 +9,10 @@ bash scripts/setup.sh
 if [ "$(id -u)" -ne 0 ]; then
   echo "[test] WARNING: not root: eBPF tests will SKIP (run as root to exercise the probes)" >&2
 fi
+# One test at a time inside each binary: the scenario tests run simulated
+# jobs in real time, and on a 2-core machine two of them at once distort
+# each other's timing.
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-1}
 echo "[test] cargo test --workspace (first build takes a few minutes)"
 cargo test --workspace "$@" 2>&1 | grep -v '^warning: slowrank-agent@'
 exit "${PIPESTATUS[0]}"

@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
 use dashmap::DashMap;
-use slowrank_shared::wire::{Batch, CollOp, LinkRecord, RankInterval};
+use slowrank_shared::wire::{
+    Batch, CollOp, CommRecord, LinkRecord, RankExit, RankIdentity, RankInterval,
+};
 
 use crate::classify;
 use crate::clock::{median, ClockConfig, ClockError, ClockEstimator, ClockSample, CoordNs};
@@ -82,6 +84,8 @@ pub struct IngestSummary {
     pub duplicates: u64,
     /// The whole batch was a resend of one already seen.
     pub duplicate_batch: bool,
+    /// The whole batch was refused, and why (`RecordError::label`).
+    pub batch_rejected: Option<&'static str>,
 }
 
 /// Ingest counters, for the report and `/metrics`.
@@ -92,6 +96,8 @@ pub struct IngestCounters {
     pub missing_batches: u64,
     pub records_accepted: u64,
     pub records_rejected: BTreeMap<String, u64>,
+    /// Whole batches refused (claiming another host, cut in the future).
+    pub batches_rejected: BTreeMap<String, u64>,
     pub recent_rejections: Vec<String>,
     pub ringbuf_drops: u64,
     pub spool_drops: u64,
@@ -101,6 +107,8 @@ pub struct IngestCounters {
 
 #[derive(Debug, Default)]
 struct AgentState {
+    /// The host of the agent's first accepted batch: an agent never moves.
+    host: Option<String>,
     last_seq: u64,
     ringbuf_drops: u64,
     spool_drops: u64,
@@ -157,6 +165,8 @@ pub struct Analyzer {
     joiner: Joiner,
     agents: DashMap<String, AgentState>,
     ranks: DashMap<u32, RankInfo>,
+    /// (world size, restart count) of the job, from the rank identities.
+    world: Mutex<Option<(u32, u32)>>,
     counters: Mutex<IngestCounters>,
     batches: AtomicU64,
     accepted: AtomicU64,
@@ -200,6 +210,7 @@ impl Analyzer {
             clocks: DashMap::new(),
             agents: DashMap::new(),
             ranks: DashMap::new(),
+            world: Mutex::new(None),
             counters: Mutex::new(IngestCounters::default()),
             batches: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
@@ -243,10 +254,7 @@ impl Analyzer {
     fn reject(&self, e: RecordError) {
         let mut c = lock(&self.counters);
         *c.records_rejected.entry(e.label().to_owned()).or_default() += 1;
-        c.recent_rejections.push(e.to_string());
-        if c.recent_rejections.len() > 16 {
-            c.recent_rejections.remove(0);
-        }
+        push_recent(&mut c, &e);
     }
 
     /// Ingests one decoded batch received at coordinator time `recv_ns`.
@@ -255,8 +263,18 @@ impl Analyzer {
     pub fn ingest(&self, b: &Batch, recv_ns: u64) -> IngestSummary {
         let mut sum = IngestSummary::default();
         self.batches.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.check_batch(b, recv_ns) {
+            sum.batch_rejected = Some(e.label());
+            let mut c = lock(&self.counters);
+            *c.batches_rejected.entry(e.label().to_owned()).or_default() += 1;
+            push_recent(&mut c, &e);
+            return sum;
+        }
         {
             let mut a = self.agents.entry(b.agent_id.clone()).or_default();
+            if a.host.is_none() {
+                a.host = Some(b.host.clone());
+            }
             if a.last_seq != 0 && b.seq <= a.last_seq {
                 drop(a);
                 lock(&self.counters).duplicate_batches += 1;
@@ -276,28 +294,25 @@ impl Analyzer {
             a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
             a.spool_drops = a.spool_drops.max(b.spool_drops);
             drop(a);
+            // Saturating: a garbage sequence or drop count must not overflow.
             let mut c = lock(&self.counters);
             c.batches += 1;
-            c.missing_batches += missing;
-            c.ringbuf_drops += rd;
-            c.spool_drops += sd;
+            c.missing_batches = c.missing_batches.saturating_add(missing);
+            c.ringbuf_drops = c.ringbuf_drops.saturating_add(rd);
+            c.spool_drops = c.spool_drops.saturating_add(sd);
         }
         let host: Arc<str> = Arc::from(b.host.as_str());
-        self.clocks
-            .entry(b.host.clone())
-            .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()))
-            .observe_one_way(b.mono_ns, recv_ns);
-        if b.wall_ns != 0 {
-            let (c, _) = self.to_coord(&b.host, b.mono_ns);
-            *lock(&self.wall_offset) = Some(b.wall_ns as i64 - c);
+        // A host first heard of in this batch gets a clock only if the batch
+        // holds something usable: rejected garbage must not add a host (and
+        // its error bound) to the report.
+        let clock_known = self.clocks.contains_key(&b.host);
+        if clock_known {
+            self.observe_batch_clock(b, recv_ns);
         }
         let slack = self.cfg.limits.future_slack_ns;
         for id in &b.ranks {
-            if id.world_size != 0 && id.rank >= id.world_size {
-                self.reject(RecordError::RankOutOfRange {
-                    rank: id.rank,
-                    world_size: id.world_size,
-                });
+            if let Err(e) = self.check_identity(id, &b.host) {
+                self.reject(e);
                 sum.rejected += 1;
                 continue;
             }
@@ -316,6 +331,11 @@ impl Analyzer {
             sum.accepted += 1;
         }
         for e in &b.exits {
+            if let Err(err) = self.check_exit(e, &b.host, b.mono_ns, slack) {
+                self.reject(err);
+                sum.rejected += 1;
+                continue;
+            }
             let t = self.to_coord(&b.host, e.exit_ns).0;
             if let Some(mut r) = self.ranks.get_mut(&e.rank) {
                 r.exited_at = Some(t);
@@ -324,7 +344,9 @@ impl Analyzer {
         }
         for c in &b.comms {
             if let Err(e) = self
-                .check_rank(c.rank)
+                .check_rank(c.rank, &b.host)
+                .and_then(|_| validate::check_comm(c))
+                .and_then(|_| self.check_comm_size(c))
                 .and_then(|_| self.joiner.register_comm(&host, c))
             {
                 self.reject(e);
@@ -338,7 +360,7 @@ impl Analyzer {
         let mut nccl_errors = 0;
         for r in &b.collectives {
             let res = self
-                .check_rank(r.rank)
+                .check_rank(r.rank, &b.host)
                 .and_then(|_| validate::check_collective(r, b.mono_ns, slack))
                 .and_then(|_| self.joiner.offer(&host, r.clone()));
             match res {
@@ -369,7 +391,7 @@ impl Analyzer {
             let mut q = lock(&self.raw_intervals);
             for i in &b.intervals {
                 match self
-                    .check_rank(i.rank)
+                    .check_rank(i.rank, &b.host)
                     .and_then(|_| validate::check_interval(i, b.mono_ns, slack))
                 {
                     Ok(()) if q.len() < cap => {
@@ -392,7 +414,7 @@ impl Analyzer {
             for l in &b.links {
                 let peer_ok = l.peer_rank >= 0 && l.peer_rank <= u32::MAX as i64;
                 let res = self
-                    .check_rank(l.rank)
+                    .check_rank(l.rank, &b.host)
                     .and_then(|_| validate::check_link(l, b.mono_ns, slack));
                 match res {
                     Ok(()) if peer_ok && q.len() < cap => {
@@ -418,6 +440,9 @@ impl Analyzer {
         if !progress.is_empty() {
             lock(&self.hang_progress).extend(progress);
         }
+        if !clock_known && sum.accepted > 0 {
+            self.observe_batch_clock(b, recv_ns);
+        }
         self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
         let mut c = lock(&self.counters);
         c.records_accepted += sum.accepted;
@@ -425,13 +450,135 @@ impl Analyzer {
         sum
     }
 
-    fn check_rank(&self, rank: u32) -> Result<(), RecordError> {
-        // World size from any identity seen; unknown → cannot check.
-        if let Some(ws) = self.ranks.iter().next().map(|r| r.world_size) {
-            if ws != 0 && rank >= ws {
+    fn observe_batch_clock(&self, b: &Batch, recv_ns: u64) {
+        self.clocks
+            .entry(b.host.clone())
+            .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()))
+            .observe_one_way(b.mono_ns, recv_ns);
+        if b.wall_ns != 0 {
+            let (c, _) = self.to_coord(&b.host, b.mono_ns);
+            *lock(&self.wall_offset) = Some((b.wall_ns as i64).saturating_sub(c));
+        }
+    }
+
+    /// Whole-batch checks, before anything of the batch is used: an agent
+    /// that changes host, or a batch cut after it arrived (on the host's
+    /// estimated clock), would corrupt the clock and the sequence tracking.
+    fn check_batch(&self, b: &Batch, recv_ns: u64) -> Result<(), RecordError> {
+        if let Some(a) = self.agents.get(&b.agent_id) {
+            if let Some(had) = a.host.as_ref().filter(|h| **h != b.host) {
+                return Err(RecordError::HostChanged {
+                    agent_id: b.agent_id.clone(),
+                    had: had.clone(),
+                    got: b.host.clone(),
+                });
+            }
+        }
+        if let Some(c) = self.clocks.get(&b.host) {
+            let err = c.error_bound_ns();
+            if err.is_finite() {
+                let ahead = c.to_coord(b.mono_ns) as f64 - recv_ns as f64;
+                if ahead > self.cfg.limits.future_slack_ns as f64 + err {
+                    return Err(RecordError::BatchInFuture {
+                        batch_ns: b.mono_ns,
+                        ahead_ns: ahead as u64,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A rank identity: a sane world, consistent with the job's, and a rank
+    /// no other host holds (unless this is a newer elastic restart).
+    fn check_identity(&self, id: &RankIdentity, host: &str) -> Result<(), RecordError> {
+        if id.world_size > validate::MAX_COMM_RANKS {
+            return Err(RecordError::WorldTooLarge(id.world_size));
+        }
+        if id.world_size != 0 && id.rank >= id.world_size {
+            return Err(RecordError::RankOutOfRange {
+                rank: id.rank,
+                world_size: id.world_size,
+            });
+        }
+        if id.world_size == 0 && id.rank >= validate::MAX_COMM_RANKS {
+            return Err(RecordError::WorldTooLarge(id.rank));
+        }
+        if let Some(r) = self.ranks.get(&id.rank) {
+            if r.host != host && r.exited_at.is_none() && id.restart_count <= r.restart_count {
+                return Err(RecordError::WrongHost {
+                    rank: id.rank,
+                    host: host.to_owned(),
+                    owner: r.host.clone(),
+                });
+            }
+        }
+        if id.world_size != 0 {
+            let mut w = lock(&self.world);
+            match *w {
+                Some((ws, rc)) if ws != id.world_size && id.restart_count <= rc => {
+                    return Err(RecordError::WorldSizeConflict {
+                        had: ws,
+                        got: id.world_size,
+                    });
+                }
+                Some((_, rc)) if id.restart_count < rc => {}
+                _ => *w = Some((id.world_size, id.restart_count)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The rank is inside the world (when known) and runs on `host`.
+    fn check_rank(&self, rank: u32, host: &str) -> Result<(), RecordError> {
+        if let Some((ws, _)) = *lock(&self.world) {
+            if rank >= ws {
                 return Err(RecordError::RankOutOfRange {
                     rank,
                     world_size: ws,
+                });
+            }
+        }
+        if let Some(r) = self.ranks.get(&rank) {
+            if r.host != host {
+                return Err(RecordError::WrongHost {
+                    rank,
+                    host: host.to_owned(),
+                    owner: r.host.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_comm_size(&self, c: &CommRecord) -> Result<(), RecordError> {
+        match *lock(&self.world) {
+            Some((ws, _)) if c.nranks > ws => Err(RecordError::CommLargerThanWorld {
+                comm_id: c.comm_id,
+                nranks: c.nranks,
+                world_size: ws,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// An exit in time, from the rank's host, of the rank's current process
+    /// (a late exit of a process an elastic restart replaced is stale).
+    fn check_exit(
+        &self,
+        e: &RankExit,
+        host: &str,
+        batch_ns: u64,
+        slack: u64,
+    ) -> Result<(), RecordError> {
+        self.check_rank(e.rank, host)?;
+        validate::not_future("exit_ns", e.exit_ns, batch_ns, slack)?;
+        if let Some(r) = self.ranks.get(&e.rank) {
+            if r.pid != e.pid {
+                return Err(RecordError::ExitOfOtherProcess {
+                    rank: e.rank,
+                    pid: e.pid,
+                    current: r.pid,
                 });
             }
         }
@@ -1034,6 +1181,13 @@ impl Analyzer {
     }
 }
 
+fn push_recent(c: &mut IngestCounters, e: &RecordError) {
+    c.recent_rejections.push(e.to_string());
+    if c.recent_rejections.len() > 16 {
+        c.recent_rejections.remove(0);
+    }
+}
+
 fn drop_record(c: &Mutex<IngestCounters>, why: &'static str) {
     *lock(c).records_rejected.entry(why.to_owned()).or_default() += 1;
 }
@@ -1151,6 +1305,10 @@ impl Metrics {
         let _ = writeln!(s, "# HELP slowrank_records_rejected_total Rejected records by reason\n# TYPE slowrank_records_rejected_total counter");
         for (k, v) in &self.ingest.records_rejected {
             let _ = writeln!(s, "slowrank_records_rejected_total{{reason=\"{k}\"}} {v}");
+        }
+        let _ = writeln!(s, "# HELP slowrank_batches_rejected_total Whole batches refused by reason\n# TYPE slowrank_batches_rejected_total counter");
+        for (k, v) in &self.ingest.batches_rejected {
+            let _ = writeln!(s, "slowrank_batches_rejected_total{{reason=\"{k}\"}} {v}");
         }
         s
     }

@@ -147,7 +147,8 @@ pub fn align(
         .collect();
     let wait = arrival
         .iter()
-        .map(|a| dead_zone((last_arrival - a) as f64, err_ns))
+        // In f64: garbage times aligned to opposite ends of i64 would overflow.
+        .map(|a| dead_zone(last_arrival as f64 - *a as f64, err_ns))
         .collect();
     let dones: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_done).collect();
     let (end, transfer_ns) = if dones.len() == members.len() && basis == Basis::Gpu {
@@ -686,6 +687,18 @@ mod tests {
         assert_eq!(a.err_ns, 40.0);
         assert_eq!(a.lateness[0], 0.0); // -30 is within the bound
         assert_eq!(a.lateness[2], 3_970.0);
+    }
+
+    #[test]
+    fn extreme_aligned_times_do_not_overflow() {
+        // Found by the analyzer_ingest fuzz target: one member aligned far
+        // below zero, another saturated at i64::MAX.
+        let i = inst(&[(0, "a", 1, 0), (1, "a", u64::MAX, 0)]);
+        let a = align(&i, &|_, t| {
+            (if t == 1 { i64::MIN + 5 } else { i64::MAX }, 0.0)
+        });
+        assert_eq!(a.last, 1);
+        assert!(a.wait[0] > 1e18 && a.wait[1] == 0.0, "{:?}", a.wait);
     }
 
     #[test]

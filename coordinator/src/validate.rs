@@ -5,7 +5,8 @@
 
 use slowrank_shared::wire::{CollOp, CollectiveRecord, CommRecord, LinkRecord, RankInterval};
 
-/// Why one record was refused.
+/// Why one record (or, for the batch-level variants, a whole batch) was
+/// refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
     #[error("collective on communicator {comm_id:#x}, which no member announced")]
@@ -55,6 +56,32 @@ pub enum RecordError {
     MissingTimestamp(&'static str),
     #[error("too many communicators (cap {0})")]
     TooManyCommunicators(usize),
+    #[error("world of {0} ranks exceeds the supported size")]
+    WorldTooLarge(u32),
+    #[error("world size {got} conflicts with the {had} ranks already announced")]
+    WorldSizeConflict { had: u32, got: u32 },
+    #[error("communicator {comm_id:#x} of {nranks} ranks is larger than the world ({world_size})")]
+    CommLargerThanWorld {
+        comm_id: u64,
+        nranks: u32,
+        world_size: u32,
+    },
+    #[error("record for rank {rank} sent by host {host:?}, but the rank runs on {owner:?}")]
+    WrongHost {
+        rank: u32,
+        host: String,
+        owner: String,
+    },
+    #[error("exit of pid {pid} for rank {rank}, whose process is pid {current}")]
+    ExitOfOtherProcess { rank: u32, pid: u32, current: u32 },
+    #[error("batch from agent {agent_id:?} claims host {got:?}, but the agent runs on {had:?}")]
+    HostChanged {
+        agent_id: String,
+        had: String,
+        got: String,
+    },
+    #[error("batch cut at {batch_ns} ns (agent clock) lies {ahead_ns} ns after it arrived")]
+    BatchInFuture { batch_ns: u64, ahead_ns: u64 },
 }
 
 impl RecordError {
@@ -76,6 +103,13 @@ impl RecordError {
             Self::TimeOrder { .. } => "time_order",
             Self::MissingTimestamp(_) => "missing_timestamp",
             Self::TooManyCommunicators(_) => "too_many_communicators",
+            Self::WorldTooLarge(_) => "world_too_large",
+            Self::WorldSizeConflict { .. } => "world_size_conflict",
+            Self::CommLargerThanWorld { .. } => "comm_larger_than_world",
+            Self::WrongHost { .. } => "wrong_host",
+            Self::ExitOfOtherProcess { .. } => "exit_of_other_process",
+            Self::HostChanged { .. } => "host_changed",
+            Self::BatchInFuture { .. } => "batch_in_future",
         }
     }
 }
@@ -83,7 +117,8 @@ impl RecordError {
 /// Largest communicator accepted (bounds per-instance memory).
 pub const MAX_COMM_RANKS: u32 = 1 << 20;
 
-fn not_future(
+/// A time more than `slack` after the batch was cut is impossible.
+pub fn not_future(
     field: &'static str,
     value: u64,
     batch_ns: u64,

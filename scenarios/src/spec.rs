@@ -317,7 +317,9 @@ impl Spec {
         }
         let p = self.parallel;
         let world = self.world_size();
-        if p.tp == 0 || p.pp == 0 || p.dp == 0 || p.tp * p.pp * p.dp != world {
+        // Checked: tp * pp * dp of a hostile spec can overflow u32.
+        let covered = p.tp.checked_mul(p.pp).and_then(|x| x.checked_mul(p.dp));
+        if p.tp == 0 || p.pp == 0 || p.dp == 0 || covered != Some(world) {
             return Err(invalid(format!(
                 "parallel layout tp={} x pp={} x dp={} does not cover the {world} ranks (hosts={} x ranks_per_host={})",
                 p.tp, p.pp, p.dp, self.hosts, self.ranks_per_host
@@ -596,6 +598,16 @@ drift_ppm = [0, 30]
         }
         let bad_layout = BASE.replace("dp = 8", "dp = 4");
         let err = Spec::parse(&bad_layout).unwrap_err().to_string();
+        assert!(err.contains("does not cover the 8 ranks"), "{err}");
+    }
+
+    #[test]
+    fn overflowing_layout_is_an_error_not_a_panic() {
+        // 65536 * 65536 wraps to 0 in u32; the check must not overflow.
+        let spec = BASE
+            .replace("tp = 1", "tp = 65536")
+            .replace("pp = 1", "pp = 65536");
+        let err = Spec::parse(&spec).unwrap_err().to_string();
         assert!(err.contains("does not cover the 8 ranks"), "{err}");
     }
 
