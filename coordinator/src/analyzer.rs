@@ -1096,7 +1096,7 @@ impl Analyzer {
                 dropped_late_for_stats: core.stats.dropped_late,
                 dropped_overflow: core.stats.dropped_overflow + core.pending_dropped,
                 open_instances: self.joiner.open_instances(),
-                batches_rejected: BTreeMap::new(),
+                transport_rejected: BTreeMap::new(),
                 agents_refused: 0,
             },
             agents: Vec::new(),

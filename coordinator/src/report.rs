@@ -92,8 +92,10 @@ pub struct IngestInfo {
     pub open_instances: usize,
     /// Whole batches rejected by the QUIC ingest before decoding, by reason
     /// (`truncated`, `invalid_archive`, `oversized`, ...); filled by `serve`.
+    /// Named apart from `batches_rejected` (the analyzer's, flattened in
+    /// from the counters) so the JSON has no duplicate key.
     #[serde(default)]
-    pub batches_rejected: std::collections::BTreeMap<String, u64>,
+    pub transport_rejected: std::collections::BTreeMap<String, u64>,
     /// Connections refused (bad token, malformed hello); filled by `serve`.
     #[serde(default)]
     pub agents_refused: u64,
@@ -255,14 +257,14 @@ pub fn render_human(r: &Report) -> String {
         r.clock.hosts.len()
     );
     let rejected: u64 = r.ingest.counters.records_rejected.values().sum();
-    let batches_rejected: u64 = r.ingest.batches_rejected.values().sum();
+    let batches_rejected: u64 = r.ingest.transport_rejected.values().sum();
     if batches_rejected > 0 || r.ingest.agents_refused > 0 {
         let _ = writeln!(
             s,
             "transport: {} batches rejected ({}), {} agent connections refused",
             batches_rejected,
             r.ingest
-                .batches_rejected
+                .transport_rejected
                 .iter()
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()

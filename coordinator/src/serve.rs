@@ -199,7 +199,7 @@ fn build_report(
     agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
 ) -> Report {
     let mut r = analyzer.report();
-    r.ingest.batches_rejected = stats
+    r.ingest.transport_rejected = stats
         .rejected
         .iter()
         .map(|e| (e.key().clone(), *e.value()))

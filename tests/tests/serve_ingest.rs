@@ -168,7 +168,7 @@ async fn bad_batches_are_counted_and_the_connection_keeps_serving() {
     let r = &summary.report;
     assert_eq!(r.ingest.counters.batches, 2);
     assert!(r.ingest.counters.records_accepted > 0);
-    assert_eq!(r.ingest.batches_rejected.values().sum::<u64>(), 6);
+    assert_eq!(r.ingest.transport_rejected.values().sum::<u64>(), 6);
     assert_eq!(r.ingest.agents_refused, 1);
     assert_eq!(analyzer.report().ingest.counters.batches, 2);
     // The dead rank and the rank left unobserved when its agent went away
