@@ -110,6 +110,8 @@ struct AgentState {
 pub struct RankInfo {
     pub rank: u32,
     pub host: String,
+    /// The agent reporting it (its batches' cut times say how current we are).
+    pub agent_id: String,
     pub pid: u32,
     pub world_size: u32,
     pub job_id: String,
@@ -164,6 +166,9 @@ pub struct Analyzer {
     hang_progress: Mutex<Vec<(u64, crate::join::InstanceKey, bool)>>,
     raw_links: Mutex<Vec<(String, LinkRecord)>>,
     raw_intervals: Mutex<Vec<(String, RankInterval)>>,
+    /// Per agent, the latest batch cut time (agent clock): everything that
+    /// agent saw up to then has been ingested.
+    watermarks: DashMap<String, u64>,
     wall_offset: Mutex<Option<i64>>,
     core: Mutex<Core>,
 }
@@ -207,6 +212,7 @@ impl Analyzer {
             hang_progress: Mutex::new(Vec::new()),
             raw_links: Mutex::new(Vec::new()),
             raw_intervals: Mutex::new(Vec::new()),
+            watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
             core: Mutex::new(core),
         }
@@ -306,6 +312,7 @@ impl Analyzer {
                 RankInfo {
                     rank: id.rank,
                     host: b.host.clone(),
+                    agent_id: b.agent_id.clone(),
                     pid: id.pid,
                     world_size: id.world_size,
                     job_id: id.job_id.clone(),
@@ -418,6 +425,11 @@ impl Analyzer {
         if !progress.is_empty() {
             lock(&self.hang_progress).extend(progress);
         }
+        // After the records: the batch says its agent is current up to its cut.
+        self.watermarks
+            .entry(b.agent_id.clone())
+            .and_modify(|w| *w = (*w).max(b.mono_ns))
+            .or_insert(b.mono_ns);
         self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
         let mut c = lock(&self.counters);
         c.records_accepted += sum.accepted;
@@ -626,8 +638,32 @@ impl Analyzer {
             }
         }
         let clock = |h: &str, t: u64| self.to_coord(h, t).0;
-        for e in self.joiner.expire(now, clock) {
+        let current = |rank: u32, host: &str, deadline: CoordNs| {
+            let Some(r) = self.ranks.get(&rank) else {
+                return false;
+            };
+            r.exited_at.is_some()
+                || self
+                    .watermarks
+                    .get(&r.agent_id)
+                    .is_some_and(|w| self.to_coord(host, *w).0 >= deadline)
+        };
+        for e in self.joiner.expire(now, clock, current) {
             let Expired::Hang(c) = e else { continue };
+            // The instances queued behind a stuck one hang on the same
+            // members: one finding per communicator and missing set.
+            let same: Vec<u32> = c.missing.iter().map(|m| m.rank).collect();
+            if core.hangs.iter().any(|h| {
+                h.active
+                    && h.candidate.comm_id == c.comm_id
+                    && h.candidate
+                        .missing
+                        .iter()
+                        .map(|m| m.rank)
+                        .eq(same.iter().copied())
+            }) {
+                continue;
+            }
             let iteration = core.iteration.iteration_at(c.entered_at);
             let exited: Vec<u32> = c
                 .missing
@@ -723,6 +759,22 @@ impl Analyzer {
             }
         }
         core.stats.judge_blame(&mut scores, &rank_blame);
+        for s in &scores {
+            tracing::trace!(
+                iteration = k,
+                rank = s.rank,
+                suspicious = s.suspicious,
+                late_us = s.late_ns / 1e3,
+                host_late_us = s.host_late_ns / 1e3,
+                gpu_late_us = s.gpu_late_ns.map(|g| g / 1e3),
+                unexplained_us = s.unexplained_ns / 1e3,
+                sync_excess_us = s.sync_excess_ns / 1e3,
+                last_frac = s.last_frac,
+                step_ms = s.step_ns / 1e6,
+                err_us = s.err_ns / 1e3,
+                "rank score"
+            );
+        }
         let (from, to) = (
             k.checked_sub(1)
                 .and_then(|p| core.iteration.end_of(p))
@@ -926,18 +978,14 @@ impl Analyzer {
             hangs: core
                 .hangs
                 .iter()
-                .map(|h| report::HangReport {
-                    communicator: format!("{:#x}", h.candidate.comm_id),
-                    sequence: h.candidate.key.display_seq(),
-                    op: crate::join::op_name(h.candidate.op).to_owned(),
-                    missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
-                    missing: h.candidate.missing.clone(),
-                    present_ranks: h.candidate.present_ranks.clone(),
-                    iteration: h.iteration,
-                    first_seen: h.wall,
-                    active: h.active,
-                    exited_ranks: h.exited.clone(),
-                })
+                .filter(|h| h.active)
+                .map(hang_report)
+                .collect(),
+            resolved_stalls: core
+                .hangs
+                .iter()
+                .filter(|h| !h.active)
+                .map(hang_report)
                 .collect(),
             ingest: report::IngestInfo {
                 counters,
@@ -1031,6 +1079,21 @@ impl Analyzer {
             pending_instances: core.pending.len(),
             recent_instances: core.recent.len(),
         }
+    }
+}
+
+fn hang_report(h: &HangState) -> report::HangReport {
+    report::HangReport {
+        communicator: format!("{:#x}", h.candidate.comm_id),
+        sequence: h.candidate.key.display_seq(),
+        op: crate::join::op_name(h.candidate.op).to_owned(),
+        missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
+        missing: h.candidate.missing.clone(),
+        present_ranks: h.candidate.present_ranks.clone(),
+        iteration: h.iteration,
+        first_seen: h.wall,
+        active: h.active,
+        exited_ranks: h.exited.clone(),
     }
 }
 
