@@ -149,6 +149,8 @@ struct Core {
     last_t: Option<CoordNs>,
     last_sealed: Option<u64>,
     lost_by_root: HashMap<u32, f64>,
+    /// Durations of the last sealed iterations (ns), oldest first.
+    steps: VecDeque<f64>,
 }
 
 /// The coordinator's reasoning core.
@@ -198,6 +200,7 @@ impl Analyzer {
             last_t: None,
             last_sealed: None,
             lost_by_root: HashMap::new(),
+            steps: VecDeque::new(),
         };
         Self {
             joiner: Joiner::new(cfg.join.clone()),
@@ -728,6 +731,12 @@ impl Analyzer {
             .duration_of(k)
             .or_else(|| core.iteration.step_ns())
             .unwrap_or(f64::INFINITY);
+        if let Some(d) = core.iteration.duration_of(k) {
+            core.steps.push_back(d);
+            while core.steps.len() > STEP_HISTORY {
+                core.steps.pop_front();
+            }
+        }
         let mut scores = core.stats.score(k, bucket, step);
         let world = self
             .ranks
@@ -902,6 +911,41 @@ impl Analyzer {
         while core.snapshots.len() > self.cfg.limits.max_snapshots {
             core.snapshots.pop_first();
         }
+    }
+
+    /// The job got slower while no verdict names a rank: the median of the
+    /// last few steps is well above the median of the steps before them.
+    /// With the default probe set a compute- or communication-slow rank is
+    /// often invisible (calls only enqueue; host-side arrivals match), so
+    /// `serve` answers this with a deep-probe window on every agent, whose
+    /// GPU-side arrivals and verbs latencies name the rank.
+    pub fn slowdown(&self) -> Option<Slowdown> {
+        let core = lock(&self.core);
+        if core.lifecycle.verdicts().any(|v| v.active) {
+            return None;
+        }
+        let n = core.steps.len();
+        if n < SLOWDOWN_RECENT + SLOWDOWN_BASELINE_MIN {
+            return None;
+        }
+        let mut recent: Vec<f64> = core
+            .steps
+            .iter()
+            .skip(n - SLOWDOWN_RECENT)
+            .copied()
+            .collect();
+        let mut base: Vec<f64> = core
+            .steps
+            .iter()
+            .take(n - SLOWDOWN_RECENT)
+            .copied()
+            .collect();
+        let (r, b) = (median(&mut recent)?, median(&mut base)?);
+        (r > b * (1.0 + SLOWDOWN_RISE)).then(|| Slowdown {
+            iteration: core.last_sealed.unwrap_or(0),
+            baseline_ms: b / 1e6,
+            recent_ms: r / 1e6,
+        })
     }
 
     fn max_error_ns(&self) -> f64 {
@@ -1080,6 +1124,23 @@ impl Analyzer {
             recent_instances: core.recent.len(),
         }
     }
+}
+
+/// Sealed step durations kept for [`Analyzer::slowdown`].
+const STEP_HISTORY: usize = 64;
+/// Steps compared with the baseline (a median: one noisy step is not a trend).
+const SLOWDOWN_RECENT: usize = 5;
+/// Baseline steps needed before a slowdown can be told.
+const SLOWDOWN_BASELINE_MIN: usize = 15;
+/// Relative rise of the recent median over the baseline median.
+const SLOWDOWN_RISE: f64 = 0.1;
+
+/// The job slowed down without a named rank (see [`Analyzer::slowdown`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Slowdown {
+    pub iteration: u64,
+    pub baseline_ms: f64,
+    pub recent_ms: f64,
 }
 
 fn hang_report(h: &HangState) -> report::HangReport {
