@@ -981,6 +981,7 @@ impl Analyzer {
         });
         let counters = lock(&self.counters).clone();
         let join = self.joiner.counters();
+        let (roots, blocked) = split_hangs(&core.hangs);
         report::Report {
             schema: report::SCHEMA.into(),
             generated_at: Utc::now(),
@@ -1019,12 +1020,8 @@ impl Analyzer {
                 hosts,
             },
             verdicts,
-            hangs: core
-                .hangs
-                .iter()
-                .filter(|h| h.active)
-                .map(hang_report)
-                .collect(),
+            hangs: roots.iter().map(|h| hang_report(h)).collect(),
+            blocked_hangs: blocked.iter().map(|h| hang_report(h)).collect(),
             resolved_stalls: core
                 .hangs
                 .iter()
@@ -1141,6 +1138,31 @@ pub struct Slowdown {
     pub iteration: u64,
     pub baseline_ms: f64,
     pub recent_ms: f64,
+}
+
+/// Active hangs split into roots and consequences. In a pipeline or a 3-D
+/// job one stuck rank stops its neighbours, which then never reach their
+/// next collectives either: those instances are stuck too, but every rank
+/// they miss is itself waiting inside another stuck instance. The roots are
+/// the hangs missing some rank that waits nowhere (it stopped, or died).
+/// Should every missing rank be waiting somewhere (a cycle), all are roots.
+fn split_hangs(hangs: &[HangState]) -> (Vec<&HangState>, Vec<&HangState>) {
+    let active: Vec<&HangState> = hangs.iter().filter(|h| h.active).collect();
+    let waiting: std::collections::HashSet<u32> = active
+        .iter()
+        .flat_map(|h| h.candidate.present_ranks.iter().copied())
+        .collect();
+    let (roots, blocked): (Vec<&HangState>, Vec<&HangState>) = active.iter().partition(|h| {
+        h.candidate
+            .missing
+            .iter()
+            .any(|m| !waiting.contains(&m.rank))
+    });
+    if roots.is_empty() {
+        (blocked, Vec::new())
+    } else {
+        (roots, blocked)
+    }
 }
 
 fn hang_report(h: &HangState) -> report::HangReport {
@@ -1277,5 +1299,55 @@ impl Metrics {
             let _ = writeln!(s, "slowrank_records_rejected_total{{reason=\"{k}\"}} {v}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::join::{InstanceKey, MissingMember};
+
+    fn hang(comm: u64, present: &[u32], missing: &[u32]) -> HangState {
+        HangState {
+            candidate: HangCandidate {
+                comm_id: comm,
+                key: InstanceKey::Coll(1),
+                op: CollOp::AllReduce,
+                comm_nranks: (present.len() + missing.len()) as u32,
+                entered_at: 0,
+                first_host: "a".into(),
+                first_agent_ns: 0,
+                present_ranks: present.to_vec(),
+                missing: missing
+                    .iter()
+                    .map(|r| MissingMember {
+                        rank: *r,
+                        rank_in_comm: 0,
+                        host: "a".into(),
+                        last_seq_seen: None,
+                        last_completed_seq: None,
+                    })
+                    .collect(),
+            },
+            iteration: None,
+            detected_at: 0,
+            wall: None,
+            active: true,
+            exited: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn hangs_behind_a_hang_are_consequences() {
+        // Rank 13 stopped: its TP partner 12 waits for it; 12's pipeline
+        // neighbour 4 then waits for 12, which never comes.
+        let h = [hang(1, &[12], &[13]), hang(2, &[4], &[12])];
+        let (roots, blocked) = split_hangs(&h);
+        assert_eq!(roots.len(), 1);
+        assert_eq!(roots[0].candidate.comm_id, 1);
+        assert_eq!(blocked[0].candidate.comm_id, 2);
+        // A cycle (everyone missing somewhere waits elsewhere): all stay.
+        let c = [hang(1, &[1], &[2]), hang(2, &[2], &[1])];
+        assert_eq!(split_hangs(&c).0.len(), 2);
     }
 }

@@ -23,6 +23,10 @@ pub struct Report {
     /// arrived later (a long stall, not a hang); `active` is false.
     #[serde(default)]
     pub resolved_stalls: Vec<HangReport>,
+    /// Stuck instances whose missing ranks are themselves waiting inside a
+    /// hung instance: consequences of the hangs above, not causes.
+    #[serde(default)]
+    pub blocked_hangs: Vec<HangReport>,
     pub ingest: IngestInfo,
     /// Every agent that connected, and whether it is still there (filled by
     /// `slowrank serve`; empty for an analyzer used on its own).
@@ -164,6 +168,13 @@ pub fn render_human(r: &Report) -> String {
             h.communicator,
             h.sequence,
             h.iteration.map_or("?".into(), |i| i.to_string())
+        );
+    }
+    if !r.blocked_hangs.is_empty() {
+        let _ = writeln!(
+            s,
+            "      {} more stuck instance(s) wait only on ranks blocked by the hang above",
+            r.blocked_hangs.len()
         );
     }
     if !r.resolved_stalls.is_empty() {
