@@ -108,7 +108,7 @@ fn representative_scenarios_score_with_real_agents() {
     // No verdict and no hang on a healthy noisy job.
     run_and_score(&launcher, "dp8-healthy", 120);
     // Rank 2's data loader 8 ms slower from iteration 100: host-slow, rank 2.
-    run_and_score(&launcher, "dp8-host-slow-dataloader", 160);
+    run_and_score(&launcher, "dp8-host-slow-dataloader", 200);
     // Rank 3 stops at iteration 120: a hang naming rank 3 (and only late
     // data never counts as a hang).
     run_and_score(&launcher, "dp8-hang", 140);
