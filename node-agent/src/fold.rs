@@ -143,6 +143,9 @@ struct Qp {
     completions: u64,
     bytes: u64,
     post_to_completion_ns: u64,
+    /// Shipped once even without traffic, so the coordinator can join
+    /// both ends of the connection (receivers do not post).
+    announced: bool,
 }
 
 /// Communicator snapshots kept per process.
@@ -759,14 +762,17 @@ impl Folder {
                 offcpu_ns: 0,
             });
             for (&qp_num, q) in &mut p.qps {
-                if q.posts == 0 && q.completions == 0 {
+                let announce = !q.announced && q.dest_qp_num != 0;
+                if q.posts == 0 && q.completions == 0 && !announce {
                     continue;
                 }
+                q.announced |= q.dest_qp_num != 0;
                 self.out.links.push(LinkRecord {
                     pid,
                     rank: p.rank,
-                    // Joined by the coordinator through the QP numbers of
-                    // both ends; the agent cannot name the remote rank.
+                    // The remote end runs on another host: named by joining
+                    // both ends' QP numbers
+                    // (`slowrank_shared::links::resolve_peer_ranks`).
                     peer_rank: -1,
                     qp_num,
                     dest_qp_num: q.dest_qp_num,
@@ -776,6 +782,7 @@ impl Folder {
                     completions: q.completions,
                     post_to_completion_ns: q.post_to_completion_ns,
                     bytes: q.bytes,
+                    dlid: u32::from(q.dlid),
                 });
                 q.posts = 0;
                 q.completions = 0;

@@ -209,9 +209,17 @@ impl GpuSide {
             self.evict_oldest();
         }
         // An op may have started before the host call returned.
-        let qps = self.comms.get(&comm).map(|c| c.qps.clone()).unwrap_or_default();
+        let qps = self
+            .comms
+            .get(&comm)
+            .map(|c| c.qps.clone())
+            .unwrap_or_default();
         for q in qps {
-            if self.qps.get(&q).is_some_and(|t| t.cur.is_some_and(|o| o.seq.is_none())) {
+            if self
+                .qps
+                .get(&q)
+                .is_some_and(|t| t.cur.is_some_and(|o| o.seq.is_none()))
+            {
                 self.try_match(q, local);
             }
         }
@@ -257,13 +265,19 @@ impl GpuSide {
         let Some(serial) = self.posted.remove(&(qpn, wr_id)) else {
             return;
         };
-        let Some(q) = self.qps.get_mut(&qpn) else { return };
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
         let Some(op) = q.cur.as_mut().filter(|o| o.serial == serial) else {
             return;
         };
         op.last_wc = Some(op.last_wc.map_or(ts, |w| w.max(ts)));
         if let Some(seq) = op.seq {
-            if let Some(h) = self.comms.get_mut(&q.comm).and_then(|c| c.held.get_mut(&seq)) {
+            if let Some(h) = self
+                .comms
+                .get_mut(&q.comm)
+                .and_then(|c| c.held.get_mut(&seq))
+            {
                 h.last_wc = Some(h.last_wc.map_or(ts, |w| w.max(ts)));
             }
         }
@@ -352,11 +366,15 @@ impl GpuSide {
 
     /// Matches the current (unmatched) op of `qpn` to an instance.
     fn try_match(&mut self, qpn: u32, local: &LocalMembers) {
-        let Some(q) = self.qps.get_mut(&qpn) else { return };
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
         let Some(op) = q.cur.filter(|o| o.seq.is_none()) else {
             return;
         };
-        let Some(c) = self.comms.get_mut(&q.comm) else { return };
+        let Some(c) = self.comms.get_mut(&q.comm) else {
+            return;
+        };
         let start = q.next_seq.max(c.frontier.unwrap_or(0)).max(c.floor);
         let local_members = local.get(&q.comm);
         let mut found = None;
@@ -475,7 +493,13 @@ mod tests {
         // The host enqueues four buckets at once (20..23); the GPU reaches
         // them at 100, 2000, 4000, 6000, each with 3 paced chunks on QP 100.
         for s in 0..4 {
-            assert!(g.issue(rec(7, s, CollOp::AllReduce, -1), 20 + s, &LocalMembers::new()).is_none());
+            assert!(g
+                .issue(
+                    rec(7, s, CollOp::AllReduce, -1),
+                    20 + s,
+                    &LocalMembers::new()
+                )
+                .is_none());
         }
         for (i, t) in [100u64, 2000, 4000, 6000].iter().enumerate() {
             op(&mut g, 100, 50 + i as u64, *t, 3);
@@ -505,12 +529,16 @@ mod tests {
         let mut g = GpuSide::new(HostClock::real(), None);
         g.bind_qps(7, &[100]);
         // Deep off: instance 0 goes out at once, with no GPU times.
-        let r = g.issue(rec(7, 0, CollOp::AllReduce, -1), 10, &LocalMembers::new()).unwrap();
+        let r = g
+            .issue(rec(7, 0, CollOp::AllReduce, -1), 10, &LocalMembers::new())
+            .unwrap();
         assert_eq!(r.gpu_arrive_ns, 0);
         g.set_deep(true, 50);
         // Instance 1 issued at 60 (held), its op starts at 70: the QP is not
         // synced yet (the window opened mid-iteration), so no time.
-        assert!(g.issue(rec(7, 1, CollOp::AllReduce, -1), 60, &LocalMembers::new()).is_none());
+        assert!(g
+            .issue(rec(7, 1, CollOp::AllReduce, -1), 60, &LocalMembers::new())
+            .is_none());
         op(&mut g, 100, 1, 70, 1);
         g.device_sync(80, 90);
         let r = g.take_released();
@@ -519,10 +547,15 @@ mod tests {
         // the call (its return, hence the record, comes at 210).
         g.post(100, wr(9, 0), 200, &LocalMembers::new());
         g.completion(100, wr(9, 0), 260);
-        assert!(g.issue(rec(7, 2, CollOp::AllReduce, -1), 150, &LocalMembers::new()).is_none());
+        assert!(g
+            .issue(rec(7, 2, CollOp::AllReduce, -1), 150, &LocalMembers::new())
+            .is_none());
         g.device_sync(300, 400);
         let r = g.take_released();
-        assert_eq!((r[0].seq, r[0].gpu_arrive_ns, r[0].gpu_done_ns), (2, 200, 260));
+        assert_eq!(
+            (r[0].seq, r[0].gpu_arrive_ns, r[0].gpu_done_ns),
+            (2, 200, 260)
+        );
         assert_eq!(g.stats.unsynced_ops, 1);
     }
 
@@ -543,7 +576,9 @@ mod tests {
             (CollOp::Send, 2),
         ];
         for (s, (o, p)) in seqs.iter().enumerate() {
-            assert!(g.issue(rec(9, s as u64, *o, *p), 10 + s as u64, &local).is_none());
+            assert!(g
+                .issue(rec(9, s as u64, *o, *p), 10 + s as u64, &local)
+                .is_none());
         }
         g.post(100, wr(1, 0), 100, &local);
         g.post(100, wr(2, 0), 500, &local);
@@ -559,7 +594,9 @@ mod tests {
         let mut g = GpuSide::new(HostClock::real(), Some(0));
         g.bind_qps(7, &[100]);
         for s in 0..(MAX_HELD as u64 + 5) {
-            assert!(g.issue(rec(7, s, CollOp::AllReduce, -1), s, &LocalMembers::new()).is_none());
+            assert!(g
+                .issue(rec(7, s, CollOp::AllReduce, -1), s, &LocalMembers::new())
+                .is_none());
         }
         assert_eq!(g.stats.evicted, 5);
         assert_eq!(g.take_released().len(), 5);
