@@ -13,60 +13,93 @@ use std::collections::HashMap;
 
 use crate::wire::LinkRecord;
 
-/// Sets `peer_rank` of every record whose other end is among `links`
-/// (records of all agents and any intervals, in any order). Where the
-/// partner cannot be told apart, `peer_rank` stays -1.
-pub fn resolve_peer_ranks(links: &mut [LinkRecord]) {
-    // (qp_num, dest_qp_num) → (rank, dlid) of every QP claiming it.
-    let mut by_pair: HashMap<(u32, u32), Vec<(u32, u32)>> = HashMap::new();
-    for l in links.iter().filter(|l| l.dest_qp_num != 0) {
-        let v = by_pair.entry((l.qp_num, l.dest_qp_num)).or_default();
+/// Every QP endpoint seen so far, for naming peers as records arrive (the
+/// coordinator keeps one; bounded by the cluster's connected QPs).
+#[derive(Debug, Default, Clone)]
+pub struct LinkPeers {
+    /// (qp_num, dest_qp_num) → (rank, dlid) of every QP claiming it.
+    by_pair: HashMap<(u32, u32), Vec<(u32, u32)>>,
+    /// rank → its QPs (qp_num, dest_qp_num).
+    by_rank: HashMap<u32, Vec<(u32, u32)>>,
+}
+
+impl LinkPeers {
+    /// Remembers the QP of `l` (any interval; repeats are ignored).
+    pub fn observe(&mut self, l: &LinkRecord) {
+        if l.dest_qp_num == 0 {
+            return;
+        }
+        let v = self.by_pair.entry((l.qp_num, l.dest_qp_num)).or_default();
         if !v.contains(&(l.rank, l.dlid)) {
             v.push((l.rank, l.dlid));
-        }
-    }
-    let partners = |l: &LinkRecord| -> Vec<(u32, u32)> {
-        by_pair
-            .get(&(l.dest_qp_num, l.qp_num))
-            .map(|v| v.iter().copied().filter(|(r, _)| *r != l.rank).collect())
-            .unwrap_or_default()
-    };
-    // Votes for each rank's own LID: the dlids its candidate partners use.
-    let mut votes: HashMap<u32, HashMap<u32, u32>> = HashMap::new();
-    let mut seen: HashMap<(u32, u32), ()> = HashMap::new();
-    for l in links.iter().filter(|l| l.dest_qp_num != 0) {
-        if seen.insert((l.rank, l.qp_num), ()).is_some() {
-            continue;
-        }
-        for (_, dlid) in partners(l) {
-            *votes.entry(l.rank).or_default().entry(dlid).or_insert(0) += 1;
-        }
-    }
-    let own: HashMap<u32, u32> = votes
-        .into_iter()
-        .filter_map(|(r, v)| {
-            let mut v: Vec<(u32, u32)> = v.into_iter().collect();
-            v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            // A tie names no LID.
-            match v.as_slice() {
-                [(_, n), (_, m), ..] if n == m => None,
-                [(lid, _), ..] => Some((r, *lid)),
-                [] => None,
+            let q = self.by_rank.entry(l.rank).or_default();
+            if !q.contains(&(l.qp_num, l.dest_qp_num)) {
+                q.push((l.qp_num, l.dest_qp_num));
             }
-        })
-        .collect();
-    for l in links.iter_mut().filter(|l| l.dest_qp_num != 0) {
-        let cands: Vec<u32> = partners(l)
+        }
+    }
+
+    /// Candidate partners (rank, their dlid) of `rank`'s QP `(qp, dest)`.
+    fn partners(&self, rank: u32, qp: u32, dest: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.by_pair
+            .get(&(dest, qp))
             .into_iter()
+            .flatten()
+            .copied()
+            .filter(move |(r, _)| *r != rank)
+    }
+
+    /// `rank`'s own LID: the one its candidate partners name most (None on
+    /// a tie or without candidates).
+    fn own_lid(&self, rank: u32) -> Option<u32> {
+        let mut votes: HashMap<u32, u32> = HashMap::new();
+        for &(qp, dest) in self.by_rank.get(&rank)? {
+            for (_, dlid) in self.partners(rank, qp, dest) {
+                *votes.entry(dlid).or_insert(0) += 1;
+            }
+        }
+        let mut v: Vec<(u32, u32)> = votes.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        match v.as_slice() {
+            [(_, n), (_, m), ..] if n == m => None,
+            [(lid, _), ..] => Some(*lid),
+            [] => None,
+        }
+    }
+
+    /// The rank at the other end of `l`'s QP, when it is known and unique.
+    pub fn peer_of(&self, l: &LinkRecord) -> Option<u32> {
+        if l.dest_qp_num == 0 {
+            return None;
+        }
+        let me = self.own_lid(l.rank);
+        let cands: Vec<u32> = self
+            .partners(l.rank, l.qp_num, l.dest_qp_num)
             .filter(|(r, dlid)| {
                 // Their dlid is my LID, my dlid is theirs (where known).
-                own.get(&l.rank).is_none_or(|me| me == dlid)
-                    && (l.dlid == 0 || own.get(r).is_none_or(|them| *them == l.dlid))
+                me.is_none_or(|m| m == *dlid)
+                    && (l.dlid == 0 || self.own_lid(*r).is_none_or(|t| t == l.dlid))
             })
             .map(|(r, _)| r)
             .collect();
-        if let [r] = cands.as_slice() {
-            l.peer_rank = i64::from(*r);
+        match cands.as_slice() {
+            [r] => Some(*r),
+            _ => None,
+        }
+    }
+}
+
+/// Sets `peer_rank` of every record whose other end is among `links`
+/// (records of all agents and any intervals, in any order). Where the
+/// partner cannot be told apart, `peer_rank` stays as it was.
+pub fn resolve_peer_ranks(links: &mut [LinkRecord]) {
+    let mut peers = LinkPeers::default();
+    for l in links.iter() {
+        peers.observe(l);
+    }
+    for l in links.iter_mut() {
+        if let Some(r) = peers.peer_of(l) {
+            l.peer_rank = i64::from(r);
         }
     }
 }
