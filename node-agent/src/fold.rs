@@ -476,6 +476,20 @@ impl Folder {
             Some(CallKind::Return) => {
                 let Some(open) = p.open.get_mut(&key).and_then(Vec::pop) else {
                     self.drops.orphan_returns += 1;
+                    if role == Role::GroupEnd {
+                        // Its entry was lost (ring buffer full): the group
+                        // still ended, or every later operation of the
+                        // thread would wait for it forever.
+                        let (pid, ts) = (c.pid, c.ts_ns);
+                        let open = Open {
+                            ts,
+                            args: [0; 6],
+                            stack: [0; STACK_WORDS],
+                            launches: 0,
+                            has_stack: false,
+                        };
+                        self.finish(pid, c.tid, role, open, ts, c.args, c.ret);
+                    }
                     return;
                 };
                 p.open_count -= 1;
