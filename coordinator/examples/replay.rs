@@ -141,6 +141,7 @@ fn batches(path: &Path, host: &str) -> Result<Vec<Batch>> {
                 completions: u(&v, "completions")?,
                 post_to_completion_ns: u(&v, "post_to_completion_ns")?,
                 bytes: u(&v, "bytes")?,
+                dlid: v.get("dlid").and_then(Value::as_u64).unwrap_or(0) as u32,
             }),
             "exit" => cur.exits.push(RankExit {
                 pid: u(&v, "pid")? as u32,

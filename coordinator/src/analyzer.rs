@@ -167,6 +167,10 @@ pub struct Analyzer {
     completed: Mutex<Vec<JoinedInstance>>,
     hang_progress: Mutex<Vec<(u64, crate::join::InstanceKey, bool)>>,
     raw_links: Mutex<Vec<(String, LinkRecord)>>,
+    /// Every QP endpoint seen, to name the rank at the other end.
+    link_peers: Mutex<slowrank_shared::links::LinkPeers>,
+    /// Link records whose remote rank is not known yet.
+    unnamed_links: Mutex<Vec<(String, LinkRecord)>>,
     raw_intervals: Mutex<Vec<(String, RankInterval)>>,
     /// Per agent, the latest batch cut time (agent clock): everything that
     /// agent saw up to then has been ingested.
@@ -214,6 +218,8 @@ impl Analyzer {
             completed: Mutex::new(Vec::new()),
             hang_progress: Mutex::new(Vec::new()),
             raw_links: Mutex::new(Vec::new()),
+            link_peers: Mutex::new(Default::default()),
+            unnamed_links: Mutex::new(Vec::new()),
             raw_intervals: Mutex::new(Vec::new()),
             watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
@@ -399,18 +405,30 @@ impl Analyzer {
         }
         {
             let mut q = lock(&self.raw_links);
+            let mut peers = lock(&self.link_peers);
+            let mut unnamed = lock(&self.unnamed_links);
             for l in &b.links {
                 let peer_ok = l.peer_rank >= 0 && l.peer_rank <= u32::MAX as i64;
                 let res = self
                     .check_rank(l.rank)
                     .and_then(|_| validate::check_link(l, b.mono_ns, slack));
+                if res.is_ok() {
+                    peers.observe(l);
+                }
                 match res {
                     Ok(()) if peer_ok && q.len() < cap => {
                         q.push((b.host.clone(), l.clone()));
                         sum.accepted += 1;
                     }
-                    // A QP not mapped to a peer cannot be judged as a link.
-                    Ok(()) if !peer_ok => sum.accepted += 1,
+                    // The agent cannot name the remote rank of a QP: both
+                    // ends' QP numbers and LIDs do, once both were seen
+                    // (retried at each tick; bounded).
+                    Ok(()) if !peer_ok => {
+                        if l.posts > 0 && unnamed.len() < cap {
+                            unnamed.push((b.host.clone(), l.clone()));
+                        }
+                        sum.accepted += 1;
+                    }
                     Ok(()) => {
                         drop_record(&self.counters, "queue_full");
                         sum.rejected += 1;
@@ -470,7 +488,21 @@ impl Analyzer {
         let mut events = Vec::new();
         let completed = std::mem::take(&mut *lock(&self.completed));
         let progress = std::mem::take(&mut *lock(&self.hang_progress));
-        let raw_links = std::mem::take(&mut *lock(&self.raw_links));
+        let mut raw_links = std::mem::take(&mut *lock(&self.raw_links));
+        {
+            // Name what can be named now; the rest waits (a few seconds at most).
+            let peers = lock(&self.link_peers);
+            let mut unnamed = lock(&self.unnamed_links);
+            let max_wait = 10_000_000_000;
+            unnamed.retain_mut(|(host, l)| match peers.peer_of(l) {
+                Some(r) => {
+                    l.peer_rank = i64::from(r);
+                    raw_links.push((host.clone(), l.clone()));
+                    false
+                }
+                None => now.saturating_sub(self.to_coord(host, l.end_ns).0) < max_wait,
+            });
+        }
         let raw_intervals = std::mem::take(&mut *lock(&self.raw_intervals));
         let clock = |h: &str, t: u64| self.to_coord(h, t);
         let mut core = lock(&self.core);
