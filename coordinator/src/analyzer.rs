@@ -118,6 +118,8 @@ struct AgentState {
 pub struct RankInfo {
     pub rank: u32,
     pub host: String,
+    /// The agent reporting it (its batches' cut times say how current we are).
+    pub agent_id: String,
     pub pid: u32,
     pub world_size: u32,
     pub job_id: String,
@@ -155,6 +157,8 @@ struct Core {
     last_t: Option<CoordNs>,
     last_sealed: Option<u64>,
     lost_by_root: HashMap<u32, f64>,
+    /// Durations of the last sealed iterations (ns), oldest first.
+    steps: VecDeque<f64>,
 }
 
 /// The coordinator's reasoning core.
@@ -173,7 +177,14 @@ pub struct Analyzer {
     completed: Mutex<Vec<JoinedInstance>>,
     hang_progress: Mutex<Vec<(u64, crate::join::InstanceKey, bool)>>,
     raw_links: Mutex<Vec<(String, LinkRecord)>>,
+    /// Every QP endpoint seen, to name the rank at the other end.
+    link_peers: Mutex<slowrank_shared::links::LinkPeers>,
+    /// Link records whose remote rank is not known yet.
+    unnamed_links: Mutex<Vec<(String, LinkRecord)>>,
     raw_intervals: Mutex<Vec<(String, RankInterval)>>,
+    /// Per agent, the latest batch cut time (agent clock): everything that
+    /// agent saw up to then has been ingested.
+    watermarks: DashMap<String, u64>,
     wall_offset: Mutex<Option<i64>>,
     core: Mutex<Core>,
 }
@@ -203,6 +214,7 @@ impl Analyzer {
             last_t: None,
             last_sealed: None,
             lost_by_root: HashMap::new(),
+            steps: VecDeque::new(),
         };
         Self {
             joiner: Joiner::new(cfg.join.clone()),
@@ -217,7 +229,10 @@ impl Analyzer {
             completed: Mutex::new(Vec::new()),
             hang_progress: Mutex::new(Vec::new()),
             raw_links: Mutex::new(Vec::new()),
+            link_peers: Mutex::new(Default::default()),
+            unnamed_links: Mutex::new(Vec::new()),
             raw_intervals: Mutex::new(Vec::new()),
+            watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
             core: Mutex::new(core),
         }
@@ -321,6 +336,7 @@ impl Analyzer {
                 RankInfo {
                     rank: id.rank,
                     host: b.host.clone(),
+                    agent_id: b.agent_id.clone(),
                     pid: id.pid,
                     world_size: id.world_size,
                     job_id: id.job_id.clone(),
@@ -411,18 +427,30 @@ impl Analyzer {
         }
         {
             let mut q = lock(&self.raw_links);
+            let mut peers = lock(&self.link_peers);
+            let mut unnamed = lock(&self.unnamed_links);
             for l in &b.links {
                 let peer_ok = l.peer_rank >= 0 && l.peer_rank <= u32::MAX as i64;
                 let res = self
                     .check_rank(l.rank, &b.host)
                     .and_then(|_| validate::check_link(l, b.mono_ns, slack));
+                if res.is_ok() {
+                    peers.observe(l);
+                }
                 match res {
                     Ok(()) if peer_ok && q.len() < cap => {
                         q.push((b.host.clone(), l.clone()));
                         sum.accepted += 1;
                     }
-                    // A QP not mapped to a peer cannot be judged as a link.
-                    Ok(()) if !peer_ok => sum.accepted += 1,
+                    // The agent cannot name the remote rank of a QP: both
+                    // ends' QP numbers and LIDs do, once both were seen
+                    // (retried at each tick; bounded).
+                    Ok(()) if !peer_ok => {
+                        if l.posts > 0 && unnamed.len() < cap {
+                            unnamed.push((b.host.clone(), l.clone()));
+                        }
+                        sum.accepted += 1;
+                    }
                     Ok(()) => {
                         drop_record(&self.counters, "queue_full");
                         sum.rejected += 1;
@@ -443,6 +471,11 @@ impl Analyzer {
         if !clock_known && sum.accepted > 0 {
             self.observe_batch_clock(b, recv_ns);
         }
+        // After the records: the batch says its agent is current up to its cut.
+        self.watermarks
+            .entry(b.agent_id.clone())
+            .and_modify(|w| *w = (*w).max(b.mono_ns))
+            .or_insert(b.mono_ns);
         self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
         let mut c = lock(&self.counters);
         c.records_accepted += sum.accepted;
@@ -602,7 +635,21 @@ impl Analyzer {
         let mut events = Vec::new();
         let completed = std::mem::take(&mut *lock(&self.completed));
         let progress = std::mem::take(&mut *lock(&self.hang_progress));
-        let raw_links = std::mem::take(&mut *lock(&self.raw_links));
+        let mut raw_links = std::mem::take(&mut *lock(&self.raw_links));
+        {
+            // Name what can be named now; the rest waits (a few seconds at most).
+            let peers = lock(&self.link_peers);
+            let mut unnamed = lock(&self.unnamed_links);
+            let max_wait = 10_000_000_000;
+            unnamed.retain_mut(|(host, l)| match peers.peer_of(l) {
+                Some(r) => {
+                    l.peer_rank = i64::from(r);
+                    raw_links.push((host.clone(), l.clone()));
+                    false
+                }
+                None => now.saturating_sub(self.to_coord(host, l.end_ns).0) < max_wait,
+            });
+        }
         let raw_intervals = std::mem::take(&mut *lock(&self.raw_intervals));
         let clock = |h: &str, t: u64| self.to_coord(h, t);
         let mut core = lock(&self.core);
@@ -773,8 +820,32 @@ impl Analyzer {
             }
         }
         let clock = |h: &str, t: u64| self.to_coord(h, t).0;
-        for e in self.joiner.expire(now, clock) {
+        let current = |rank: u32, host: &str, deadline: CoordNs| {
+            let Some(r) = self.ranks.get(&rank) else {
+                return false;
+            };
+            r.exited_at.is_some()
+                || self
+                    .watermarks
+                    .get(&r.agent_id)
+                    .is_some_and(|w| self.to_coord(host, *w).0 >= deadline)
+        };
+        for e in self.joiner.expire(now, clock, current) {
             let Expired::Hang(c) = e else { continue };
+            // The instances queued behind a stuck one hang on the same
+            // members: one finding per communicator and missing set.
+            let same: Vec<u32> = c.missing.iter().map(|m| m.rank).collect();
+            if core.hangs.iter().any(|h| {
+                h.active
+                    && h.candidate.comm_id == c.comm_id
+                    && h.candidate
+                        .missing
+                        .iter()
+                        .map(|m| m.rank)
+                        .eq(same.iter().copied())
+            }) {
+                continue;
+            }
             let iteration = core.iteration.iteration_at(c.entered_at);
             let exited: Vec<u32> = c
                 .missing
@@ -839,6 +910,12 @@ impl Analyzer {
             .duration_of(k)
             .or_else(|| core.iteration.step_ns())
             .unwrap_or(f64::INFINITY);
+        if let Some(d) = core.iteration.duration_of(k) {
+            core.steps.push_back(d);
+            while core.steps.len() > STEP_HISTORY {
+                core.steps.pop_front();
+            }
+        }
         let mut scores = core.stats.score(k, bucket, step);
         let world = self
             .ranks
@@ -870,6 +947,22 @@ impl Analyzer {
             }
         }
         core.stats.judge_blame(&mut scores, &rank_blame);
+        for s in &scores {
+            tracing::trace!(
+                iteration = k,
+                rank = s.rank,
+                suspicious = s.suspicious,
+                late_us = s.late_ns / 1e3,
+                host_late_us = s.host_late_ns / 1e3,
+                gpu_late_us = s.gpu_late_ns.map(|g| g / 1e3),
+                unexplained_us = s.unexplained_ns / 1e3,
+                sync_excess_us = s.sync_excess_ns / 1e3,
+                last_frac = s.last_frac,
+                step_ms = s.step_ns / 1e6,
+                err_us = s.err_ns / 1e3,
+                "rank score"
+            );
+        }
         let (from, to) = (
             k.checked_sub(1)
                 .and_then(|p| core.iteration.end_of(p))
@@ -999,6 +1092,41 @@ impl Analyzer {
         }
     }
 
+    /// The job got slower while no verdict names a rank: the median of the
+    /// last few steps is well above the median of the steps before them.
+    /// With the default probe set a compute- or communication-slow rank is
+    /// often invisible (calls only enqueue; host-side arrivals match), so
+    /// `serve` answers this with a deep-probe window on every agent, whose
+    /// GPU-side arrivals and verbs latencies name the rank.
+    pub fn slowdown(&self) -> Option<Slowdown> {
+        let core = lock(&self.core);
+        if core.lifecycle.verdicts().any(|v| v.active) {
+            return None;
+        }
+        let n = core.steps.len();
+        if n < SLOWDOWN_RECENT + SLOWDOWN_BASELINE_MIN {
+            return None;
+        }
+        let mut recent: Vec<f64> = core
+            .steps
+            .iter()
+            .skip(n - SLOWDOWN_RECENT)
+            .copied()
+            .collect();
+        let mut base: Vec<f64> = core
+            .steps
+            .iter()
+            .take(n - SLOWDOWN_RECENT)
+            .copied()
+            .collect();
+        let (r, b) = (median(&mut recent)?, median(&mut base)?);
+        (r > b * (1.0 + SLOWDOWN_RISE)).then(|| Slowdown {
+            iteration: core.last_sealed.unwrap_or(0),
+            baseline_ms: b / 1e6,
+            recent_ms: r / 1e6,
+        })
+    }
+
     fn max_error_ns(&self) -> f64 {
         self.clocks
             .iter()
@@ -1032,6 +1160,7 @@ impl Analyzer {
         });
         let counters = lock(&self.counters).clone();
         let join = self.joiner.counters();
+        let (roots, blocked) = split_hangs(&core.hangs);
         report::Report {
             schema: report::SCHEMA.into(),
             generated_at: Utc::now(),
@@ -1070,21 +1199,13 @@ impl Analyzer {
                 hosts,
             },
             verdicts,
-            hangs: core
+            hangs: roots.iter().map(|h| hang_report(h)).collect(),
+            blocked_hangs: blocked.iter().map(|h| hang_report(h)).collect(),
+            resolved_stalls: core
                 .hangs
                 .iter()
-                .map(|h| report::HangReport {
-                    communicator: format!("{:#x}", h.candidate.comm_id),
-                    sequence: h.candidate.key.display_seq(),
-                    op: crate::join::op_name(h.candidate.op).to_owned(),
-                    missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
-                    missing: h.candidate.missing.clone(),
-                    present_ranks: h.candidate.present_ranks.clone(),
-                    iteration: h.iteration,
-                    first_seen: h.wall,
-                    active: h.active,
-                    exited_ranks: h.exited.clone(),
-                })
+                .filter(|h| !h.active)
+                .map(hang_report)
                 .collect(),
             ingest: report::IngestInfo {
                 counters,
@@ -1185,6 +1306,63 @@ fn push_recent(c: &mut IngestCounters, e: &RecordError) {
     c.recent_rejections.push(e.to_string());
     if c.recent_rejections.len() > 16 {
         c.recent_rejections.remove(0);
+    }
+}
+
+/// Sealed step durations kept for [`Analyzer::slowdown`].
+const STEP_HISTORY: usize = 64;
+/// Steps compared with the baseline (a median: one noisy step is not a trend).
+const SLOWDOWN_RECENT: usize = 5;
+/// Baseline steps needed before a slowdown can be told.
+const SLOWDOWN_BASELINE_MIN: usize = 15;
+/// Relative rise of the recent median over the baseline median.
+const SLOWDOWN_RISE: f64 = 0.1;
+
+/// The job slowed down without a named rank (see [`Analyzer::slowdown`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Slowdown {
+    pub iteration: u64,
+    pub baseline_ms: f64,
+    pub recent_ms: f64,
+}
+
+/// Active hangs split into roots and consequences. In a pipeline or a 3-D
+/// job one stuck rank stops its neighbours, which then never reach their
+/// next collectives either: those instances are stuck too, but every rank
+/// they miss is itself waiting inside another stuck instance. The roots are
+/// the hangs missing some rank that waits nowhere (it stopped, or died).
+/// Should every missing rank be waiting somewhere (a cycle), all are roots.
+fn split_hangs(hangs: &[HangState]) -> (Vec<&HangState>, Vec<&HangState>) {
+    let active: Vec<&HangState> = hangs.iter().filter(|h| h.active).collect();
+    let waiting: std::collections::HashSet<u32> = active
+        .iter()
+        .flat_map(|h| h.candidate.present_ranks.iter().copied())
+        .collect();
+    let (roots, blocked): (Vec<&HangState>, Vec<&HangState>) = active.iter().partition(|h| {
+        h.candidate
+            .missing
+            .iter()
+            .any(|m| !waiting.contains(&m.rank))
+    });
+    if roots.is_empty() {
+        (blocked, Vec::new())
+    } else {
+        (roots, blocked)
+    }
+}
+
+fn hang_report(h: &HangState) -> report::HangReport {
+    report::HangReport {
+        communicator: format!("{:#x}", h.candidate.comm_id),
+        sequence: h.candidate.key.display_seq(),
+        op: crate::join::op_name(h.candidate.op).to_owned(),
+        missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
+        missing: h.candidate.missing.clone(),
+        present_ranks: h.candidate.present_ranks.clone(),
+        iteration: h.iteration,
+        first_seen: h.wall,
+        active: h.active,
+        exited_ranks: h.exited.clone(),
     }
 }
 
@@ -1311,5 +1489,55 @@ impl Metrics {
             let _ = writeln!(s, "slowrank_batches_rejected_total{{reason=\"{k}\"}} {v}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::join::{InstanceKey, MissingMember};
+
+    fn hang(comm: u64, present: &[u32], missing: &[u32]) -> HangState {
+        HangState {
+            candidate: HangCandidate {
+                comm_id: comm,
+                key: InstanceKey::Coll(1),
+                op: CollOp::AllReduce,
+                comm_nranks: (present.len() + missing.len()) as u32,
+                entered_at: 0,
+                first_host: "a".into(),
+                first_agent_ns: 0,
+                present_ranks: present.to_vec(),
+                missing: missing
+                    .iter()
+                    .map(|r| MissingMember {
+                        rank: *r,
+                        rank_in_comm: 0,
+                        host: "a".into(),
+                        last_seq_seen: None,
+                        last_completed_seq: None,
+                    })
+                    .collect(),
+            },
+            iteration: None,
+            detected_at: 0,
+            wall: None,
+            active: true,
+            exited: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn hangs_behind_a_hang_are_consequences() {
+        // Rank 13 stopped: its TP partner 12 waits for it; 12's pipeline
+        // neighbour 4 then waits for 12, which never comes.
+        let h = [hang(1, &[12], &[13]), hang(2, &[4], &[12])];
+        let (roots, blocked) = split_hangs(&h);
+        assert_eq!(roots.len(), 1);
+        assert_eq!(roots[0].candidate.comm_id, 1);
+        assert_eq!(blocked[0].candidate.comm_id, 2);
+        // A cycle (everyone missing somewhere waits elsewhere): all stay.
+        let c = [hang(1, &[1], &[2]), hang(2, &[2], &[1])];
+        assert_eq!(split_hangs(&c).0.len(), 2);
     }
 }

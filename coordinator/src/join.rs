@@ -124,6 +124,10 @@ pub struct JoinConfig {
     pub closed_memory: usize,
     /// An incomplete instance older than this becomes a hang candidate (ns).
     pub hang_timeout_ns: i64,
+    /// A member whose agent's data is not yet known to be current past the
+    /// timeout is given this long (since the instance began) before it is
+    /// named missing anyway: its agent stopped reporting (ns).
+    pub hang_stale_ns: i64,
 }
 
 impl Default for JoinConfig {
@@ -133,6 +137,7 @@ impl Default for JoinConfig {
             max_comms: 1 << 16,
             closed_memory: 4096,
             hang_timeout_ns: 3_000_000_000,
+            hang_stale_ns: 30_000_000_000,
         }
     }
 }
@@ -195,8 +200,6 @@ struct CommState {
     by_rank: HashMap<u32, u32>,
     last_seq: HashMap<u32, u64>,
     last_completed: HashMap<u32, u64>,
-    /// `born` counter value at each position's last record.
-    last_seen_born: HashMap<u32, u64>,
     p2p_ordinal: HashMap<(u32, u32), u64>,
     open: HashMap<InstanceKey, Open>,
     born: u64,
@@ -213,7 +216,6 @@ impl CommState {
             by_rank: HashMap::new(),
             last_seq: HashMap::new(),
             last_completed: HashMap::new(),
-            last_seen_born: HashMap::new(),
             p2p_ordinal: HashMap::new(),
             open: HashMap::new(),
             born: 0,
@@ -412,7 +414,6 @@ impl Joiner {
         };
         st.born += 1;
         let born = st.born;
-        st.last_seen_born.insert(pos, born);
 
         if st.closed.contains(&key) {
             // The instance timed out without this member.
@@ -496,47 +497,79 @@ impl Joiner {
 
     /// Closes instances whose first member entered more than the timeout
     /// before `now`; `to_coord` aligns an agent time of a host.
-    pub fn expire(&self, now: CoordNs, to_coord: impl Fn(&str, u64) -> CoordNs) -> Vec<Expired> {
+    ///
+    /// A member that has not arrived is *missing* only when what we know of
+    /// it is current past the timeout: `current(rank, host, deadline)` says
+    /// whether its agent's data reaches beyond `deadline` (coordinator time)
+    /// — agents batch and a loaded host ships late, and a member whose
+    /// records are merely in flight is not hung. While some absent member is
+    /// not yet current the instance stays open (up to `hang_stale_ns`). A
+    /// member that already issued a later operation on the communicator is
+    /// not missing either: its record for this one was lost.
+    pub fn expire(
+        &self,
+        now: CoordNs,
+        to_coord: impl Fn(&str, u64) -> CoordNs,
+        current: impl Fn(u32, &str, CoordNs) -> bool,
+    ) -> Vec<Expired> {
         let mut out = Vec::new();
         for mut entry in self.comms.iter_mut() {
             let comm_id = *entry.key();
             let st = &mut *entry;
-            let due: Vec<InstanceKey> = st
+            let due: Vec<(InstanceKey, CoordNs)> = st
                 .open
                 .iter()
-                .filter(|(_, o)| {
-                    now.saturating_sub(to_coord(&o.first_host, o.first_agent_ns))
-                        > self.cfg.hang_timeout_ns
+                .filter_map(|(k, o)| {
+                    let entered = to_coord(&o.first_host, o.first_agent_ns);
+                    (now.saturating_sub(entered) > self.cfg.hang_timeout_ns)
+                        .then_some((*k, entered))
                 })
-                .map(|(k, _)| *k)
                 .collect();
-            for key in due {
-                let open = st.open.remove(&key).expect("listed");
-                st.close(key, self.cfg.closed_memory);
+            // Oldest first: the instances queued behind a stuck one follow it.
+            let mut due = due;
+            due.sort_unstable_by_key(|d| d.0);
+            for (key, entered) in due {
+                let open = &st.open[&key];
                 let positions: Vec<u32> = match key {
                     InstanceKey::P2p { lo, hi, .. } => vec![lo, hi],
                     InstanceKey::Coll(_) => (0..st.nranks).collect(),
                 };
+                let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
+                let stale = now.saturating_sub(entered) > self.cfg.hang_stale_ns;
                 let mut present_ranks = Vec::new();
-                let mut missing = Vec::new();
+                let mut absent = Vec::new();
+                let mut undecided = false;
                 for (i, p) in positions.iter().enumerate() {
                     if let Some(m) = &open.records[i] {
                         present_ranks.push(m.rank);
                         continue;
                     }
-                    let heard_since = st.last_seen_born.get(p).is_some_and(|b| *b > open.born);
-                    if heard_since {
+                    if passed(st, key, *p) {
                         continue;
                     }
                     let slot = st.slots.get(p);
-                    missing.push(MissingMember {
-                        rank: slot.map_or(u32::MAX, |s| s.rank),
-                        rank_in_comm: *p,
-                        host: slot.map_or_else(String::new, |s| s.host.to_string()),
-                        last_seq_seen: st.last_seq.get(p).copied(),
-                        last_completed_seq: st.last_completed.get(p).copied(),
-                    });
+                    let known = slot.is_some_and(|s| current(s.rank, &s.host, deadline));
+                    undecided |= !known;
+                    absent.push(*p);
                 }
+                if undecided && !stale {
+                    continue;
+                }
+                let open = st.open.remove(&key).expect("listed");
+                st.close(key, self.cfg.closed_memory);
+                let missing: Vec<MissingMember> = absent
+                    .iter()
+                    .map(|p| {
+                        let slot = st.slots.get(p);
+                        MissingMember {
+                            rank: slot.map_or(u32::MAX, |s| s.rank),
+                            rank_in_comm: *p,
+                            host: slot.map_or_else(String::new, |s| s.host.to_string()),
+                            last_seq_seen: st.last_seq.get(p).copied(),
+                            last_completed_seq: st.last_completed.get(p).copied(),
+                        }
+                    })
+                    .collect();
                 if missing.is_empty() {
                     self.bump(|c| c.incomplete += 1);
                     out.push(Expired::Incomplete { comm_id, key });
@@ -546,13 +579,13 @@ impl Joiner {
                         key,
                         op: open.op,
                         comm_nranks: st.nranks,
-                        entered_at: to_coord(&open.first_host, open.first_agent_ns),
+                        entered_at: entered,
                         first_host: open.first_host.to_string(),
                         first_agent_ns: open.first_agent_ns,
                         present_ranks,
                         missing,
                     };
-                    // Only the earliest hung instance per communicator matters.
+                    // Only the earliest hung instances per communicator matter.
                     if st.hangs.len() < 4 {
                         st.hangs.insert(key, h.clone());
                     }
@@ -562,6 +595,18 @@ impl Joiner {
             }
         }
         out
+    }
+}
+
+/// Whether position `p` already issued an operation after `key` on this
+/// communicator (so its record for `key` was lost, not withheld).
+fn passed(st: &CommState, key: InstanceKey, p: u32) -> bool {
+    match key {
+        InstanceKey::Coll(seq) => st.last_seq.get(&p).is_some_and(|l| *l > seq),
+        InstanceKey::P2p { lo, hi, ordinal } => {
+            let peer = if p == lo { hi } else { lo };
+            st.p2p_ordinal.get(&(p, peer)).is_some_and(|n| *n > ordinal)
+        }
     }
 }
 
@@ -685,8 +730,8 @@ mod tests {
         // Rank 1 stops; 0 and 2 enter instance 5.
         j.offer(&h, rec(0, 5, 200)).unwrap();
         j.offer(&h, rec(2, 5, 201)).unwrap();
-        assert!(j.expire(1_000, |_, t| t as i64).is_empty());
-        let exp = j.expire(1_300, |_, t| t as i64);
+        assert!(j.expire(1_000, |_, t| t as i64, |_, _, _| true).is_empty());
+        let exp = j.expire(1_300, |_, t| t as i64, |_, _, _| true);
         assert_eq!(exp.len(), 1);
         let Expired::Hang(hc) = &exp[0] else {
             panic!("{exp:?}")
@@ -709,11 +754,87 @@ mod tests {
         j.offer(&h, rec(0, 0, 10)).unwrap(); // rank 1's record for 0 is lost
         j.offer(&h, rec(0, 1, 20)).unwrap();
         j.offer(&h, rec(1, 1, 21)).unwrap();
-        let exp = j.expire(5_000, |_, t| t as i64);
+        let exp = j.expire(5_000, |_, t| t as i64, |_, _, _| true);
         assert!(
             matches!(exp.as_slice(), [Expired::Incomplete { .. }]),
             "{exp:?}"
         );
+    }
+
+    #[test]
+    fn member_whose_data_is_not_current_is_not_missing_yet() {
+        // Two hosts; host b's agent ships late. Its ranks' records for
+        // instance 0 are still in flight when the timeout passes.
+        let j = Joiner::new(JoinConfig {
+            hang_timeout_ns: 1_000,
+            hang_stale_ns: 100_000,
+            ..Default::default()
+        });
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        for r in 0..4 {
+            j.register_comm(if r < 2 { &a } else { &b }, &comm(r, r, 4))
+                .unwrap();
+        }
+        j.offer(&a, rec(0, 0, 100)).unwrap();
+        j.offer(&a, rec(1, 0, 101)).unwrap();
+        let wm_b = std::cell::Cell::new(500i64);
+        let current = |_: u32, h: &str, deadline: i64| h == "a" || wm_b.get() >= deadline;
+        assert!(j.expire(5_000, |_, t| t as i64, current).is_empty());
+        assert_eq!(j.open_instances(), 1);
+        // Host b's batch arrives: its ranks passed instance 0 long ago.
+        j.offer(&b, rec(2, 0, 102)).unwrap();
+        assert!(matches!(
+            j.offer(&b, rec(3, 0, 103)).unwrap(),
+            Offer::Completed(_)
+        ));
+        // Instance 1: rank 3 never comes; once b is current past the
+        // deadline, it is missing (and only it).
+        j.offer(&a, rec(0, 1, 6_000)).unwrap();
+        j.offer(&a, rec(1, 1, 6_001)).unwrap();
+        j.offer(&b, rec(2, 1, 6_002)).unwrap();
+        wm_b.set(6_500);
+        assert!(j.expire(8_000, |_, t| t as i64, current).is_empty());
+        wm_b.set(7_100);
+        let exp = j.expire(8_000, |_, t| t as i64, current);
+        let [Expired::Hang(h)] = exp.as_slice() else {
+            panic!("{exp:?}")
+        };
+        assert_eq!(
+            h.missing.iter().map(|m| m.rank).collect::<Vec<_>>(),
+            vec![3]
+        );
+        assert_eq!(h.present_ranks, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn later_records_arriving_first_do_not_hide_a_hang() {
+        // Rank 1's older records reach the coordinator after the others'
+        // records of the stuck instance: it is still missing from it.
+        let (j, h) = joiner(3);
+        j.offer(&h, rec(0, 0, 10)).unwrap();
+        j.offer(&h, rec(2, 0, 11)).unwrap();
+        j.offer(&h, rec(0, 1, 20)).unwrap();
+        j.offer(&h, rec(2, 1, 21)).unwrap();
+        j.offer(&h, rec(1, 0, 12)).unwrap();
+        let exp = j.expire(5_000, |_, t| t as i64, |_, _, _| true);
+        let [Expired::Hang(hc)] = exp.as_slice() else {
+            panic!("{exp:?}")
+        };
+        assert_eq!(hc.key, InstanceKey::Coll(1));
+        assert_eq!(hc.missing[0].rank, 1);
+        assert_eq!(hc.missing[0].last_completed_seq, Some(0));
+    }
+
+    #[test]
+    fn stale_agent_still_ends_in_a_hang() {
+        let (j, h) = joiner(2);
+        j.offer(&h, rec(0, 0, 10)).unwrap();
+        let never = |_: u32, _: &str, _: i64| false;
+        let mut j2 = j;
+        j2.cfg.hang_stale_ns = 50_000;
+        assert!(j2.expire(20_000, |_, t| t as i64, never).is_empty());
+        let exp = j2.expire(60_000, |_, t| t as i64, never);
+        assert!(matches!(exp.as_slice(), [Expired::Hang(_)]), "{exp:?}");
     }
 
     #[test]

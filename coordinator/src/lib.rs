@@ -33,7 +33,7 @@ pub mod trace;
 pub mod validate;
 pub mod verdict;
 
-pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics};
+pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics, Slowdown};
 pub use clock::{ClockSample, CoordNs};
 pub use report::{render_human, render_json, Report};
 pub use verdict::{EventKind, Verdict, VerdictEvent};

@@ -17,7 +17,16 @@ pub struct Report {
     pub job: JobInfo,
     pub clock: ClockInfo,
     pub verdicts: Vec<Verdict>,
+    /// Hung instances still stuck (every member that never arrived named).
     pub hangs: Vec<HangReport>,
+    /// Instances that looked hung past the timeout but whose missing members
+    /// arrived later (a long stall, not a hang); `active` is false.
+    #[serde(default)]
+    pub resolved_stalls: Vec<HangReport>,
+    /// Stuck instances whose missing ranks are themselves waiting inside a
+    /// hung instance: consequences of the hangs above, not causes.
+    #[serde(default)]
+    pub blocked_hangs: Vec<HangReport>,
     pub ingest: IngestInfo,
     /// Every agent that connected, and whether it is still there (filled by
     /// `slowrank serve`; empty for an analyzer used on its own).
@@ -161,6 +170,28 @@ pub fn render_human(r: &Report) -> String {
             h.communicator,
             h.sequence,
             h.iteration.map_or("?".into(), |i| i.to_string())
+        );
+    }
+    if !r.blocked_hangs.is_empty() {
+        let _ = writeln!(
+            s,
+            "      {} more stuck instance(s) wait only on ranks blocked by the hang above",
+            r.blocked_hangs.len()
+        );
+    }
+    if !r.resolved_stalls.is_empty() {
+        let mut ranks: Vec<u32> = r
+            .resolved_stalls
+            .iter()
+            .flat_map(|h| h.missing_ranks.iter().copied())
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let _ = writeln!(
+            s,
+            "STALL {} instance(s) waited past the hang timeout for {}, which arrived later (not a hang)",
+            r.resolved_stalls.len(),
+            fmt_ranks(&ranks)
         );
     }
     for v in &active {

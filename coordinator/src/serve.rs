@@ -117,6 +117,9 @@ pub struct Server {
     metrics: Option<MetricsServer>,
     agents: Arc<std::sync::Mutex<BTreeMap<String, AgentReport>>>,
     stacks: Arc<StackStore>,
+    /// When every agent was last asked for a deep window because the job
+    /// slowed without a named rank.
+    last_deep_all: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 fn render_metrics(
@@ -244,6 +247,7 @@ impl Server {
             metrics,
             agents,
             stacks: Arc::new(StackStore::default()),
+            last_deep_all: std::sync::Mutex::new(None),
         })
     }
 
@@ -362,6 +366,63 @@ impl Server {
             }
             self.hooks.send(&e);
             log.push(e);
+        }
+    }
+
+    /// The job slowed and nobody is named: with calls that only enqueue,
+    /// host-side times cannot show a GPU or a NIC falling behind, so every
+    /// agent opens a deep window (GPU-side arrivals, verbs latencies) for the
+    /// next iterations. At most once per window length.
+    fn deep_window_on_slowdown(&self) {
+        if self.cfg.deep_window_s == 0 {
+            return;
+        }
+        let Some(sd) = self.analyzer.slowdown() else {
+            return;
+        };
+        let window = Duration::from_secs(u64::from(self.cfg.deep_window_s));
+        {
+            let Ok(mut last) = self.last_deep_all.lock() else {
+                return;
+            };
+            if last.is_some_and(|t| t.elapsed() < window) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let ids: Vec<String> = self
+            .agents
+            .lock()
+            .map(|a| {
+                a.values()
+                    .filter(|a| a.connected)
+                    .map(|a| a.agent_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let line = format!(
+            "{} SLOWER job step {:.1} ms vs {:.1} ms before (iteration {}) with no rank named: deep probes on {} agent(s) for {} s",
+            Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            sd.recent_ms,
+            sd.baseline_ms,
+            sd.iteration,
+            ids.len(),
+            self.cfg.deep_window_s
+        );
+        info!("{line}");
+        if self.cfg.print_alerts {
+            println!("{line}");
+        }
+        for id in ids {
+            let sent = self.ingest.send_control(
+                &id,
+                Control {
+                    deep_enable: true,
+                    seconds: self.cfg.deep_window_s,
+                    ranks: Vec::new(),
+                },
+            );
+            debug!(agent = %id, sent, "deep-probe window requested (job slowed)");
         }
     }
 
@@ -534,6 +595,7 @@ impl Server {
                 _ = tick.tick() => {
                     let events = self.tick().await;
                     self.alert(events, &mut log);
+                    self.deep_window_on_slowdown();
                 }
                 _ = write.tick() => {
                     if let Err(e) = self.write_outputs().await {

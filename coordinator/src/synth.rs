@@ -1009,6 +1009,7 @@ impl Generator {
                             completions: posts,
                             post_to_completion_ns: lat,
                             bytes: posts * (4 << 20),
+                            dlid: 1 + q,
                         });
                     }
                 }

@@ -55,8 +55,10 @@ pub struct LifecycleConfig {
 impl Default for LifecycleConfig {
     fn default() -> Self {
         Self {
-            open_window: 5,
-            open_min: 4,
+            // 6 of 8: on a loaded machine a rank's host is descheduled for
+            // a few iterations at a time, which 4 of 5 mistook for a fault.
+            open_window: 8,
+            open_min: 6,
             close_after: 8,
             max_verdicts: 4096,
         }
@@ -421,10 +423,13 @@ mod tests {
     }
 
     #[test]
-    fn opens_on_four_of_five_with_first_seen_at_onset() {
+    fn opens_on_six_of_eight_with_first_seen_at_onset() {
         let mut l = Lifecycle::new(LifecycleConfig::default());
-        let ev = run(&mut l, "....x.xxx....", 100);
-        assert_eq!(ev, vec![(108, EventKind::Opened)]);
+        // Four of five (a host descheduled for a few iterations) is not enough.
+        assert!(run(&mut l, "xxxx.....", 0).is_empty());
+        let mut l = Lifecycle::new(LifecycleConfig::default());
+        let ev = run(&mut l, "....x.xxx.xx....", 100);
+        assert_eq!(ev, vec![(111, EventKind::Opened)]);
         let v = l.verdicts().next().unwrap();
         assert_eq!(v.first_seen_iteration, 104);
         assert!((v.cost_fraction - 0.1).abs() < 1e-9);
@@ -436,10 +441,10 @@ mod tests {
     #[test]
     fn no_flapping_on_borderline_noise() {
         let mut l = Lifecycle::new(LifecycleConfig::default());
-        // Suspicious every other iteration: never four of five.
+        // Suspicious every other iteration: never six of eight.
         assert!(run(&mut l, "x.x.x.x.x.x.x.x.x.x.", 0).is_empty());
         // Open, then short gaps never close it.
-        let ev = run(&mut l, "xxxxx...x...xx.....x", 20);
+        let ev = run(&mut l, "xxxxxxx...x...xx.....x", 20);
         assert_eq!(ev.iter().filter(|e| e.1 == EventKind::Opened).count(), 1);
         assert!(ev.iter().all(|e| e.1 != EventKind::Closed));
     }
@@ -447,13 +452,13 @@ mod tests {
     #[test]
     fn closes_after_clean_streak_and_reopens_same_verdict() {
         let mut l = Lifecycle::new(LifecycleConfig::default());
-        let ev = run(&mut l, "xxxx........xxxx", 0);
+        let ev = run(&mut l, "xxxxxx........xxxxxx", 0);
         assert_eq!(
             ev,
             vec![
-                (3, EventKind::Opened),
-                (11, EventKind::Closed),
-                (15, EventKind::Reopened)
+                (5, EventKind::Opened),
+                (13, EventKind::Closed),
+                (19, EventKind::Reopened)
             ]
         );
         assert_eq!(l.verdicts().count(), 1);

@@ -363,3 +363,53 @@ fn intermittent_compute_is_one_verdict_with_episodes() {
         .count();
     assert_eq!((opens, closes), (3, 3));
 }
+
+/// Drives a synthetic job; returns the iterations at which the analyzer
+/// reported a slowdown with no rank named.
+fn slowdown_iterations(spec: SynthSpec, iterations: u64) -> Vec<u64> {
+    use slowrank_coordinator::synth::Generator;
+    use slowrank_coordinator::Analyzer;
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(spec);
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let mut at = Vec::new();
+    for i in 0..iterations {
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            a.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, b) in &out.batches {
+            a.ingest(b, *recv);
+        }
+        a.tick(out.end_ns as i64 + 3_000_000);
+        if a.slowdown().is_some() {
+            at.push(i);
+        }
+    }
+    at
+}
+
+#[test]
+fn job_slowed_without_a_named_rank_is_told_healthy_is_not() {
+    // Host times only (the default probe set) and a 1.3x slower GPU: the
+    // step grows ~20%; the trigger fires within a few iterations of onset
+    // (so `serve` can open deep windows), never on the healthy job.
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 51;
+    spec.gpu_timing = GpuTiming::None;
+    spec.links = false;
+    let healthy = slowdown_iterations(spec.clone(), 120);
+    assert!(healthy.is_empty(), "{healthy:?}");
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        60,
+    ));
+    let slowed = slowdown_iterations(spec, 120);
+    let first = *slowed.first().expect("slowdown told");
+    assert!((60..=72).contains(&first), "{slowed:?}");
+}

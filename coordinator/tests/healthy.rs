@@ -120,3 +120,57 @@ fn memory_stays_bounded_over_a_long_run() {
     assert!(prom.contains("slowrank_rank_lateness_seconds{rank=\"2\"}"));
     assert!(prom.contains("slowrank_verdicts_total 1"));
 }
+
+#[test]
+fn a_host_whose_data_arrives_late_is_not_hung() {
+    // Host 1's agent ships its batches 2.5 s late (an overloaded machine, a
+    // slow uplink) and the hang timeout is 1 s: its ranks' records of the
+    // newest instances are missing for longer than the timeout, but its
+    // batches say how far they reach, so nothing is declared hung — not
+    // even as a resolved stall.
+    use slowrank_coordinator::synth::Generator;
+    use slowrank_coordinator::{Analyzer, AnalyzerConfig};
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 41;
+    let mut cfg = AnalyzerConfig::default();
+    cfg.join.hang_timeout_ns = 1_000_000_000;
+    let a = Analyzer::new(cfg);
+    let mut g = Generator::new(spec);
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let mut held: std::collections::VecDeque<(u64, slowrank_shared::wire::Batch)> =
+        Default::default();
+    let mut events = Vec::new();
+    for _ in 0..400 {
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            a.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, b) in out.batches {
+            if b.host == "node-1" {
+                held.push_back((recv + 2_500_000_000, b));
+            } else {
+                a.ingest(&b, recv);
+            }
+        }
+        let now = out.end_ns + 3_000_000;
+        while held.front().is_some_and(|h| h.0 <= now) {
+            let (recv, b) = held.pop_front().unwrap();
+            a.ingest(&b, recv);
+        }
+        events.extend(a.tick(now as i64));
+    }
+    let rep = a.report();
+    assert!(
+        rep.hangs.is_empty() && rep.resolved_stalls.is_empty() && rep.verdicts.is_empty(),
+        "{}",
+        slowrank_coordinator::render_human(&rep)
+    );
+    assert!(
+        rep.job.iterations_observed > 200,
+        "{:?} {:?}",
+        rep.job,
+        rep.ingest
+    );
+}

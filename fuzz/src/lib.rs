@@ -125,6 +125,7 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
                 completions: u.arbitrary()?,
                 post_to_completion_ns: u.arbitrary()?,
                 bytes: u.arbitrary()?,
+                dlid: u.arbitrary()?,
             })
         })?,
         probes: vec_of(u, |u| {

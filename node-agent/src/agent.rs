@@ -347,6 +347,12 @@ impl Agent {
                 _ => {}
             }
         }
+        // GPU-side attribution needs every post from here on.
+        let posts_seen = self
+            .deep_targets
+            .iter()
+            .any(|(k, id)| k.2 == DeepFn::PostSend && id.is_some());
+        self.folder.set_deep(on && posts_seen, clock::mono_ns());
     }
 
     /// Opens a deep window of `dur` from now (the control stream's entry

@@ -24,8 +24,11 @@ pub enum Role {
     },
     GroupStart,
     GroupEnd,
-    /// `cuda{Stream,Event,Device}Synchronize`.
+    /// `cuda{Stream,Event}Synchronize`.
     Sync,
+    /// `cudaDeviceSynchronize`: like `Sync`, and every stream is drained at
+    /// its return (an anchor for [`crate::gpuside`]).
+    DeviceSync,
     /// Counted in-kernel only.
     Count,
     /// A user-given `--probe FILE:SYMBOL`.
@@ -235,7 +238,11 @@ const CUDART: &[ProbeSpec] = &[
     sync("cudaStreamSynchronize"),
     sync("cudaStreamSynchronize_ptsz"),
     sync("cudaEventSynchronize"),
-    sync("cudaDeviceSynchronize"),
+    ProbeSpec {
+        symbol: "cudaDeviceSynchronize",
+        role: Role::DeviceSync,
+        how: Attach::Call,
+    },
 ];
 
 /// Rare verbs calls, always on: they tell the agent where the provider's

@@ -21,6 +21,7 @@ use slowrank_shared::{
 use crate::{
     catalog::{dtype_size, CollArgs, Loc, Role},
     clock::HostClock,
+    gpuside::{GpuSide, GpuSideStats, LocalMembers},
     probes::RawEvent,
 };
 
@@ -111,7 +112,7 @@ struct Proc {
     /// Per thread: collectives issued inside ncclGroupStart/End, finished
     /// when the outermost group ends (that is when NCCL really launches).
     group_depth: HashMap<u32, u32>,
-    grouped: HashMap<u32, Vec<CollectiveRecord>>,
+    grouped: HashMap<u32, Vec<(CollectiveRecord, u64)>>,
     sync_wait_since_coll: u64,
     launches_at_last_coll: u64,
     // Interval accumulators.
@@ -127,6 +128,11 @@ struct Proc {
     snapshots: HashMap<u64, Vec<u8>>,
     /// Posts waiting for their completion: (qp_num, wr_id) → post time.
     posted: HashMap<(u32, u64), u64>,
+    /// Per thread: QPs brought up while the thread is inside a
+    /// communicator init/split (they belong to that communicator).
+    qps_in_init: HashMap<u32, Vec<u32>>,
+    /// GPU-side times of collective instances (deep set).
+    gpu: GpuSide,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -137,6 +143,9 @@ struct Qp {
     completions: u64,
     bytes: u64,
     post_to_completion_ns: u64,
+    /// Shipped once even without traffic, so the coordinator can join
+    /// both ends of the connection (receivers do not post).
+    announced: bool,
 }
 
 /// Communicator snapshots kept per process.
@@ -192,6 +201,10 @@ pub struct Folder {
     /// (pid, `ibv_context*`) returned by `ibv_open_device`, for the agent to
     /// find the provider's functions.
     contexts: Vec<(u32, u64)>,
+    /// Raw time since when the deep probes are on.
+    deep_since: Option<u64>,
+    /// Member positions of this host's ranks per communicator.
+    local_members: LocalMembers,
 }
 
 impl Folder {
@@ -207,7 +220,34 @@ impl Folder {
             inits: Vec::new(),
             limbo: HashMap::new(),
             contexts: Vec::new(),
+            deep_since: None,
+            local_members: LocalMembers::new(),
         }
+    }
+
+    /// The deep probes (post_send/poll_cq) are attached from raw `now_raw`
+    /// on, or were detached.
+    pub fn set_deep(&mut self, on: bool, now_raw: u64) {
+        match (on, self.deep_since) {
+            (true, None) => self.deep_since = Some(now_raw),
+            (false, _) => self.deep_since = None,
+            _ => return,
+        }
+        for p in self.procs.values_mut() {
+            p.gpu.set_deep(on, now_raw);
+        }
+    }
+
+    /// Attribution counters summed over the followed ranks.
+    pub fn gpuside_stats(&self) -> GpuSideStats {
+        let mut s = GpuSideStats::default();
+        for p in self.procs.values() {
+            s.matched += p.gpu.stats.matched;
+            s.unsynced_ops += p.gpu.stats.unsynced_ops;
+            s.unmatched_ops += p.gpu.stats.unmatched_ops;
+            s.evicted += p.gpu.stats.evicted;
+        }
+        s
     }
 
     /// Tells the fold what probe `id` is (ids are dense, in attach order).
@@ -245,6 +285,8 @@ impl Folder {
                 qps: HashMap::new(),
                 snapshots: HashMap::new(),
                 posted: HashMap::new(),
+                qps_in_init: HashMap::new(),
+                gpu: GpuSide::new(self.clock, self.deep_since),
             },
         );
         let pid = id.pid;
@@ -274,6 +316,13 @@ impl Folder {
         if self.procs.contains_key(&pid) {
             // The rank's last, partial interval.
             self.close_interval(pid, now_raw);
+        }
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.gpu.release_all();
+            let held = p.gpu.take_released();
+            for rec in held {
+                push_bounded(&mut self.out.collectives, rec, self.limits, &mut self.drops);
+            }
         }
         if let Some(p) = self.procs.remove(&pid) {
             // Splits with a snapshot can still be resolved; others cannot.
@@ -332,6 +381,19 @@ impl Folder {
                     self.drops.verbs += 1;
                     return;
                 }
+                let in_init = p.open.keys().any(|(tid, probe)| {
+                    *tid == c.tid
+                        && matches!(
+                            self.roles.get(*probe as usize),
+                            Some(Role::CommInit | Role::CommSplit)
+                        )
+                });
+                if in_init {
+                    let v = p.qps_in_init.entry(c.tid).or_default();
+                    if !v.contains(&(c.args[1] as u32)) && v.len() < QPS_MAX {
+                        v.push(c.args[1] as u32);
+                    }
+                }
                 if c.args[2] & IBV_QP_DEST_QPN != 0 {
                     let q = p.qps.entry(c.args[1] as u32).or_default();
                     q.dest_qp_num = c.args[3] as u32;
@@ -353,6 +415,7 @@ impl Folder {
                     self.drops.verbs += POSTED_MAX as u64;
                 }
                 p.posted.insert((qpn, c.args[3]), c.ts_ns);
+                p.gpu.post(qpn, c.args[3], c.ts_ns, &self.local_members);
                 return;
             }
             Role::PollCq => {
@@ -364,6 +427,7 @@ impl Folder {
                 } else {
                     0
                 };
+                p.gpu.completion(qpn, c.args[0], c.ts_ns);
                 if let Some(q) = p.qps.get_mut(&qpn) {
                     q.completions += 1 + extra;
                     if let Some(t) = p.posted.remove(&(qpn, c.args[0])) {
@@ -412,6 +476,20 @@ impl Folder {
             Some(CallKind::Return) => {
                 let Some(open) = p.open.get_mut(&key).and_then(Vec::pop) else {
                     self.drops.orphan_returns += 1;
+                    if role == Role::GroupEnd {
+                        // Its entry was lost (ring buffer full): the group
+                        // still ended, or every later operation of the
+                        // thread would wait for it forever.
+                        let (pid, ts) = (c.pid, c.ts_ns);
+                        let open = Open {
+                            ts,
+                            args: [0; 6],
+                            stack: [0; STACK_WORDS],
+                            launches: 0,
+                            has_stack: false,
+                        };
+                        self.finish(pid, c.tid, role, open, ts, c.args, c.ret);
+                    }
                     return;
                 };
                 p.open_count -= 1;
@@ -456,6 +534,14 @@ impl Folder {
                     return;
                 }
                 let id = hash_words(&open.stack);
+                let qps = p.qps_in_init.remove(&tid).unwrap_or_default();
+                if !qps.is_empty() {
+                    p.gpu.bind_qps(id, &qps);
+                }
+                self.local_members
+                    .entry(id)
+                    .or_default()
+                    .insert(open.args[2] as u32);
                 p.comms.insert(
                     comm_ptr,
                     Comm {
@@ -489,6 +575,7 @@ impl Folder {
                 let parent_id = parent.id;
                 let color = open.args[1] as u32 as i32;
                 let comm_ptr = ret_args[0];
+                let qps = p.qps_in_init.remove(&tid).unwrap_or_default();
                 if ret32 != 0 || comm_ptr == 0 || color < 0 {
                     return;
                 }
@@ -497,6 +584,9 @@ impl Folder {
                     return;
                 }
                 let id = hash_words(&[parent_id, ordinal, color as u32 as u64]);
+                if !qps.is_empty() {
+                    p.gpu.bind_qps(id, &qps);
+                }
                 p.comms.insert(
                     comm_ptr,
                     Comm {
@@ -539,8 +629,8 @@ impl Folder {
                     &clock, pid, p, comm_id, seq, op, &args, &open, ret_ts, ret32,
                 );
                 if p.group_depth.get(&tid).copied().unwrap_or(0) > 0 {
-                    p.grouped.entry(tid).or_default().push(rec);
-                } else {
+                    p.grouped.entry(tid).or_default().push((rec, open.ts));
+                } else if let Some(rec) = p.gpu.issue(rec, open.ts, &self.local_members) {
                     push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
                 }
             }
@@ -551,13 +641,18 @@ impl Folder {
                 if *depth == 0 {
                     p.group_depth.remove(&tid);
                     // The group's operations are launched now.
-                    for mut rec in p.grouped.remove(&tid).unwrap_or_default() {
+                    for (mut rec, entry) in p.grouped.remove(&tid).unwrap_or_default() {
                         rec.host_exit_ns = clock.map(ret_ts);
-                        push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
+                        if let Some(rec) = p.gpu.issue(rec, entry, &self.local_members) {
+                            push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
+                        }
                     }
                 }
             }
-            Role::Sync => {
+            Role::Sync | Role::DeviceSync => {
+                if role == Role::DeviceSync {
+                    p.gpu.device_sync(open.ts, ret_ts);
+                }
                 let wait = ret_ts.saturating_sub(open.ts);
                 p.sync_wait_since_coll += wait;
                 p.iv_sync_calls += 1;
@@ -633,6 +728,10 @@ impl Folder {
         let mut s = self.splits.remove(i);
         match found {
             Some((rank_in_comm, nranks)) => {
+                self.local_members
+                    .entry(s.record.comm_id)
+                    .or_default()
+                    .insert(rank_in_comm);
                 s.record.rank_in_comm = rank_in_comm;
                 s.record.nranks = nranks;
                 self.out.comms.push(s.record);
@@ -661,6 +760,7 @@ impl Folder {
 
     fn close_interval(&mut self, pid: u32, now_raw: u64) {
         if let Some(p) = self.procs.get_mut(&pid) {
+            p.gpu.expire(now_raw);
             let launches = p.last_launches.saturating_sub(p.iv_launches_base);
             self.out.intervals.push(RankInterval {
                 pid,
@@ -676,14 +776,17 @@ impl Folder {
                 offcpu_ns: 0,
             });
             for (&qp_num, q) in &mut p.qps {
-                if q.posts == 0 && q.completions == 0 {
+                let announce = !q.announced && q.dest_qp_num != 0;
+                if q.posts == 0 && q.completions == 0 && !announce {
                     continue;
                 }
+                q.announced |= q.dest_qp_num != 0;
                 self.out.links.push(LinkRecord {
                     pid,
                     rank: p.rank,
-                    // Joined by the coordinator through the QP numbers of
-                    // both ends; the agent cannot name the remote rank.
+                    // The remote end runs on another host: named by joining
+                    // both ends' QP numbers
+                    // (`slowrank_shared::links::resolve_peer_ranks`).
                     peer_rank: -1,
                     qp_num,
                     dest_qp_num: q.dest_qp_num,
@@ -693,6 +796,7 @@ impl Folder {
                     completions: q.completions,
                     post_to_completion_ns: q.post_to_completion_ns,
                     bytes: q.bytes,
+                    dlid: u32::from(q.dlid),
                 });
                 q.posts = 0;
                 q.completions = 0;
@@ -708,6 +812,11 @@ impl Folder {
 
     /// Takes everything folded so far.
     pub fn take(&mut self) -> Folded {
+        for p in self.procs.values_mut() {
+            for rec in p.gpu.take_released() {
+                push_bounded(&mut self.out.collectives, rec, self.limits, &mut self.drops);
+            }
+        }
         std::mem::take(&mut self.out)
     }
 }

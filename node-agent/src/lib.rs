@@ -9,6 +9,7 @@ pub mod commlayout;
 pub mod discover;
 pub mod fold;
 pub mod folded;
+pub mod gpuside;
 pub mod gputime;
 pub mod output;
 pub mod probes;

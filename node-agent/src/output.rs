@@ -89,7 +89,7 @@ pub fn write_records(out: &mut impl Write, batch: &Batch) -> std::io::Result<()>
             json!({"type": "link", "host": host, "pid": l.pid, "rank": l.rank, "peer_rank": l.peer_rank,
             "qp_num": l.qp_num, "dest_qp_num": l.dest_qp_num, "start_ns": l.start_ns, "end_ns": l.end_ns,
             "posts": l.posts, "completions": l.completions, "post_to_completion_ns": l.post_to_completion_ns,
-            "bytes": l.bytes}),
+            "bytes": l.bytes, "dlid": l.dlid}),
         )?;
     }
     for e in &batch.exits {

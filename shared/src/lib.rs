@@ -7,6 +7,8 @@
 //! (feature `user`).
 #![cfg_attr(not(feature = "user"), no_std)]
 
+#[cfg(feature = "user")]
+pub mod links;
 pub mod probe;
 pub mod stack;
 #[cfg(feature = "user")]

@@ -280,6 +280,9 @@ pub struct LinkRecord {
     /// Sum of post→completion latencies, for the mean.
     pub post_to_completion_ns: u64,
     pub bytes: u64,
+    /// Remote port LID from `ibv_modify_qp` (0 = unknown); with the QP
+    /// numbers it joins both ends (`links::resolve_peer_ranks`).
+    pub dlid: u32,
 }
 
 /// A batch of records from one agent.

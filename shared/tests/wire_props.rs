@@ -93,7 +93,7 @@ fn interval() -> impl Strategy<Value = RankInterval> {
 }
 
 fn link() -> impl Strategy<Value = LinkRecord> {
-    (any::<[u32; 4]>(), any::<i64>(), any::<[u64; 6]>()).prop_map(|(n, peer_rank, w)| LinkRecord {
+    (any::<[u32; 5]>(), any::<i64>(), any::<[u64; 6]>()).prop_map(|(n, peer_rank, w)| LinkRecord {
         pid: n[0],
         rank: n[1],
         peer_rank,
@@ -105,6 +105,7 @@ fn link() -> impl Strategy<Value = LinkRecord> {
         completions: w[3],
         post_to_completion_ns: w[4],
         bytes: w[5],
+        dlid: n[4],
     })
 }
 

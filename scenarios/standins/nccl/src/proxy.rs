@@ -35,6 +35,8 @@ pub struct NetOp {
     plan: Mutex<Option<(u64, u64)>>,
     st: Mutex<(u32, u32, bool)>, // posted, completed, done
     cv: Condvar,
+    /// When the proxy saw the last completion (monotonic ns; 0 = not yet).
+    polled_all_ns: AtomicU64,
 }
 
 impl NetOp {
@@ -54,6 +56,7 @@ impl NetOp {
             plan: Mutex::new(None),
             st: Mutex::new((0, 0, false)),
             cv: Condvar::new(),
+            polled_all_ns: AtomicU64::new(0),
         })
     }
 
@@ -62,12 +65,14 @@ impl NetOp {
         *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some((release_ns, done_ns));
     }
 
-    /// Blocks until every chunk was posted and its completion polled.
-    pub fn wait(&self) {
+    /// Blocks until every chunk was posted and its completion polled;
+    /// returns when the proxy polled the last one (monotonic ns).
+    pub fn wait(&self) -> u64 {
         let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
         while !st.2 {
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+        self.polled_all_ns.load(Ordering::Relaxed)
     }
 
     fn post(&self, k: u32) -> bool {
@@ -129,6 +134,8 @@ impl NetOp {
     fn finish_if_complete(&self, failed: bool) -> bool {
         let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
         if failed || (st.0 == self.chunks && st.1 >= self.chunks) {
+            self.polled_all_ns
+                .store(clock::mono_ns(), Ordering::Relaxed);
             st.2 = true;
             self.cv.notify_all();
             return true;
@@ -151,8 +158,14 @@ fn sender() -> &'static Mutex<Sender<Arc<NetOp>>> {
     })
 }
 
-/// Hands `op` to the proxy, which posts its first chunk at once.
+/// Posts `op`'s first chunk now and hands it to the proxy thread. A real
+/// NCCL proxy spins on the GPU's progress flag, so its first post follows
+/// the GPU's arrival within microseconds; this proxy sleeps between polls
+/// (two cores), so the arriving stream posts the first chunk itself
+/// (through the same `ops.post_send`) and the proxy does the rest.
 pub fn submit(op: Arc<NetOp>) {
+    // A failed post is retried, and reported, by the proxy.
+    let _ = op.advance(clock::mono_ns());
     let _ = sender().lock().unwrap_or_else(|p| p.into_inner()).send(op);
 }
 

@@ -227,6 +227,7 @@ impl Task {
             }
         };
         let mut end = arrive;
+        let mut traced = Vec::with_capacity(self.parts.len());
         for ((part, payloads), netop) in self.parts.iter().zip(results).zip(&netops) {
             let arrivals: Vec<Arrival> = payloads
                 .into_iter()
@@ -238,11 +239,18 @@ impl Task {
                 op.set_plan(release, done);
             }
             end = end.max(done);
-            trace::collective(&part.key, part.host_ns, arrive, release, done);
+            traced.push((&part.key, part.host_ns, release, done));
         }
+        // The stream can move on once the modelled transfer ended and the
+        // proxy polled every completion (later than `done` when it was slow
+        // to post or poll); the executor's own wake-up delay is not counted.
+        let mut finished = end;
         for op in netops.iter().flatten() {
-            op.wait();
+            finished = finished.max(op.wait());
         }
         clock::sleep_until(end);
+        for (key, host_ns, release, done) in traced {
+            trace::collective(key, host_ns, arrive, release, done, finished);
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! Optional collective trace for tests and ground truth: with
 //! `SLOWRANK_SIM_COLL_TRACE=<file>`, every operation this rank completes
-//! appends `key host_ns arrive_ns release_ns done_ns` (monotonic ns: the
-//! host issued the call, this GPU reached it, the last member's GPU reached
-//! it, the transfer finished).
+//! appends `key host_ns arrive_ns release_ns done_ns finished_ns` (monotonic
+//! ns: the host issued the call, this GPU reached it, the last member's GPU
+//! reached it, the modelled transfer finished, this GPU's stream could move
+//! on: the later of `done_ns` and the proxy polling the last completion).
 
 use std::{
     fs::OpenOptions,
@@ -26,9 +27,19 @@ fn sink() -> Option<&'static Mutex<LineWriter<std::fs::File>>> {
     .as_ref()
 }
 
-pub fn collective(key: &str, host_ns: u64, arrive_ns: u64, release_ns: u64, done_ns: u64) {
+pub fn collective(
+    key: &str,
+    host_ns: u64,
+    arrive_ns: u64,
+    release_ns: u64,
+    done_ns: u64,
+    finished_ns: u64,
+) {
     if let Some(s) = sink() {
         let mut w = s.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = writeln!(w, "{key} {host_ns} {arrive_ns} {release_ns} {done_ns}");
+        let _ = writeln!(
+            w,
+            "{key} {host_ns} {arrive_ns} {release_ns} {done_ns} {finished_ns}"
+        );
     }
 }

@@ -1,0 +1,395 @@
+//! GPU-side arrival and completion from the deep set, against the stand-in's
+//! ground truth. With `--deep`, every agent attributes the provider's
+//! post_send/poll_cq to collective instances (see `src/gpuside.rs`); the
+//! stand-in's collective trace (`sim/coll-rank-N.log`: `key host_ns
+//! arrive_ns release_ns done_ns finished_ns`) says when each rank's GPU
+//! really reached and left each instance. The agents' times, mapped back through each
+//! host's injected clock offset, must match: ≥ 95% of the inter-host
+//! instances after attribution started within 200 µs, and none matched to
+//! the wrong instance (an arrival before the GPU got there, or nearer
+//! another instance's arrival than its own: a late post on this loaded
+//! 2-core machine is noise, a shifted count is a bug). Link records joined over both ends name the
+//! peer rank the NIC trace (`sim/nic-rank-N.log`: `qp_num dlid ...`) shows.
+//!
+//! Needs root and the trainer and coordinator built (see scenario_records.rs).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::Path,
+};
+
+use serde_json::Value;
+use slowrank_scenarios::{
+    orchestrate::Mode,
+    run::{run, RunOptions},
+    spec::Spec,
+};
+use slowrank_shared::{links::resolve_peer_ranks, wire::LinkRecord};
+
+fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: CI must run as root so the eBPF probes are really exercised");
+    }
+    eprintln!("\n*** SKIPPED {test}: not root, cannot load eBPF. Run as root to exercise the probes. ***\n");
+    false
+}
+
+/// The scenarios run one at a time: two jobs of 8 ranks on 2 cores would
+/// delay the deep probes' attach past most of the run.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Stand-in LIDs: `1 + 32*host + local_rank` (slowrank_sim::control::lid_of).
+fn rank_of_lid(dlid: u64, ranks_per_host: u64) -> u64 {
+    let l = dlid - 1;
+    (l / 32) * ranks_per_host + l % 32
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Truth {
+    arrive: u64,
+    done: u64,
+}
+
+#[test]
+fn deep_set_gpu_arrival_matches_the_stand_in() {
+    if !root_or_skip("deep_set_gpu_arrival_matches_the_stand_in") {
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
+    std::env::set_var("SLOWRANK_AGENT_ARGS", "--deep");
+    let mut spec = Spec::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/specs/dp8-healthy.toml"),
+    )
+    .unwrap();
+    // Long enough that the deep probes, attached after the first
+    // communicator opened its NIC (seconds on a loaded machine), cover most.
+    spec.iterations = 150;
+    // Offsets only: the agents' times are mapped back by subtracting them.
+    spec.clock.drift_ppm = vec![0.0; spec.hosts as usize];
+    let out = std::env::temp_dir().join(format!("slowrank-agent-test-gpu-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut opts = RunOptions::job_only(&out);
+    opts.mode = Mode::WithAgents;
+    opts.trace = true;
+    let summary = run(&spec, &opts).expect("scenario with agents");
+    let rph = u64::from(spec.ranks_per_host);
+
+    // Ground truth per (rank, "c/comm/seq").
+    let mut truth: HashMap<(u64, String), Truth> = HashMap::new();
+    for rt in &summary.truth.ranks {
+        let t =
+            std::fs::read_to_string(out.join(format!("sim/coll-rank-{}.log", rt.rank))).unwrap();
+        for l in t.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| f[i].parse::<u64>().unwrap();
+            truth.insert(
+                (u64::from(rt.rank), f[0].to_owned()),
+                Truth {
+                    arrive: n(2),
+                    // When the stream moved on (after the last completion
+                    // was polled), not the modelled transfer end.
+                    done: n(5),
+                },
+            );
+        }
+    }
+
+    // Agent records: (rank, seq) → (key, arrive, done) on the raw clock.
+    let mut got: BTreeMap<(u64, u64), (String, u64, u64)> = BTreeMap::new();
+    let mut links: Vec<LinkRecord> = Vec::new();
+    for h in 0..spec.hosts {
+        let off = spec.clock.offset_us(h) * 1000;
+        let back = |v: u64| if v == 0 { 0 } else { (v as i64 - off) as u64 };
+        let text = std::fs::read_to_string(out.join(format!("agent-host-{h}.jsonl"))).unwrap();
+        for l in text.lines() {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let g = |k: &str| v[k].as_u64().unwrap();
+            match v["type"].as_str() {
+                Some("collective") => {
+                    let key = format!("c/{}/{}", v["comm_id"].as_str().unwrap(), g("seq"));
+                    got.insert(
+                        (g("rank"), g("seq")),
+                        (key, back(g("gpu_arrive_ns")), back(g("gpu_done_ns"))),
+                    );
+                }
+                Some("link") => links.push(LinkRecord {
+                    pid: g("pid") as u32,
+                    rank: g("rank") as u32,
+                    peer_rank: v["peer_rank"].as_i64().unwrap(),
+                    qp_num: g("qp_num") as u32,
+                    dest_qp_num: g("dest_qp_num") as u32,
+                    start_ns: g("start_ns"),
+                    end_ns: g("end_ns"),
+                    posts: g("posts"),
+                    completions: g("completions"),
+                    post_to_completion_ns: g("post_to_completion_ns"),
+                    bytes: g("bytes"),
+                    dlid: g("dlid") as u32,
+                }),
+                _ => {}
+            }
+        }
+    }
+
+    // dp-only on 2 hosts: every instance is an all-reduce on the world
+    // communicator, which crosses hosts, so every rank posts for each.
+    let per_iter = spec.step.grad_buckets as u64;
+    let mut arrivals: HashMap<u64, Vec<(String, u64)>> = HashMap::new();
+    for ((r, k), t) in &truth {
+        arrivals.entry(*r).or_default().push((k.clone(), t.arrive));
+    }
+    let (mut n, mut close, mut wild, mut done_close, mut with_done) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut errs: Vec<i64> = Vec::new();
+    for rt in &summary.truth.ranks {
+        let r = u64::from(rt.rank);
+        let mine: Vec<(&u64, &(String, u64, u64))> = got
+            .range((r, 0)..(r, u64::MAX))
+            .map(|((_, s), v)| (s, v))
+            .collect();
+        assert!(!mine.is_empty(), "rank {r}: no collective records");
+        let total = mine.len() as u64;
+        let first = mine
+            .iter()
+            .find(|(_, v)| v.1 != 0)
+            .map(|(s, _)| **s)
+            .unwrap_or_else(|| panic!("rank {r}: no GPU-side arrival at all"));
+        // The deep probes attach after the first communicator opened its
+        // NIC, and counting starts at the next device sync.
+        assert!(
+            first < total * 3 / 4,
+            "rank {r}: attribution started only at instance {first} of {total}"
+        );
+        for (seq, (key, arrive, done)) in &mine {
+            let t = truth
+                .get(&(r, key.clone()))
+                .unwrap_or_else(|| panic!("rank {r}: {key} not in the stand-in's trace"));
+            if *arrive != 0 {
+                let e = *arrive as i64 - t.arrive as i64;
+                let nearest_other = arrivals[&r]
+                    .iter()
+                    .filter(|(k, _)| k != key)
+                    .map(|(_, a)| (*arrive as i64 - *a as i64).unsigned_abs())
+                    .min()
+                    .unwrap_or(u64::MAX);
+                if e < -50_000 || nearest_other < e.unsigned_abs() {
+                    wild += 1;
+                    eprintln!(
+                        "rank {r} {key}: gpu_arrive off by {} µs, {} µs from another instance",
+                        e / 1000,
+                        nearest_other / 1000
+                    );
+                }
+            }
+            // Inside the window: from the iteration after the first match.
+            if **seq < first + per_iter {
+                continue;
+            }
+            n += 1;
+            if *arrive != 0 {
+                let e = *arrive as i64 - t.arrive as i64;
+                errs.push(e);
+                if e.unsigned_abs() <= 200_000 {
+                    close += 1;
+                }
+            }
+            if *done != 0 {
+                with_done += 1;
+                if (*done as i64 - t.done as i64).unsigned_abs() <= 300_000 {
+                    done_close += 1;
+                }
+            }
+        }
+    }
+    errs.sort_unstable();
+    let pct = |q: f64| {
+        errs.get(((errs.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0)
+            / 1000
+    };
+    eprintln!(
+        "gpu_arrive: {close}/{n} within 200 µs, {wild} wildly wrong; error p5/p50/p95 = {}/{}/{} µs; \
+         gpu_done: {with_done}/{n} given, {done_close} within 300 µs",
+        pct(0.05),
+        pct(0.5),
+        pct(0.95)
+    );
+    assert!(n > 0);
+    assert_eq!(wild, 0, "GPU arrivals attributed to the wrong instance");
+    assert!(
+        close * 100 >= n * 95,
+        "only {close}/{n} arrivals within 200 µs"
+    );
+    assert!(
+        with_done * 100 >= n * 90 && done_close * 100 >= with_done * 90,
+        "gpu_done: {with_done}/{n} given, {done_close} within 300 µs"
+    );
+
+    // Peer ranks: join both ends, compare with the NIC's destination LIDs.
+    resolve_peer_ranks(&mut links);
+    let peer: HashMap<(u64, u64), i64> = links
+        .iter()
+        .map(|l| ((u64::from(l.rank), u64::from(l.qp_num)), l.peer_rank))
+        .collect();
+    let mut checked = 0;
+    for rt in &summary.truth.ranks {
+        let r = u64::from(rt.rank);
+        let nic = std::fs::read_to_string(out.join(format!("sim/nic-rank-{r}.log"))).unwrap();
+        let mut qps: BTreeMap<u64, u64> = BTreeMap::new();
+        for l in nic.lines() {
+            let f: Vec<u64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            qps.insert(f[0], f[1]);
+        }
+        for (qp, dlid) in qps {
+            let p = peer
+                .get(&(r, qp))
+                .copied()
+                .unwrap_or_else(|| panic!("rank {r} qp {qp}: no link record"));
+            assert_eq!(
+                p,
+                rank_of_lid(dlid, rph) as i64,
+                "rank {r} qp {qp}: peer rank (dlid {dlid})"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A 3D-parallel job (tp=2 × pp=2 × dp=2 on 2 hosts): TP and DP groups stay
+/// inside a host (NVLink, no verbs), the two pipeline stages sit on
+/// different hosts, so the only NIC traffic is the pipeline's sends —
+/// interleaved with receives (which never post) on split communicators.
+/// Every send must get its GPU arrival, nothing else may get one.
+#[test]
+fn deep_set_gpu_arrival_of_pipeline_sends() {
+    if !root_or_skip("deep_set_gpu_arrival_of_pipeline_sends") {
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
+    std::env::set_var("SLOWRANK_AGENT_ARGS", "--deep");
+    let mut spec = Spec::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/specs/tp2-pp2-dp2-small.toml"),
+    )
+    .unwrap();
+    spec.iterations = 300;
+    spec.clock.drift_ppm = vec![0.0; spec.hosts as usize];
+    let out =
+        std::env::temp_dir().join(format!("slowrank-agent-test-gpupp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut opts = RunOptions::job_only(&out);
+    opts.mode = Mode::WithAgents;
+    opts.trace = true;
+    let summary = run(&spec, &opts).expect("scenario with agents");
+    let host_of: HashMap<u32, u32> = summary
+        .truth
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.host))
+        .collect();
+    let per_host = spec.ranks_per_host;
+    // Precondition of this layout: each stage's pipeline peer is remote.
+    for r in &summary.truth.ranks {
+        let peer = (r.rank + 4) % 8;
+        assert_ne!(host_of[&r.rank], host_of[&peer], "layout changed");
+        assert_eq!(r.rank / per_host, r.host);
+    }
+
+    let (mut sends, mut close, mut wild, mut stray) = (0u64, 0u64, 0u64, 0u64);
+    for rt in &summary.truth.ranks {
+        let off = spec.clock.offset_us(rt.host) * 1000;
+        let text =
+            std::fs::read_to_string(out.join(format!("agent-host-{}.jsonl", rt.host))).unwrap();
+        // Agent records of this rank in host issue order.
+        let mut mine: Vec<(u64, String, u64)> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["type"] == "collective" && v["pid"] == rt.pid)
+            .map(|v| {
+                let a = v["gpu_arrive_ns"].as_u64().unwrap();
+                (
+                    v["host_entry_ns"].as_u64().unwrap(),
+                    v["op"].as_str().unwrap().to_owned(),
+                    if a == 0 { 0 } else { (a as i64 - off) as u64 },
+                )
+            })
+            .collect();
+        mine.sort_by_key(|m| m.0);
+        // The stand-in's trace in host issue order: (host_ns, arrive_ns).
+        let t =
+            std::fs::read_to_string(out.join(format!("sim/coll-rank-{}.log", rt.rank))).unwrap();
+        let mut tr: Vec<(u64, u64)> = t
+            .lines()
+            .map(|l| {
+                let f: Vec<u64> = l
+                    .split_whitespace()
+                    .skip(1)
+                    .map(|x| x.parse().unwrap())
+                    .collect();
+                (f[0], f[1])
+            })
+            .collect();
+        tr.sort_unstable();
+        assert_eq!(mine.len(), tr.len(), "rank {}: operations", rt.rank);
+        let first = mine
+            .iter()
+            .position(|m| m.2 != 0)
+            .unwrap_or_else(|| panic!("rank {}: no GPU-side arrival at all", rt.rank));
+        assert!(
+            first < mine.len() * 3 / 4,
+            "rank {}: attribution started late (deep probes attached late?)",
+            rt.rank
+        );
+        // One iteration after the first match: surely past the anchor.
+        let per_iter = mine.len() / spec.iterations as usize;
+        for (i, (m, t)) in mine.iter().zip(&tr).enumerate() {
+            if m.1 != "Send" {
+                if m.2 != 0 {
+                    stray += 1;
+                    eprintln!("rank {}: {} #{i} got a GPU arrival", rt.rank, m.1);
+                }
+                continue;
+            }
+            if m.2 != 0 {
+                let e = m.2 as i64 - t.1 as i64;
+                // A shifted count would give it another send's arrival.
+                let nearest_other = tr
+                    .iter()
+                    .zip(&mine)
+                    .enumerate()
+                    .filter(|(j, (_, o))| *j != i && o.1 == "Send")
+                    .map(|(_, (o, _))| (m.2 as i64 - o.1 as i64).unsigned_abs())
+                    .min()
+                    .unwrap_or(u64::MAX);
+                if e < -50_000 || nearest_other < e.unsigned_abs() {
+                    wild += 1;
+                    eprintln!("rank {} send #{i}: off by {} µs", rt.rank, e / 1000);
+                }
+            }
+            if i < first + per_iter {
+                continue;
+            }
+            sends += 1;
+            if m.2 != 0 && (m.2 as i64 - t.1 as i64).unsigned_abs() <= 200_000 {
+                close += 1;
+            }
+        }
+    }
+    eprintln!("pipeline sends: {close}/{sends} within 200 µs, {wild} wrong, {stray} stray");
+    assert!(sends > 0);
+    assert_eq!(stray, 0, "GPU arrivals on operations without NIC traffic");
+    assert_eq!(wild, 0, "sends attributed to the wrong instance");
+    assert!(
+        close * 100 >= sends * 95,
+        "only {close}/{sends} within 200 µs"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
