@@ -7,8 +7,11 @@
 //! - [`trainer`]: the PyTorch-like job each rank process runs.
 //! - [`layout`]: ranks, hosts and parallel groups.
 //! - [`score`]: a run's report against its truth.
+//! - [`eval`]: many runs scored into accuracy/latency tables, with [`baseline`]s.
 
+pub mod baseline;
 pub mod children;
+pub mod eval;
 pub mod layout;
 pub mod libs;
 pub mod orchestrate;

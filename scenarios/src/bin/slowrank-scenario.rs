@@ -60,6 +60,38 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Evaluate: run every spec (default scenarios/specs/) --seeds times in
+    /// agent mode, score each against its truth, and print per-class
+    /// precision/recall, false verdicts per healthy hour, a confusion table
+    /// and detection latency, for slowrank and two naive baselines on the
+    /// same runs. Writes OUT/eval.json.
+    Eval {
+        /// Spec files or directories of specs.
+        specs: Vec<PathBuf>,
+        /// Runs per spec, each with a different seed (spec seed + 1000·k).
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        /// Output directory (one small directory per run + eval.json).
+        #[arg(long)]
+        out: PathBuf,
+        /// A few-minute subset for CI: 4 specs (healthy, compute, host, link), 1 seed.
+        #[arg(long)]
+        quick: bool,
+        /// Run at most this many iterations per spec.
+        #[arg(long)]
+        iterations: Option<u64>,
+        /// Latency sweep instead of the matrix: dp8-compute-slow with its
+        /// slowdown factor set to each of these (e.g. 1.05,1.1,1.3,2).
+        #[arg(long, value_delimiter = ',')]
+        sweep_factors: Vec<f64>,
+        /// Keep whole run directories (agent records, libs); default keeps
+        /// truth.json, report.json, steps.csv, logs.
+        #[arg(long)]
+        keep_runs: bool,
+        /// Print eval.json instead of the tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Parse and validate specs, printing a one-line summary of each.
     Check {
         /// Spec files.
@@ -100,6 +132,40 @@ fn real_main() -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Cmd::Eval {
+            specs,
+            seeds,
+            out,
+            quick,
+            iterations,
+            sweep_factors,
+            keep_runs,
+            json,
+        } => {
+            let specs = if specs.is_empty() {
+                vec![PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/specs"))]
+            } else {
+                specs
+            };
+            let opts = slowrank_scenarios::eval::EvalOptions {
+                specs,
+                seeds: if quick { 1 } else { seeds },
+                out,
+                quick,
+                iterations,
+                sweep_factors,
+                keep_runs,
+                mode: Mode::WithAgents,
+            };
+            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            let r = slowrank_scenarios::eval::run_eval(&opts, command)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", slowrank_scenarios::eval::render(&r));
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Check { specs } => {
             for p in specs {
