@@ -125,7 +125,7 @@ pub fn start(spec: &Spec, run_dir: &Path, mode: Mode) -> Result<Services, Orches
 /// A helper binary: `$SLOWRANK_AGENT_BIN` / `$SLOWRANK_COORDINATOR_BIN` when
 /// set (tests point them at what cargo just built), else next to this
 /// executable, else in cargo's target directory.
-fn binary(name: &'static str) -> Result<PathBuf, OrchestrateError> {
+pub fn binary(name: &'static str) -> Result<PathBuf, OrchestrateError> {
     let var = match name {
         "slowrank-agent" => "SLOWRANK_AGENT_BIN",
         _ => "SLOWRANK_COORDINATOR_BIN",

@@ -92,6 +92,33 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Synthetic load: play N ranks (8 per simulated host, one QUIC
+    /// connection per host) into a child `slowrank serve`, with a hidden slow
+    /// rank, and print ingest rate, coordinator CPU/RSS over time and the
+    /// time from onset to verdict as JSON.
+    Flood {
+        /// Simulated ranks (a multiple of 8).
+        #[arg(long, default_value_t = 1024)]
+        ranks: u32,
+        /// Collectives per rank per second.
+        #[arg(long, default_value_t = 100.0)]
+        collectives_per_s: f64,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// The hidden slow rank (its GPU reaches collectives --delay-us late from --onset on).
+        #[arg(long)]
+        slow_rank: Option<u32>,
+        /// Seconds after the start when the slow rank turns slow.
+        #[arg(long, default_value_t = 5.0)]
+        onset: f64,
+        /// Lateness of the slow rank per collective (µs).
+        #[arg(long, default_value_t = 2000.0)]
+        delay_us: f64,
+        /// Working directory (certificate, coordinator log and report).
+        #[arg(long, default_value = "/tmp/slowrank-flood")]
+        out: PathBuf,
+    },
     /// Parse and validate specs, printing a one-line summary of each.
     Check {
         /// Spec files.
@@ -165,6 +192,27 @@ fn real_main() -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", slowrank_scenarios::eval::render(&r));
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Flood {
+            ranks,
+            collectives_per_s,
+            seconds,
+            slow_rank,
+            onset,
+            delay_us,
+            out,
+        } => {
+            let r = slowrank_scenarios::flood::flood(&slowrank_scenarios::flood::FloodOptions {
+                ranks,
+                collectives_per_s,
+                seconds,
+                slow_rank,
+                onset_s: onset,
+                delay_us,
+                out,
+            })?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Check { specs } => {
