@@ -28,7 +28,9 @@ use slowrank_agent::{
     clock::{mono_ns, wall_ns, HostClock},
     ship::{client_config, Uplink, UplinkConfig},
 };
-use slowrank_shared::wire::{self, Batch, CollOp, CollectiveRecord, CommRecord, Hello, RankIdentity};
+use slowrank_shared::wire::{
+    self, Batch, CollOp, CollectiveRecord, CommRecord, Hello, RankIdentity,
+};
 
 /// Collectives per training step; the step's last one is followed by a gap.
 pub const PER_STEP: u64 = 4;
@@ -102,6 +104,8 @@ pub struct FloodResult {
     /// generator itself cannot keep up).
     pub records_sent_per_s: f64,
     pub records_accepted: Option<u64>,
+    /// Batch bytes the coordinator received, per rank per second of load.
+    pub wire_bytes_per_rank_s: Option<f64>,
     /// Accepted per second over the run, from the coordinator's counter.
     pub ingest_per_s: Option<f64>,
     /// Generator behind its real-time schedule at the end (s).
@@ -230,13 +234,19 @@ fn proc_usage(pid: u32) -> Option<(f64, f64)> {
 
 /// The coordinator's `records_accepted` counter from its `/metrics`.
 fn scrape_accepted(addr: SocketAddr) -> Option<u64> {
+    scrape(addr, "slowrank_ingest_total{what=\"records_accepted\"}")
+}
+
+/// One counter of the coordinator's `/metrics`.
+fn scrape(addr: SocketAddr, name: &str) -> Option<u64> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
     body.lines()
-        .find(|l| l.starts_with("slowrank_ingest_total{what=\"records_accepted\"}"))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse::<f64>().ok())
         .map(|v| v as u64)
@@ -323,8 +333,7 @@ fn start_coordinator(
 
 /// Does alert `line` open a verdict on `rank`?
 pub fn alert_names_rank(line: &str, rank: u32) -> bool {
-    (line.contains("OPEN") || line.contains("REOPEN"))
-        && line.contains(&format!("rank {rank} "))
+    (line.contains("OPEN") || line.contains("REOPEN")) && line.contains(&format!("rank {rank} "))
 }
 
 /// Plays the load and measures the coordinator.
@@ -402,7 +411,9 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
             // Instances complete (done) by now, not yet sent.
             let mut upto = next_seq;
             while upto < total
-                && start_ns + collective_offset_ns(upto, o.collectives_per_s) + 2_000_000
+                && start_ns
+                    + collective_offset_ns(upto, o.collectives_per_s)
+                    + 2_000_000
                     + (o.delay_us * 1e3) as u64
                     <= now
             {
@@ -461,6 +472,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
         (sent, lag.max(0.0), samples, t_onset)
     });
     let accepted = scrape_accepted(metrics);
+    let bytes = scrape(metrics, "slowrank_batch_bytes_received_total");
     let cpu_total = proc_usage(pid).map_or(0.0, |u| u.0);
     let alerts = coord.alerts.lock().expect("alerts").clone();
     drop(coord);
@@ -493,6 +505,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
         records_sent: sent,
         records_sent_per_s: sent as f64 / run_s.max(1e-9),
         records_accepted: accepted,
+        wire_bytes_per_rank_s: bytes.map(|b| b as f64 / f64::from(o.ranks) / o.seconds.max(1e-9)),
         ingest_per_s: accepted.map(|a| a as f64 / (run_s + 3.0)),
         generator_lag_s: lag,
         coordinator_cpu_s: cpu_total,
@@ -526,7 +539,10 @@ mod tests {
     fn schedule_has_a_step_gap() {
         // 100/s, 4 per step: a 40 ms step, collectives at 16, 20, 24, 28 ms.
         let o: Vec<u64> = (0..5).map(|k| collective_offset_ns(k, 100.0)).collect();
-        assert_eq!(o, vec![16_000_000, 20_000_000, 24_000_000, 28_000_000, 56_000_000]);
+        assert_eq!(
+            o,
+            vec![16_000_000, 20_000_000, 24_000_000, 28_000_000, 56_000_000]
+        );
     }
 
     #[test]
@@ -539,7 +555,11 @@ mod tests {
         assert_eq!(before[0].rank, 8);
         let late = |v: &[CollectiveRecord]| {
             let med = v[0].gpu_arrive_ns;
-            v.iter().find(|r| r.rank == 9).unwrap().gpu_arrive_ns.saturating_sub(med)
+            v.iter()
+                .find(|r| r.rank == 9)
+                .unwrap()
+                .gpu_arrive_ns
+                .saturating_sub(med)
         };
         assert!(late(&before) < 200_000);
         assert!(late(&after) > 1_800_000);
