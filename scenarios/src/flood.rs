@@ -108,7 +108,8 @@ pub struct FloodResult {
     pub wire_bytes_per_rank_s: Option<f64>,
     /// Accepted per second over the run, from the coordinator's counter.
     pub ingest_per_s: Option<f64>,
-    /// Generator behind its real-time schedule at the end (s).
+    /// Generator behind its real-time schedule when the time was up (s);
+    /// 0 when it sent everything on time.
     pub generator_lag_s: f64,
     pub coordinator_cpu_s: f64,
     pub cpu_percent_mean: f64,
@@ -338,7 +339,7 @@ pub fn alert_names_rank(line: &str, rank: u32) -> bool {
 
 /// Plays the load and measures the coordinator.
 pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
-    if o.ranks == 0 || o.ranks % RANKS_PER_HOST != 0 {
+    if o.ranks == 0 || !o.ranks.is_multiple_of(RANKS_PER_HOST) {
         return Err(FloodError::Ranks(o.ranks));
     }
     if let Some(k) = o.slow_rank.filter(|k| *k >= o.ranks) {
@@ -459,11 +460,18 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
                 });
                 last_cpu = cpu;
             }
-            if next_seq >= total {
+            // Stop at the deadline even when behind: the lag says how far.
+            if next_seq >= total || t_start.elapsed().as_secs_f64() >= o.seconds {
                 break;
             }
         }
-        let lag = t_start.elapsed().as_secs_f64() - o.seconds;
+        let behind_ns = (mono_ns().saturating_sub(start_ns))
+            .saturating_sub(collective_offset_ns(next_seq, o.collectives_per_s));
+        let lag = if next_seq >= total {
+            0.0
+        } else {
+            behind_ns as f64 / 1e9
+        };
         // Let the coordinator drain (and alert) before the agents go.
         tokio::time::sleep(Duration::from_secs(3)).await;
         for u in uplinks {
@@ -482,7 +490,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
             .find(|(_, l)| alert_names_rank(l, k))
             .map(|(t, _)| t.saturating_duration_since(t_onset).as_secs_f64())
     });
-    let run_s = o.seconds + lag;
+    let run_s = o.seconds;
     let rss: Vec<f64> = samples.iter().map(|s| s.rss_mib).collect();
     let third = rss.len() / 3;
     let mean = |v: &[f64]| {
