@@ -474,8 +474,13 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
         };
         // Let the coordinator drain (and alert) before the agents go.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        for u in uplinks {
-            let _ = u.finish(Duration::from_secs(5)).await;
+        // All at once: one by one, N/8 graces would add up.
+        let finishing: Vec<_> = uplinks
+            .into_iter()
+            .map(|u| tokio::spawn(u.finish(Duration::from_secs(5))))
+            .collect();
+        for f in finishing {
+            let _ = f.await;
         }
         (sent, lag.max(0.0), samples, t_onset)
     });
