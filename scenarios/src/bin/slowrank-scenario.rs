@@ -134,6 +134,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
+        // stdout carries results (tables, JSON); logs go to stderr.
+        .with_writer(std::io::stderr)
         .init();
     match real_main() {
         Ok(code) => code,
