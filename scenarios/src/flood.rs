@@ -479,11 +479,16 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
             .into_iter()
             .map(|u| tokio::spawn(u.finish(Duration::from_secs(5))))
             .collect();
-        for f in finishing {
-            let _ = f.await;
-        }
+        // An overloaded coordinator may never acknowledge: bounded wait.
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            for f in finishing {
+                let _ = f.await;
+            }
+        })
+        .await;
         (sent, lag.max(0.0), samples, t_onset)
     });
+    rt.shutdown_timeout(Duration::from_secs(1));
     let accepted = scrape_accepted(metrics);
     let bytes = scrape(metrics, "slowrank_batch_bytes_received_total");
     let cpu_total = proc_usage(pid).map_or(0.0, |u| u.0);
