@@ -98,8 +98,11 @@ pub struct MethodRun {
 /// Maps the method's iteration numbering onto the truth's, and truth
 /// iterations onto wall time.
 pub struct Timeline<'a> {
-    /// Truth iteration = reported iteration + offset.
+    /// Truth iteration = reported iteration × scale + offset. The scale
+    /// (truth iterations / reported iterations) undoes a coordinator that
+    /// found the wrong step period; 1 when it found the right one.
     pub offset: i64,
+    pub scale: f64,
     pub steps: Option<&'a StepLog>,
 }
 
@@ -160,7 +163,7 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
         let (Some(d), Some(w)) = (detected, ft.windows.first()) else {
             continue;
         };
-        let d_truth = (d as i64 + tl.offset).max(0) as u64;
+        let d_truth = ((d as f64 * tl.scale).round() as i64 + tl.offset).max(0) as u64;
         out.latency_iterations
             .push(d_truth.saturating_sub(w.onset_iteration) as f64);
         if let Some(end) = tl.wall_end_ns(d_truth) {
@@ -380,6 +383,7 @@ pub fn report_offset(report: &ReportView, steps: &StepLog) -> i64 {
     };
     let tl = Timeline {
         offset: 0,
+        scale: 1.0,
         steps: Some(steps),
     };
     let last = steps.steps.keys().map(|k| k.1).max().unwrap_or(0);
@@ -413,13 +417,21 @@ pub fn score_run_dir(dir: &Path) -> Result<BTreeMap<String, MethodRun>, String> 
     let report: ReportView = read_json(&dir.join("report.json"))?;
     let steps = StepLog::read_csv(&dir.join("steps.csv")).map_err(|e| format!("steps.csv: {e}"))?;
     let mut out = BTreeMap::new();
+    let observed = report.job.as_ref().and_then(|j| j.iterations_observed);
     let tl = Timeline {
         offset: report_offset(&report, &steps),
+        scale: match observed {
+            Some(n) if n > 0 && truth.iterations_completed > 0 => {
+                truth.iterations_completed as f64 / n as f64
+            }
+            _ => 1.0,
+        },
         steps: Some(&steps),
     };
     out.insert(SLOWRANK.to_string(), method_run(&truth, &report, &tl));
     let truth_tl = Timeline {
         offset: 0,
+        scale: 1.0,
         steps: Some(&steps),
     };
     let longest = baseline::longest_step(&steps, baseline::WINDOW, baseline::NEED);
@@ -837,6 +849,7 @@ mod tests {
         let st = steps();
         let tl = Timeline {
             offset: 1,
+            scale: 1.0,
             steps: Some(&st),
         };
         let m = method_run(&t, &r, &tl);
@@ -881,6 +894,7 @@ mod tests {
         );
         let tl = Timeline {
             offset: 0,
+            scale: 1.0,
             steps: None,
         };
         let m = method_run(&t, &r, &tl);
@@ -981,6 +995,7 @@ mod tests {
         assert_eq!(report_offset(&r, &st), 0, "no job section");
         r.job = Some(score::JobView {
             started: Some("1970-01-01T00:00:03.5Z".into()),
+            iterations_observed: None,
         });
         // Iteration 3 ends at 4 s, the first end after 3.5 s.
         assert_eq!(report_offset(&r, &st), 3);

@@ -58,6 +58,9 @@ pub struct JobView {
     /// Wall time (RFC 3339) of the first instance the coordinator saw: its iteration 0.
     #[serde(default)]
     pub started: Option<String>,
+    /// Iterations the coordinator counted.
+    #[serde(default)]
+    pub iterations_observed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
