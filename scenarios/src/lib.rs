@@ -7,8 +7,13 @@
 //! - [`trainer`]: the PyTorch-like job each rank process runs.
 //! - [`layout`]: ranks, hosts and parallel groups.
 //! - [`score`]: a run's report against its truth.
+//! - [`flood`]: synthetic many-agent load into one coordinator.
+//! - [`eval`]: many runs scored into accuracy/latency tables, with [`baseline`]s.
 
+pub mod baseline;
 pub mod children;
+pub mod eval;
+pub mod flood;
 pub mod layout;
 pub mod libs;
 pub mod orchestrate;

@@ -83,8 +83,14 @@ pub fn host_plans(spec: &Spec) -> Vec<HostPlan> {
 
 /// Extra `slowrank serve` arguments, given the run directory: the report,
 /// table and trace land next to `truth.json`, where `score` looks for them.
+/// `SLOWRANK_COORDINATOR_ARGS` adds flags for experiments (e.g.
+/// `--metrics-listen 127.0.0.1:9911` to read the wire counters).
 fn coordinator_extra_args(run_dir: &Path) -> Vec<String> {
-    vec!["--out".into(), run_dir.display().to_string()]
+    let mut v = vec!["--out".into(), run_dir.display().to_string()];
+    if let Ok(extra) = std::env::var("SLOWRANK_COORDINATOR_ARGS") {
+        v.extend(extra.split_whitespace().map(String::from));
+    }
+    v
 }
 
 /// A started helper process.
@@ -125,7 +131,7 @@ pub fn start(spec: &Spec, run_dir: &Path, mode: Mode) -> Result<Services, Orches
 /// A helper binary: `$SLOWRANK_AGENT_BIN` / `$SLOWRANK_COORDINATOR_BIN` when
 /// set (tests point them at what cargo just built), else next to this
 /// executable, else in cargo's target directory.
-fn binary(name: &'static str) -> Result<PathBuf, OrchestrateError> {
+pub fn binary(name: &'static str) -> Result<PathBuf, OrchestrateError> {
     let var = match name {
         "slowrank-agent" => "SLOWRANK_AGENT_BIN",
         _ => "SLOWRANK_COORDINATOR_BIN",

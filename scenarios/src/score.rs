@@ -48,6 +48,19 @@ pub struct ReportView {
     pub verdicts: Vec<VerdictView>,
     #[serde(default)]
     pub hangs: Vec<HangView>,
+    #[serde(default)]
+    pub job: Option<JobView>,
+}
+
+/// The report's `job` section, as far as evaluation needs it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct JobView {
+    /// Wall time (RFC 3339) of the first instance the coordinator saw: its iteration 0.
+    #[serde(default)]
+    pub started: Option<String>,
+    /// Iterations the coordinator counted.
+    #[serde(default)]
+    pub iterations_observed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -67,6 +80,9 @@ pub struct VerdictView {
     pub active: bool,
     #[serde(default)]
     pub link: Option<LinkView>,
+    /// Iteration the verdict was raised at (the moment of detection).
+    #[serde(default)]
+    pub opened_iteration: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +97,9 @@ pub struct HangView {
     #[serde(default)]
     pub sequence: u64,
     pub missing_ranks: Vec<u32>,
+    /// Iteration of the stuck instance.
+    #[serde(default)]
+    pub iteration: Option<u64>,
 }
 
 /// A finding of the report, as the scorer names it.

@@ -60,6 +60,65 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Evaluate: run every spec (default scenarios/specs/) --seeds times in
+    /// agent mode, score each against its truth, and print per-class
+    /// precision/recall, false verdicts per healthy hour, a confusion table
+    /// and detection latency, for slowrank and two naive baselines on the
+    /// same runs. Writes OUT/eval.json.
+    Eval {
+        /// Spec files or directories of specs.
+        specs: Vec<PathBuf>,
+        /// Runs per spec, each with a different seed (spec seed + 1000·k).
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        /// Output directory (one small directory per run + eval.json).
+        #[arg(long)]
+        out: PathBuf,
+        /// A few-minute subset for CI: 4 specs (healthy, compute, host, link), 1 seed.
+        #[arg(long)]
+        quick: bool,
+        /// Run at most this many iterations per spec.
+        #[arg(long)]
+        iterations: Option<u64>,
+        /// Latency sweep instead of the matrix: dp8-compute-slow with its
+        /// slowdown factor set to each of these (e.g. 1.05,1.1,1.3,2).
+        #[arg(long, value_delimiter = ',')]
+        sweep_factors: Vec<f64>,
+        /// Keep whole run directories (agent records, libs); default keeps
+        /// truth.json, report.json, steps.csv, logs.
+        #[arg(long)]
+        keep_runs: bool,
+        /// Print eval.json instead of the tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Synthetic load: play N ranks (8 per simulated host, one QUIC
+    /// connection per host) into a child `slowrank serve`, with a hidden slow
+    /// rank, and print ingest rate, coordinator CPU/RSS over time and the
+    /// time from onset to verdict as JSON.
+    Flood {
+        /// Simulated ranks (a multiple of 8).
+        #[arg(long, default_value_t = 1024)]
+        ranks: u32,
+        /// Collectives per rank per second.
+        #[arg(long, default_value_t = 100.0)]
+        collectives_per_s: f64,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// The hidden slow rank (its GPU reaches collectives --delay-us late from --onset on).
+        #[arg(long)]
+        slow_rank: Option<u32>,
+        /// Seconds after the start when the slow rank turns slow.
+        #[arg(long, default_value_t = 5.0)]
+        onset: f64,
+        /// Lateness of the slow rank per collective (µs).
+        #[arg(long, default_value_t = 2000.0)]
+        delay_us: f64,
+        /// Working directory (certificate, coordinator log and report).
+        #[arg(long, default_value = "/tmp/slowrank-flood")]
+        out: PathBuf,
+    },
     /// Parse and validate specs, printing a one-line summary of each.
     Check {
         /// Spec files.
@@ -75,6 +134,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
+        // stdout carries results (tables, JSON); logs go to stderr.
+        .with_writer(std::io::stderr)
         .init();
     match real_main() {
         Ok(code) => code,
@@ -100,6 +161,61 @@ fn real_main() -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Cmd::Eval {
+            specs,
+            seeds,
+            out,
+            quick,
+            iterations,
+            sweep_factors,
+            keep_runs,
+            json,
+        } => {
+            let specs = if specs.is_empty() {
+                vec![PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/specs"))]
+            } else {
+                specs
+            };
+            let opts = slowrank_scenarios::eval::EvalOptions {
+                specs,
+                seeds: if quick { 1 } else { seeds },
+                out,
+                quick,
+                iterations,
+                sweep_factors,
+                keep_runs,
+                mode: Mode::WithAgents,
+            };
+            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            let r = slowrank_scenarios::eval::run_eval(&opts, command)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", slowrank_scenarios::eval::render(&r));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Flood {
+            ranks,
+            collectives_per_s,
+            seconds,
+            slow_rank,
+            onset,
+            delay_us,
+            out,
+        } => {
+            let r = slowrank_scenarios::flood::flood(&slowrank_scenarios::flood::FloodOptions {
+                ranks,
+                collectives_per_s,
+                seconds,
+                slow_rank,
+                onset_s: onset,
+                delay_us,
+                out,
+            })?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Check { specs } => {
             for p in specs {

@@ -1,0 +1,1020 @@
+//! Evaluation: many scenario runs (specs × seeds, agent mode) scored against
+//! their truth, aggregated into per-class precision/recall, false verdicts
+//! per hour of healthy run, a confusion table and detection latency — for
+//! slowrank's report and, on the same runs, for two naive baselines computed
+//! from the run's own data ([`crate::baseline`]).
+//!
+//! The metric functions are pure (truth + report-shaped findings in, numbers
+//! out) so they are unit-tested with hand-made inputs; [`run_eval`] is the
+//! driver that runs the scenarios.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+
+use crate::{
+    baseline,
+    orchestrate::Mode,
+    run::{run, RunOptions},
+    score::{self, ReportView, Score},
+    spec::{FaultKind, Spec},
+    steps::StepLog,
+    truth::Truth,
+};
+
+/// Fault / finding classes in table order.
+pub const CLASSES: [&str; 5] = ["compute", "communication", "host", "link", "hang"];
+/// Row/column for "no fault here" / "nothing reported".
+pub const NONE: &str = "none";
+
+/// The specs `--quick` runs (one per class family, plus a healthy run).
+pub const QUICK_SPECS: [&str; 4] = [
+    "dp8-healthy",
+    "dp8-compute-slow",
+    "dp8-host-slow-dataloader",
+    "dp8-link-slow",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot read {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
+    #[error("no spec named {0} among the inputs (needed by --sweep-factors)")]
+    NoSweepBase(String),
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot serialize the spec")]
+    Toml(#[from] toml::ser::Error),
+}
+
+/// The class a fault is scored under.
+pub fn fault_class(k: FaultKind) -> &'static str {
+    match k {
+        FaultKind::Compute => "compute",
+        FaultKind::Communication => "communication",
+        FaultKind::Host => "host",
+        FaultKind::Link => "link",
+        FaultKind::Hang => "hang",
+    }
+}
+
+/// The class a verdict reports: its kind, or `link` when it names a link.
+pub fn verdict_class(v: &score::VerdictView) -> String {
+    if v.link.is_some() {
+        "link".into()
+    } else {
+        v.kind.clone()
+    }
+}
+
+/// One run scored for one method (slowrank or a baseline).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MethodRun {
+    /// (fault class, matched) per injected fault.
+    pub faults: Vec<(String, bool)>,
+    /// (reported class, true positive) per finding.
+    pub findings: Vec<(String, bool)>,
+    /// (true class, reported class) pairs; see [`confusion`].
+    pub confusion: Vec<(String, String)>,
+    /// Onset → first correct finding, in iterations, per matched fault.
+    pub latency_iterations: Vec<f64>,
+    /// The same in seconds, where the detection iteration has a step time.
+    pub latency_seconds: Vec<f64>,
+}
+
+/// Maps the method's iteration numbering onto the truth's, and truth
+/// iterations onto wall time.
+pub struct Timeline<'a> {
+    /// Truth iteration = reported iteration × scale + offset. The scale
+    /// (truth iterations / reported iterations) undoes a coordinator that
+    /// found the wrong step period; 1 when it found the right one.
+    pub offset: i64,
+    pub scale: f64,
+    pub steps: Option<&'a StepLog>,
+}
+
+impl Timeline<'_> {
+    /// Median wall-clock end (ns) of truth iteration `it` over the ranks.
+    pub fn wall_end_ns(&self, it: u64) -> Option<u64> {
+        let steps = self.steps?;
+        let mut w: Vec<u64> = steps
+            .steps
+            .values()
+            .filter(|s| s.iteration == it)
+            .map(|s| s.wall_ns)
+            .collect();
+        w.sort_unstable();
+        w.get(w.len() / 2).copied()
+    }
+}
+
+/// Ranks a finding names: the verdict's rank (or both link ends), a hang's missing ranks.
+fn named_ranks(report: &ReportView, what: &str, index: usize) -> Vec<u32> {
+    match what {
+        "hang" => report.hangs[index].missing_ranks.clone(),
+        _ => {
+            let v = &report.verdicts[index];
+            match &v.link {
+                Some(l) => l.ranks.to_vec(),
+                None => vec![v.rank],
+            }
+        }
+    }
+}
+
+/// Scores one run of one method. `score` is `score::score(truth, report)`.
+pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRun {
+    let s: Score = score::score(truth, report);
+    let mut out = MethodRun::default();
+    let mut tp: Vec<(&'static str, usize)> = Vec::new();
+    for (f, ft) in s.faults.iter().zip(&truth.faults) {
+        out.faults.push((fault_class(f.kind).into(), f.matched));
+        for b in &f.matched_by {
+            tp.push((b.what, b.index));
+        }
+        if !f.matched {
+            continue;
+        }
+        // Detection = the earliest raised finding among those that matched.
+        let detected = f
+            .matched_by
+            .iter()
+            .filter_map(|b| match b.what {
+                "hang" => report.hangs[b.index].iteration,
+                _ => {
+                    let v = &report.verdicts[b.index];
+                    v.opened_iteration.or(v.first_seen_iteration)
+                }
+            })
+            .min();
+        let (Some(d), Some(w)) = (detected, ft.windows.first()) else {
+            continue;
+        };
+        let d_truth = ((d as f64 * tl.scale).round() as i64 + tl.offset).max(0) as u64;
+        out.latency_iterations
+            .push(d_truth.saturating_sub(w.onset_iteration) as f64);
+        if let Some(end) = tl.wall_end_ns(d_truth) {
+            out.latency_seconds
+                .push(end.saturating_sub(w.onset_wall_ns) as f64 / 1e9);
+        }
+    }
+    let faulted: Vec<(&str, &[u32])> = truth
+        .faults
+        .iter()
+        .map(|f| (fault_class(f.kind), f.ranks.as_slice()))
+        .collect();
+    let all: Vec<(&'static str, usize, String)> = report
+        .verdicts
+        .iter()
+        .enumerate()
+        .map(|(i, v)| ("verdict", i, verdict_class(v)))
+        .chain((0..report.hangs.len()).map(|i| ("hang", i, "hang".to_string())))
+        .collect();
+    for (what, i, class) in &all {
+        out.findings
+            .push((class.clone(), tp.contains(&(*what, *i))));
+    }
+    out.confusion = confusion(&faulted, &all, report);
+    out
+}
+
+/// Confusion pairs: per fault, (its class, the class of every distinct
+/// finding naming one of its ranks) or (its class, `none`); per finding
+/// naming no faulted rank, (`none`, its class).
+fn confusion(
+    faulted: &[(&str, &[u32])],
+    findings: &[(&'static str, usize, String)],
+    report: &ReportView,
+) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut on_fault = vec![false; findings.len()];
+    for (class, ranks) in faulted {
+        let mut seen: Vec<&str> = Vec::new();
+        for (j, (what, i, c)) in findings.iter().enumerate() {
+            if named_ranks(report, what, *i)
+                .iter()
+                .any(|r| ranks.contains(r))
+            {
+                on_fault[j] = true;
+                if !seen.contains(&c.as_str()) {
+                    seen.push(c);
+                }
+            }
+        }
+        if seen.is_empty() {
+            pairs.push((class.to_string(), NONE.to_string()));
+        }
+        for c in seen {
+            pairs.push((class.to_string(), c.to_string()));
+        }
+    }
+    for (j, (_, _, c)) in findings.iter().enumerate() {
+        if !on_fault[j] {
+            pairs.push((NONE.to_string(), c.clone()));
+        }
+    }
+    pairs
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ClassMetrics {
+    pub faults: u64,
+    pub matched: u64,
+    /// matched / faults; `None` without faults of the class.
+    pub recall: Option<f64>,
+    pub findings: u64,
+    pub true_findings: u64,
+    /// true findings / findings; `None` without findings of the class.
+    pub precision: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Quantiles {
+    pub n: usize,
+    pub median: Option<f64>,
+    pub p90: Option<f64>,
+}
+
+/// Nearest-rank quantile of `v` (`q` in 0..=1).
+pub fn quantile(v: &[f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let k = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    Some(s[k - 1])
+}
+
+pub fn quantiles(v: &[f64]) -> Quantiles {
+    Quantiles {
+        n: v.len(),
+        median: quantile(v, 0.5),
+        p90: quantile(v, 0.9),
+    }
+}
+
+/// One method's numbers over many runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    pub per_class: BTreeMap<String, ClassMetrics>,
+    /// `true class` → `reported class` → count.
+    pub confusion: BTreeMap<String, BTreeMap<String, u64>>,
+    pub healthy_runs: u64,
+    pub healthy_hours: f64,
+    pub healthy_false_findings: u64,
+    /// False findings per hour of healthy (fault-free) run; `None` without healthy runs.
+    pub false_per_healthy_hour: Option<f64>,
+    /// Every finding that matched no fault, over all runs.
+    pub false_findings: u64,
+    pub latency_iterations: Quantiles,
+    pub latency_seconds: Quantiles,
+}
+
+/// A method's run plus what aggregation needs to know about the run.
+pub struct RunInput<'a> {
+    pub m: &'a MethodRun,
+    /// No fault injected.
+    pub healthy: bool,
+    /// Length of the run (truth started → ended).
+    pub hours: f64,
+}
+
+pub fn aggregate(runs: &[RunInput]) -> Metrics {
+    let mut m = Metrics::default();
+    for c in CLASSES {
+        m.per_class.insert(c.into(), ClassMetrics::default());
+    }
+    let mut lat_i = Vec::new();
+    let mut lat_s = Vec::new();
+    for r in runs {
+        for (c, ok) in &r.m.faults {
+            let e = m.per_class.entry(c.clone()).or_default();
+            e.faults += 1;
+            e.matched += u64::from(*ok);
+        }
+        for (c, ok) in &r.m.findings {
+            let e = m.per_class.entry(c.clone()).or_default();
+            e.findings += 1;
+            e.true_findings += u64::from(*ok);
+            if !ok {
+                m.false_findings += 1;
+                if r.healthy {
+                    m.healthy_false_findings += 1;
+                }
+            }
+        }
+        for (t, p) in &r.m.confusion {
+            *m.confusion
+                .entry(t.clone())
+                .or_default()
+                .entry(p.clone())
+                .or_default() += 1;
+        }
+        if r.healthy {
+            m.healthy_runs += 1;
+            m.healthy_hours += r.hours;
+        }
+        lat_i.extend(&r.m.latency_iterations);
+        lat_s.extend(&r.m.latency_seconds);
+    }
+    for e in m.per_class.values_mut() {
+        e.recall = (e.faults > 0).then(|| e.matched as f64 / e.faults as f64);
+        e.precision = (e.findings > 0).then(|| e.true_findings as f64 / e.findings as f64);
+    }
+    m.false_per_healthy_hour =
+        (m.healthy_hours > 0.0).then(|| m.healthy_false_findings as f64 / m.healthy_hours);
+    m.latency_iterations = quantiles(&lat_i);
+    m.latency_seconds = quantiles(&lat_s);
+    m
+}
+
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses the report's RFC 3339 UTC times (`2026-11-23T04:45:00.423151929Z`) to ns.
+pub fn parse_rfc3339_ns(s: &str) -> Option<u64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>().ok());
+    let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.splitn(3, ':').map(|x| x.parse::<i64>().ok());
+    let (h, mi, se) = (t.next()??, t.next()??, t.next()??);
+    let mut frac_ns = 0i64;
+    if !frac.is_empty() {
+        let digits: String = frac.chars().take(9).collect();
+        frac_ns = digits.parse::<i64>().ok()? * 10i64.pow(9 - digits.len() as u32);
+    }
+    let secs = days_from_civil(y, mo, da) * 86_400 + h * 3600 + mi * 60 + se;
+    u64::try_from(secs * 1_000_000_000 + frac_ns).ok()
+}
+
+/// Truth iteration of the coordinator's iteration 0: the first iteration
+/// whose (median) end is at or after the report's `job.started`.
+pub fn report_offset(report: &ReportView, steps: &StepLog) -> i64 {
+    let Some(started) = report
+        .job
+        .as_ref()
+        .and_then(|j| j.started.as_deref())
+        .and_then(parse_rfc3339_ns)
+    else {
+        return 0;
+    };
+    let tl = Timeline {
+        offset: 0,
+        scale: 1.0,
+        steps: Some(steps),
+    };
+    let last = steps.steps.keys().map(|k| k.1).max().unwrap_or(0);
+    (0..=last)
+        .find(|it| tl.wall_end_ns(*it).is_some_and(|w| w >= started))
+        .unwrap_or(0) as i64
+}
+
+/// Everything kept about one (spec, seed) run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub spec: String,
+    pub seed: u64,
+    pub dir: PathBuf,
+    pub healthy: bool,
+    pub hours: f64,
+    /// Set when the run or its scoring failed; the run then counts for nothing.
+    pub error: Option<String>,
+    /// Method name → scored run.
+    pub methods: BTreeMap<String, MethodRun>,
+}
+
+pub const SLOWRANK: &str = "slowrank";
+
+/// Scores a finished run directory for slowrank and the baselines.
+pub fn score_run_dir(dir: &Path) -> Result<BTreeMap<String, MethodRun>, String> {
+    let s =
+        score::score_dir(dir).map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
+    drop(s);
+    let truth: Truth = read_json(&dir.join("truth.json"))?;
+    let report: ReportView = read_json(&dir.join("report.json"))?;
+    let steps = StepLog::read_csv(&dir.join("steps.csv")).map_err(|e| format!("steps.csv: {e}"))?;
+    let mut out = BTreeMap::new();
+    let observed = report.job.as_ref().and_then(|j| j.iterations_observed);
+    let tl = Timeline {
+        offset: report_offset(&report, &steps),
+        scale: match observed {
+            Some(n) if n > 0 && truth.iterations_completed > 0 => {
+                truth.iterations_completed as f64 / n as f64
+            }
+            _ => 1.0,
+        },
+        steps: Some(&steps),
+    };
+    out.insert(SLOWRANK.to_string(), method_run(&truth, &report, &tl));
+    let truth_tl = Timeline {
+        offset: 0,
+        scale: 1.0,
+        steps: Some(&steps),
+    };
+    let longest = baseline::longest_step(&steps, baseline::WINDOW, baseline::NEED);
+    out.insert(
+        baseline::LONGEST_STEP.to_string(),
+        method_run(&truth, &longest, &truth_tl),
+    );
+    let colls = baseline::read_agent_collectives(dir).map_err(|e| e.to_string())?;
+    let per_iter = baseline::instances_per_iteration(&colls, truth.iterations_completed);
+    let shortest =
+        baseline::shortest_collective(&colls, per_iter, baseline::WINDOW, baseline::NEED);
+    out.insert(
+        baseline::SHORTEST_COLLECTIVE.to_string(),
+        method_run(&truth, &shortest, &truth_tl),
+    );
+    Ok(out)
+}
+
+fn read_json<T: for<'de> serde::Deserialize<'de>>(p: &Path) -> Result<T, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// How to evaluate.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    pub specs: Vec<PathBuf>,
+    pub seeds: u64,
+    pub out: PathBuf,
+    pub quick: bool,
+    pub iterations: Option<u64>,
+    pub sweep_factors: Vec<f64>,
+    /// Keep every run directory whole (default: keep only truth, report, steps, spec).
+    pub keep_runs: bool,
+    pub mode: Mode,
+}
+
+/// The whole evaluation, as written to `DIR/eval.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalResult {
+    pub schema: &'static str,
+    pub command: String,
+    pub seeds: u64,
+    pub quick: bool,
+    pub runs: Vec<RunResult>,
+    /// Method → metrics over all runs.
+    pub methods: BTreeMap<String, Metrics>,
+    /// Spec → method → metrics (for the sweep: latency per factor).
+    pub per_spec: BTreeMap<String, BTreeMap<String, Metrics>>,
+}
+
+/// Expands spec files and directories (their `*.toml`) into specs.
+pub fn collect_specs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>, EvalError> {
+    let mut out = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            let rd = std::fs::read_dir(p).map_err(|source| EvalError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            let mut v: Vec<PathBuf> = rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+                .collect();
+            v.sort();
+            out.extend(v);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Specs of a latency sweep: `base` with its first fault's factor replaced.
+pub fn sweep_specs(base: &Spec, factors: &[f64]) -> Vec<Spec> {
+    factors
+        .iter()
+        .map(|f| {
+            let mut s = base.clone();
+            s.name = format!("{}-x{f}", base.name);
+            if let Some(fault) = s.faults.first_mut() {
+                fault.factor = Some(*f);
+            }
+            s
+        })
+        .collect()
+}
+
+/// Removes the bulky parts of a run directory.
+fn trim_run_dir(dir: &Path) {
+    for d in ["lib", "sim", "coordinator", "flame"] {
+        let _ = std::fs::remove_dir_all(dir.join(d));
+    }
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".jsonl") || name == "trace.json" {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Runs the evaluation and writes `DIR/eval.json`.
+pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalError> {
+    let mut specs: Vec<Spec> = Vec::new();
+    for p in collect_specs(&opts.specs)? {
+        specs.push(Spec::load(&p)?);
+    }
+    if opts.quick {
+        specs.retain(|s| QUICK_SPECS.contains(&s.name.as_str()));
+    }
+    if !opts.sweep_factors.is_empty() {
+        let base = specs
+            .iter()
+            .find(|s| s.name == "dp8-compute-slow")
+            .cloned()
+            .ok_or_else(|| EvalError::NoSweepBase("dp8-compute-slow".into()))?;
+        specs = sweep_specs(&base, &opts.sweep_factors);
+    }
+    std::fs::create_dir_all(&opts.out).map_err(|source| EvalError::Write {
+        path: opts.out.clone(),
+        source,
+    })?;
+    let mut runs = Vec::new();
+    for spec in &specs {
+        for k in 0..opts.seeds.max(1) {
+            let mut s = spec.clone();
+            s.seed = spec.seed.wrapping_add(k * 1000);
+            if let Some(n) = opts.iterations {
+                s.iterations = n;
+                s.faults.retain(|f| f.start_iteration < n);
+            }
+            let dir = opts.out.join(format!("{}-seed{}", s.name, s.seed));
+            let healthy = s.faults.is_empty();
+            let mut rr = RunResult {
+                spec: s.name.clone(),
+                seed: s.seed,
+                dir: dir.clone(),
+                healthy,
+                hours: 0.0,
+                error: None,
+                methods: BTreeMap::new(),
+            };
+            tracing::info!(spec = %s.name, seed = s.seed, "eval run");
+            let ro = RunOptions {
+                out: dir.clone(),
+                mode: opts.mode,
+                trainer: None,
+                timeout: None,
+                progress: false,
+                trace: false,
+            };
+            match s
+                .validate()
+                .map_err(|e| e.to_string())
+                .and_then(|()| run(&s, &ro).map_err(|e| format!("{e}")))
+            {
+                Ok(summary) => {
+                    let t = &summary.truth;
+                    rr.hours = t.ended_wall_ns.saturating_sub(t.started_wall_ns) as f64 / 3.6e12;
+                    match score_run_dir(&dir) {
+                        Ok(m) => rr.methods = m,
+                        Err(e) => rr.error = Some(e),
+                    }
+                }
+                Err(e) => rr.error = Some(e),
+            }
+            if let Some(e) = &rr.error {
+                tracing::warn!(spec = %s.name, seed = s.seed, "run not scored: {e}");
+            }
+            if !opts.keep_runs {
+                trim_run_dir(&dir);
+            }
+            runs.push(rr);
+        }
+    }
+    let result = summarize(runs, opts, command);
+    let path = opts.out.join("eval.json");
+    let text = serde_json::to_string_pretty(&result).expect("serializable");
+    std::fs::write(&path, text).map_err(|source| EvalError::Write { path, source })?;
+    Ok(result)
+}
+
+fn metrics_of<'a>(runs: impl Iterator<Item = &'a RunResult>) -> BTreeMap<String, Metrics> {
+    let runs: Vec<&RunResult> = runs.filter(|r| r.error.is_none()).collect();
+    let names: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|r| r.methods.keys()).collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let inputs: Vec<RunInput> = runs
+                .iter()
+                .filter_map(|r| {
+                    r.methods.get(n).map(|m| RunInput {
+                        m,
+                        healthy: r.healthy,
+                        hours: r.hours,
+                    })
+                })
+                .collect();
+            (n.clone(), aggregate(&inputs))
+        })
+        .collect()
+}
+
+pub fn summarize(runs: Vec<RunResult>, opts: &EvalOptions, command: String) -> EvalResult {
+    let methods = metrics_of(runs.iter());
+    let mut per_spec = BTreeMap::new();
+    let names: std::collections::BTreeSet<String> = runs.iter().map(|r| r.spec.clone()).collect();
+    for n in names {
+        per_spec.insert(n.clone(), metrics_of(runs.iter().filter(|r| r.spec == n)));
+    }
+    EvalResult {
+        schema: "slowrank.eval/v1",
+        command,
+        seeds: opts.seeds,
+        quick: opts.quick,
+        runs,
+        methods,
+        per_spec,
+    }
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.0}%", v * 100.0))
+}
+
+fn num(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+/// The human tables `eval` prints.
+pub fn render(r: &EvalResult) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let ok = r.runs.iter().filter(|x| x.error.is_none()).count();
+    let _ = writeln!(o, "{} run(s), {} scored", r.runs.len(), ok);
+    for x in r.runs.iter().filter(|x| x.error.is_some()) {
+        let _ = writeln!(
+            o,
+            "  not scored: {} seed {}: {}",
+            x.spec,
+            x.seed,
+            x.error.as_deref().unwrap_or("")
+        );
+    }
+    for (name, m) in &r.methods {
+        let _ = writeln!(o, "\n== {name}");
+        let _ = writeln!(
+            o,
+            "{:<14} {:>6} {:>8} {:>7} {:>9} {:>6} {:>9}",
+            "class", "faults", "matched", "recall", "findings", "true", "precision"
+        );
+        for (c, cm) in &m.per_class {
+            let _ = writeln!(
+                o,
+                "{:<14} {:>6} {:>8} {:>7} {:>9} {:>6} {:>9}",
+                c,
+                cm.faults,
+                cm.matched,
+                pct(cm.recall),
+                cm.findings,
+                cm.true_findings,
+                pct(cm.precision)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "false findings: {} in all runs; {} in {} healthy run(s) ({:.4} h) = {} per healthy hour",
+            m.false_findings,
+            m.healthy_false_findings,
+            m.healthy_runs,
+            m.healthy_hours,
+            num(m.false_per_healthy_hour)
+        );
+        let _ = writeln!(
+            o,
+            "detection latency: iterations median {} p90 {} (n={}); seconds median {} p90 {}",
+            num(m.latency_iterations.median),
+            num(m.latency_iterations.p90),
+            m.latency_iterations.n,
+            m.latency_seconds
+                .median
+                .map_or("-".into(), |v| format!("{v:.2}")),
+            m.latency_seconds
+                .p90
+                .map_or("-".into(), |v| format!("{v:.2}")),
+        );
+        let mut cols: Vec<String> = CLASSES.iter().map(|c| c.to_string()).collect();
+        cols.push(NONE.into());
+        let _ = writeln!(o, "confusion (rows: injected, columns: reported)");
+        let _ = write!(o, "{:<14}", "");
+        for c in &cols {
+            let _ = write!(o, " {:>13}", c);
+        }
+        let _ = writeln!(o);
+        for row in &cols {
+            let Some(m) = m.confusion.get(row) else {
+                continue;
+            };
+            let _ = write!(o, "{:<14}", row);
+            for c in &cols {
+                let _ = write!(o, " {:>13}", m.get(c).copied().unwrap_or(0));
+            }
+            let _ = writeln!(o);
+        }
+    }
+    let _ = writeln!(o, "\n== per spec (slowrank | longest-step | shortest-collective: matched/faults, false, latency median/p90 it)");
+    for (spec, ms) in &r.per_spec {
+        let cell = |n: &str| {
+            ms.get(n).map_or("-".to_string(), |m| {
+                let (f, mt) = m
+                    .per_class
+                    .values()
+                    .fold((0, 0), |a, c| (a.0 + c.faults, a.1 + c.matched));
+                format!(
+                    "{mt}/{f}, {} false, {}/{}",
+                    m.false_findings,
+                    num(m.latency_iterations.median),
+                    num(m.latency_iterations.p90)
+                )
+            })
+        };
+        let _ = writeln!(
+            o,
+            "{:<34} {:<24} | {:<24} | {}",
+            spec,
+            cell(SLOWRANK),
+            cell(baseline::LONGEST_STEP),
+            cell(baseline::SHORTEST_COLLECTIVE)
+        );
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::score::REPORT_SCHEMA;
+    use serde_json::json;
+
+    fn truth(faults: serde_json::Value) -> Truth {
+        serde_json::from_value(json!({
+            "version": 1, "scenario": "hand-made", "seed": 0, "run_id": "r",
+            "hosts": 2, "ranks_per_host": 4, "world_size": 8,
+            "parallel": {"tp": 1, "pp": 1, "dp": 8},
+            "iterations": 50, "iterations_completed": 50, "outcome": "completed",
+            "reason": "", "started_wall_ns": 0, "ended_wall_ns": 3_600_000_000_000u64,
+            "started_mono_ns": 0, "ranks": [], "hosts_clock": [], "faults": faults, "blocked": [],
+        }))
+        .expect("truth")
+    }
+
+    fn fault(index: usize, kind: &str, ranks: &[u32], onset: u64) -> serde_json::Value {
+        json!({"index": index, "kind": kind, "ranks": ranks,
+               "spec": {"kind": kind, "ranks": ranks, "start_iteration": onset},
+               "windows": [{"onset_iteration": onset, "onset_wall_ns": onset * 1_000_000_000, "onset_mono_ns": 0,
+                            "end_iteration": null, "end_wall_ns": null, "end_mono_ns": null}]})
+    }
+
+    fn verdict(rank: u32, kind: &str, opened: u64, link: Option<[u32; 2]>) -> serde_json::Value {
+        json!({"rank": rank, "kind": kind, "opened_iteration": opened, "first_seen_iteration": opened - 2,
+               "link": link.map(|l| json!({"ranks": l}))})
+    }
+
+    fn report(verdicts: Vec<serde_json::Value>, hangs: serde_json::Value) -> ReportView {
+        serde_json::from_value(
+            json!({"schema": REPORT_SCHEMA, "verdicts": verdicts, "hangs": hangs}),
+        )
+        .expect("report")
+    }
+
+    /// Steps where iteration i of every rank ends at wall second i + 1.
+    fn steps() -> StepLog {
+        let mut s = StepLog::default();
+        for r in 0..8 {
+            for i in 0..50u64 {
+                s.add(crate::steps::StepTime {
+                    rank: r,
+                    iteration: i,
+                    start_ns: i * 1_000_000_000,
+                    end_ns: (i + 1) * 1_000_000_000,
+                    wall_ns: (i + 1) * 1_000_000_000,
+                });
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), Some(5.0));
+        assert_eq!(quantile(&v, 0.9), Some(9.0));
+        assert_eq!(quantile(&[3.0], 0.9), Some(3.0));
+        assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(quantile(&[4.0, 1.0, 2.0], 0.5), Some(2.0));
+    }
+
+    #[test]
+    fn method_run_counts_hits_false_findings_latency_and_confusion() {
+        let t = truth(json!([
+            fault(0, "compute", &[5], 10),
+            fault(1, "host", &[2], 20)
+        ]));
+        let r = report(
+            vec![
+                verdict(5, "compute", 14, None),
+                verdict(2, "compute", 25, None), // right rank, wrong class
+                verdict(7, "host", 30, None),    // nothing there
+            ],
+            json!([]),
+        );
+        let st = steps();
+        let tl = Timeline {
+            offset: 1,
+            scale: 1.0,
+            steps: Some(&st),
+        };
+        let m = method_run(&t, &r, &tl);
+        assert_eq!(
+            m.faults,
+            vec![("compute".into(), true), ("host".into(), false)]
+        );
+        assert_eq!(
+            m.findings,
+            vec![
+                ("compute".into(), true),
+                ("compute".into(), false),
+                ("host".into(), false)
+            ]
+        );
+        // opened 14 + offset 1 = truth iteration 15; onset 10 → 5 iterations,
+        // iteration 15 ends at 16 s, onset at 10 s → 6 s.
+        assert_eq!(m.latency_iterations, vec![5.0]);
+        assert_eq!(m.latency_seconds, vec![6.0]);
+        let mut c = m.confusion.clone();
+        c.sort();
+        assert_eq!(
+            c,
+            vec![
+                ("compute".into(), "compute".into()),
+                ("host".into(), "compute".into()),
+                ("none".into(), "host".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn link_and_hang_classes_and_missed_faults() {
+        let t = truth(json!([
+            fault(0, "link", &[3, 4], 10),
+            fault(1, "hang", &[6], 30),
+            fault(2, "communication", &[1], 5)
+        ]));
+        let r = report(
+            vec![verdict(4, "communication", 12, Some([4, 3]))],
+            json!([{"communicator": "0x1", "sequence": 9, "missing_ranks": [6], "iteration": 31}]),
+        );
+        let tl = Timeline {
+            offset: 0,
+            scale: 1.0,
+            steps: None,
+        };
+        let m = method_run(&t, &r, &tl);
+        assert_eq!(
+            m.faults,
+            vec![
+                ("link".into(), true),
+                ("hang".into(), true),
+                ("communication".into(), false)
+            ]
+        );
+        assert_eq!(
+            m.findings,
+            vec![("link".into(), true), ("hang".into(), true)]
+        );
+        assert_eq!(m.latency_iterations, vec![2.0, 1.0]);
+        assert!(m.latency_seconds.is_empty(), "no steps, no seconds");
+        assert!(m
+            .confusion
+            .contains(&("communication".into(), "none".into())));
+        assert!(m.confusion.contains(&("link".into(), "link".into())));
+        assert!(m.confusion.contains(&("hang".into(), "hang".into())));
+    }
+
+    #[test]
+    fn aggregate_gives_precision_recall_and_false_rate_per_healthy_hour() {
+        let hit = MethodRun {
+            faults: vec![("compute".into(), true)],
+            findings: vec![("compute".into(), true)],
+            confusion: vec![("compute".into(), "compute".into())],
+            latency_iterations: vec![4.0],
+            latency_seconds: vec![0.5],
+        };
+        let miss = MethodRun {
+            faults: vec![("compute".into(), false)],
+            findings: vec![("host".into(), false)],
+            confusion: vec![("compute".into(), "host".into())],
+            ..Default::default()
+        };
+        let noisy_healthy = MethodRun {
+            findings: vec![("compute".into(), false), ("compute".into(), false)],
+            confusion: vec![("none".into(), "compute".into()); 2],
+            ..Default::default()
+        };
+        let m = aggregate(&[
+            RunInput {
+                m: &hit,
+                healthy: false,
+                hours: 0.1,
+            },
+            RunInput {
+                m: &miss,
+                healthy: false,
+                hours: 0.1,
+            },
+            RunInput {
+                m: &noisy_healthy,
+                healthy: true,
+                hours: 0.5,
+            },
+        ]);
+        let c = &m.per_class["compute"];
+        assert_eq!(
+            (c.faults, c.matched, c.findings, c.true_findings),
+            (2, 1, 3, 1)
+        );
+        assert_eq!(c.recall, Some(0.5));
+        assert!((c.precision.unwrap() - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(m.per_class["host"].precision, Some(0.0));
+        assert_eq!(m.per_class["host"].recall, None);
+        assert_eq!(m.per_class["link"], ClassMetrics::default());
+        assert_eq!(m.false_findings, 3);
+        assert_eq!(m.healthy_false_findings, 2);
+        assert_eq!(m.false_per_healthy_hour, Some(4.0));
+        assert_eq!(m.confusion["none"]["compute"], 2);
+        assert_eq!(m.confusion["compute"]["host"], 1);
+        assert_eq!(m.latency_iterations.median, Some(4.0));
+        assert_eq!(m.latency_seconds.n, 1);
+    }
+
+    #[test]
+    fn rfc3339_and_report_offset() {
+        assert_eq!(
+            parse_rfc3339_ns("1970-01-01T00:00:01Z"),
+            Some(1_000_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ns("1970-01-02T00:00:00.5Z"),
+            Some(86_400_500_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ns("2026-11-23T04:45:00.423151929Z"),
+            Some(1_795_409_100_423_151_929)
+        );
+        assert_eq!(parse_rfc3339_ns("not a time"), None);
+        let st = steps();
+        let mut r = report(vec![], json!([]));
+        assert_eq!(report_offset(&r, &st), 0, "no job section");
+        r.job = Some(score::JobView {
+            started: Some("1970-01-01T00:00:03.5Z".into()),
+            iterations_observed: None,
+        });
+        // Iteration 3 ends at 4 s, the first end after 3.5 s.
+        assert_eq!(report_offset(&r, &st), 3);
+    }
+
+    #[test]
+    fn sweep_specs_change_only_the_factor_and_name() {
+        let base =
+            Spec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/dp8-compute-slow.toml"))
+                .expect("spec");
+        let v = sweep_specs(&base, &[1.05, 2.0]);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].name, "dp8-compute-slow-x1.05");
+        assert_eq!(v[0].faults[0].factor, Some(1.05));
+        assert_eq!(v[1].faults[0].factor, Some(2.0));
+        assert_eq!(
+            v[1].faults[0].start_iteration,
+            base.faults[0].start_iteration
+        );
+        v[0].validate().expect("valid");
+    }
+}

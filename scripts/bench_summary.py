@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Summarises scripts/benchmarks.sh output (default /tmp/slowrank-bench) into the
+numbers BENCHMARKS.md quotes, and writes two hand-made SVG plots next to
+BENCHMARKS.md: detection latency vs slowdown factor, and step time per probe set.
+Standard library only (matplotlib is not assumed)."""
+
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+B = sys.argv[1] if len(sys.argv) > 1 else "/tmp/slowrank-bench"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def q(v, p):
+    """Nearest-rank quantile."""
+    if not v:
+        return None
+    s = sorted(v)
+    k = max(1, min(len(s), -(-int(p * len(s) * 1000) // 1000)))
+    return s[k - 1]
+
+
+def fmt(x, d=1):
+    return "-" if x is None else f"{x:.{d}f}"
+
+
+def eval_section(name):
+    p = os.path.join(B, name, "eval.json")
+    if not os.path.exists(p):
+        return None
+    e = load(p)
+    print(f"\n## {name}: {len(e['runs'])} runs, command: {e['command']}")
+    for m, mm in e["methods"].items():
+        print(f"\n{m}")
+        print("| class | faults | matched | recall | findings | true | precision |")
+        print("|---|---|---|---|---|---|---|")
+        for c, cm in mm["per_class"].items():
+            rec = "-" if cm["recall"] is None else f"{cm['recall']*100:.0f}%"
+            pre = "-" if cm["precision"] is None else f"{cm['precision']*100:.0f}%"
+            print(f"| {c} | {cm['faults']} | {cm['matched']} | {rec} | {cm['findings']} | {cm['true_findings']} | {pre} |")
+        li, ls = mm["latency_iterations"], mm["latency_seconds"]
+        print(f"false findings {mm['false_findings']}; healthy: {mm['healthy_false_findings']} in {mm['healthy_runs']} runs "
+              f"({mm['healthy_hours']:.4f} h) = {fmt(mm['false_per_healthy_hour'])}/h; latency it median {fmt(li['median'])} "
+              f"p90 {fmt(li['p90'])} (n={li['n']}), s median {fmt(ls['median'], 2)} p90 {fmt(ls['p90'], 2)}")
+    return e
+
+
+def agent_start_wall_ns(run_dir, host):
+    """Wall time of the agent's first log line: its simulated clock's epoch."""
+    p = os.path.join(run_dir, "logs", f"agent-host-{host}.log")
+    try:
+        with open(p, errors="replace") as f:
+            for line in f:
+                m = re.search(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d+)Z", line)
+                if m:
+                    import calendar
+                    y, mo, d, h, mi, s, frac = m.groups()
+                    secs = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s)))
+                    return secs * 10**9 + int(frac.ljust(9, "0")[:9])
+    except OSError:
+        pass
+    return None
+
+
+def clock_section():
+    errs_drift, errs_nodrift, drift_errs, within = [], [], [], []
+    for run in sorted(glob.glob(os.path.join(B, "eval", "*", ""))):
+        try:
+            t = load(os.path.join(run, "truth.json"))
+            r = load(os.path.join(run, "report.json"))
+        except (OSError, ValueError):
+            continue
+        for hc in t["hosts_clock"]:
+            est = next((h for h in r["clock"]["hosts"] if h["host"] == f"host-{hc['host']}"), None)
+            if est is None or est.get("source") != "probes":
+                continue
+            start = agent_start_wall_ns(run, hc["host"])
+            if start is None:
+                continue
+            epoch_mono = t["started_mono_ns"] - (t["started_wall_ns"] - start)
+            raw = est["reference_agent_ns"] - hc["offset_us"] * 1000
+            true_us = -(hc["offset_us"] + hc["drift_ppm"] * 1e-6 * (raw - epoch_mono) / 1e3)
+            err = est["offset_us"] - true_us
+            (errs_drift if hc["drift_ppm"] else errs_nodrift).append(err)
+            within.append(abs(err) <= est["error_bound_us"])
+            if est.get("drift_ppm") is not None:
+                drift_errs.append(est["drift_ppm"] - hc["drift_ppm"])
+    print("\n## clock: estimated − injected offset (µs), per host per run")
+    for name, v in (("with drift", errs_drift), ("no drift", errs_nodrift)):
+        a = [abs(x) for x in v]
+        print(f"{name}: n={len(v)} |err| p50 {fmt(q(a, .5))} p99 {fmt(q(a, .99))}; signed median {fmt(q(v, .5))}")
+    if within:
+        print(f"within the report's own error bound: {sum(within)}/{len(within)}")
+    a = [abs(x) for x in drift_errs]
+    print(f"drift estimate − injected (ppm): n={len(a)} |err| p50 {fmt(q(a, .5), 2)} p99 {fmt(q(a, .99), 2)}")
+
+
+def steps_median_ms(path, skip=10):
+    d = []
+    with open(path) as f:
+        next(f)
+        for line in f:
+            rank, it, s, e, dur, wall = line.strip().split(",")
+            if int(it) >= skip:
+                d.append(int(dur) / 1000.0)
+    return statistics.median(d) if d else None
+
+
+def overhead_section():
+    modes = {}
+    for p in sorted(glob.glob(os.path.join(B, "overhead", "*", "steps.csv"))):
+        mode = os.path.basename(os.path.dirname(p)).rsplit("-", 1)[0]
+        m = steps_median_ms(p)
+        if m is not None:
+            modes.setdefault(mode, []).append(m)
+    if not modes:
+        return None
+    print("\n## overhead: median step time (ms) per run, dp8-healthy")
+    out = {}
+    base = statistics.median(modes["none"]) if "none" in modes else None
+    for mode in ("none", "default", "deep"):
+        v = modes.get(mode)
+        if not v:
+            continue
+        med = statistics.median(v)
+        rel = "" if base is None else f" ({(med / base - 1) * 100:+.1f}% vs none)"
+        print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
+        out[mode] = (med, min(v), max(v))
+    return out
+
+
+def wire_section():
+    p = os.path.join(B, "wire", "metrics.txt")
+    if not os.path.exists(p):
+        return
+    txt = open(p).read()
+    m = re.search(r"^slowrank_batch_bytes_received_total (\S+)", txt, re.M)
+    r = load(os.path.join(B, "wire", "report.json"))
+    secs = r["job"]["observed_seconds"]
+    n = r["job"]["world_size"]
+    if m and secs:
+        b = float(m.group(1))
+        print(f"\n## wire: {b:.0f} bytes received (last scrape) over {secs:.1f} s observed, {n} ranks "
+              f"= {b / n / secs:.0f} B/rank/s (records accepted {r['ingest']['records_accepted']})")
+
+
+def flood_section():
+    rows = []
+    for p in sorted(glob.glob(os.path.join(B, "flood-*.json")), key=lambda x: int(re.findall(r"\d+", os.path.basename(x))[0])):
+        try:
+            f = load(p)
+        except (OSError, ValueError):
+            print(f"\n{p}: no result (see the .log next to it)")
+            continue
+        rows.append(f)
+    if not rows:
+        return
+    print("\n## flood (100 collectives/s per rank)")
+    print("| ranks | offered rec/s | sent rec/s | accepted rec/s | gen lag s | coord CPU % (mean) | RSS max MiB | RSS growth late MiB | verdict after onset s | B/rank/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for f in rows:
+        print(f"| {f['options']['ranks']} | {f['records_offered_per_s']:.0f} | {f['records_sent_per_s']:.0f} | "
+              f"{fmt(f.get('ingest_per_s'), 0)} | {f['generator_lag_s']:.1f} | {f['cpu_percent_mean']:.0f} | "
+              f"{f['rss_mib_max']:.0f} | {f['rss_growth_mib_late']:.0f} | {fmt(f.get('verdict_after_onset_s'), 2)} | "
+              f"{fmt(f.get('wire_bytes_per_rank_s'), 0)} |")
+
+
+def svg_latency(sweep):
+    pts = []
+    for spec, ms in sweep["per_spec"].items():
+        m = re.search(r"-x([0-9.]+)$", spec)
+        if not m:
+            continue
+        s = ms.get("slowrank", {})
+        li = s.get("latency_iterations", {})
+        pts.append((float(m.group(1)), li.get("median"), li.get("p90")))
+    pts.sort()
+    if not pts:
+        return
+    W, H, L, R, T, Bm = 480, 300, 60, 20, 30, 50
+    ymax = max([p for _, a, b in pts for p in (a, b) if p is not None] + [10]) * 1.2
+    xs = {f: L + i * (W - L - R) / max(1, len(pts) - 1) for i, (f, _, _) in enumerate(pts)}
+    y = lambda v: T + (H - T - Bm) * (1 - v / ymax)
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+         f'<text x="{W/2}" y="18" text-anchor="middle">slowrank detection latency vs slowdown (dp8-compute-slow)</text>',
+         f'<line x1="{L}" y1="{H-Bm}" x2="{W-R}" y2="{H-Bm}" stroke="black"/>',
+         f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H-Bm}" stroke="black"/>',
+         f'<text x="{W/2}" y="{H-12}" text-anchor="middle">slowdown factor</text>',
+         f'<text x="14" y="{H/2}" transform="rotate(-90 14 {H/2})" text-anchor="middle">iterations, onset → verdict</text>']
+    for k in range(0, 5):
+        v = ymax * k / 4
+        o.append(f'<text x="{L-6}" y="{y(v)+4}" text-anchor="end">{v:.0f}</text>')
+        o.append(f'<line x1="{L}" y1="{y(v)}" x2="{W-R}" y2="{y(v)}" stroke="#ddd"/>')
+    for f, med, p90 in pts:
+        x = xs[f]
+        o.append(f'<text x="{x}" y="{H-Bm+16}" text-anchor="middle">{f}×</text>')
+        if med is None:
+            o.append(f'<text x="{x}" y="{H-Bm-8}" text-anchor="middle" fill="#c00">not detected</text>')
+            continue
+        o.append(f'<circle cx="{x}" cy="{y(med)}" r="5" fill="#1f77b4"><title>median {med}</title></circle>')
+        if p90 is not None:
+            o.append(f'<rect x="{x-4}" y="{y(p90)-4}" width="8" height="8" fill="#ff7f0e"><title>p90 {p90}</title></rect>')
+    o.append(f'<circle cx="{W-150}" cy="{T+10}" r="5" fill="#1f77b4"/><text x="{W-140}" y="{T+14}">median</text>')
+    o.append(f'<rect x="{W-84}" y="{T+6}" width="8" height="8" fill="#ff7f0e"/><text x="{W-70}" y="{T+14}">p90</text>')
+    o.append("</svg>")
+    with open(os.path.join(REPO, "bench-latency.svg"), "w") as f:
+        f.write("\n".join(o) + "\n")
+
+
+def svg_overhead(oh):
+    if not oh:
+        return
+    W, H, L, T, Bm = 420, 280, 60, 30, 40
+    ymax = max(v[2] for v in oh.values()) * 1.15
+    y = lambda v: T + (H - T - Bm) * (1 - v / ymax)
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+         f'<text x="{W/2}" y="18" text-anchor="middle">step time per probe set (dp8-healthy, median of runs; bar = min–max)</text>',
+         f'<line x1="{L}" y1="{H-Bm}" x2="{W-20}" y2="{H-Bm}" stroke="black"/>',
+         f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H-Bm}" stroke="black"/>',
+         f'<text x="14" y="{H/2}" transform="rotate(-90 14 {H/2})" text-anchor="middle">step time (ms)</text>']
+    for k in range(0, 5):
+        v = ymax * k / 4
+        o.append(f'<text x="{L-6}" y="{y(v)+4}" text-anchor="end">{v:.0f}</text>')
+    for i, (mode, (med, lo, hi)) in enumerate(oh.items()):
+        x = L + 40 + i * 110
+        o.append(f'<rect x="{x}" y="{y(med)}" width="60" height="{H-Bm-y(med)}" fill="#1f77b4"><title>{med:.2f} ms</title></rect>')
+        o.append(f'<line x1="{x+30}" y1="{y(lo)}" x2="{x+30}" y2="{y(hi)}" stroke="black" stroke-width="2"/>')
+        o.append(f'<text x="{x+30}" y="{H-Bm+16}" text-anchor="middle">{mode}</text>')
+        o.append(f'<text x="{x+30}" y="{y(med)-6}" text-anchor="middle">{med:.1f}</text>')
+    o.append("</svg>")
+    with open(os.path.join(REPO, "bench-overhead.svg"), "w") as f:
+        f.write("\n".join(o) + "\n")
+
+
+if __name__ == "__main__":
+    eval_section("eval")
+    sweep = eval_section("sweep")
+    clock_section()
+    oh = overhead_section()
+    wire_section()
+    flood_section()
+    if sweep:
+        svg_latency(sweep)
+    svg_overhead(oh)

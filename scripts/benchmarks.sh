@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Reproduces the eval, sweep, overhead, wire and flood numbers of
+# BENCHMARKS.md. Root (agent mode), after
+#   cargo build -p slowrank-scenarios -p slowrank-agent -p slowrank-coordinator
+# Usage: scripts/benchmarks.sh [eval|sweep|overhead|wire|flood|summary|all]...
+# Output under $BENCH_OUT (default /tmp/slowrank-bench); small files only.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS=fallback
+B=${BENCH_OUT:-/tmp/slowrank-bench}
+S=${SLOWRANK_SCENARIO:-./target/debug/slowrank-scenario}
+mkdir -p "$B"
+[ $# -eq 0 ] && set -- all
+
+run_eval() {   # full matrix: every spec × $SEEDS seeds
+  rm -rf "$B/eval"
+  $S eval --seeds "${SEEDS:-1}" --out "$B/eval" > "$B/eval.txt" 2> "$B/eval.log"
+}
+run_sweep() {  # detection latency vs slowdown factor (dp8-compute-slow)
+  rm -rf "$B/sweep"
+  $S eval --sweep-factors 1.05,1.1,1.3,2 --seeds "${SWEEP_SEEDS:-1}" --out "$B/sweep" > "$B/sweep.txt" 2> "$B/sweep.log"
+}
+run_overhead() {  # step time: no agent / default probes / deep probes, interleaved
+  rm -rf "$B/overhead"; mkdir -p "$B/overhead"
+  for i in $(seq 1 "${REPS:-3}"); do
+    for m in none default deep; do
+      d="$B/overhead/$m-$i"
+      case $m in
+        none) $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" --no-agent ;;
+        default) $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        deep) SLOWRANK_AGENT_ARGS=--deep $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+      esac > /dev/null 2>&1
+      find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json -exec rm -rf {} +
+    done
+  done
+}
+run_wire() {  # bytes the coordinator received per rank per second (default set)
+  rm -rf "$B/wire"; mkdir -p "$B/wire"
+  port=$((20000 + RANDOM % 20000))
+  SLOWRANK_COORDINATOR_ARGS="--metrics-listen 127.0.0.1:$port" \
+    $S run scenarios/specs/dp8-healthy.toml --out "$B/wire/run" > /dev/null 2>&1 &
+  pid=$!
+  while kill -0 $pid 2>/dev/null; do
+    curl -s "http://127.0.0.1:$port/metrics" > "$B/wire/metrics.tmp" 2>/dev/null \
+      && grep -q slowrank_batch_bytes_received_total "$B/wire/metrics.tmp" \
+      && mv "$B/wire/metrics.tmp" "$B/wire/metrics.txt"
+    sleep 0.5
+  done
+  cp "$B/wire/run/report.json" "$B/wire/report.json"
+  rm -rf "$B/wire/run"
+}
+run_flood() {  # scale: 1,024 / 4,096 / 16,384 ranks at 100 collectives/s each
+  for n in ${FLOOD_RANKS:-1024 4096 16384}; do
+    $S flood --ranks "$n" --collectives-per-s 100 --seconds "${FLOOD_S:-20}" --onset 5 \
+      --slow-rank 13 --out "$B/flood-work" > "$B/flood-$n.json" 2> "$B/flood-$n.log"
+    rm -rf "$B/flood-work"
+  done
+}
+for what in "$@"; do
+  case $what in
+    eval) run_eval ;; sweep) run_sweep ;; overhead) run_overhead ;; wire) run_wire ;;
+    flood) run_flood ;;
+    summary) python3 scripts/bench_summary.py "$B" ;;
+    all) run_eval; run_sweep; run_overhead; run_wire; run_flood; python3 scripts/bench_summary.py "$B" ;;
+    *) echo "unknown: $what" >&2; exit 2 ;;
+  esac
+done
