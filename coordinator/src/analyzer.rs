@@ -156,6 +156,8 @@ pub struct Analyzer {
     clocks: DashMap<String, ClockEstimator>,
     joiner: Joiner,
     agents: DashMap<String, AgentState>,
+    /// Newest batch time (agent clock) per host: how far its data has come.
+    heard: DashMap<String, u64>,
     ranks: DashMap<u32, RankInfo>,
     counters: Mutex<IngestCounters>,
     batches: AtomicU64,
@@ -199,6 +201,7 @@ impl Analyzer {
             cfg,
             clocks: DashMap::new(),
             agents: DashMap::new(),
+            heard: DashMap::new(),
             ranks: DashMap::new(),
             counters: Mutex::new(IngestCounters::default()),
             batches: AtomicU64::new(0),
@@ -283,6 +286,10 @@ impl Analyzer {
             c.spool_drops += sd;
         }
         let host: Arc<str> = Arc::from(b.host.as_str());
+        self.heard
+            .entry(b.host.clone())
+            .and_modify(|t| *t = (*t).max(b.mono_ns))
+            .or_insert(b.mono_ns);
         self.clocks
             .entry(b.host.clone())
             .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()))
@@ -626,7 +633,8 @@ impl Analyzer {
             }
         }
         let clock = |h: &str, t: u64| self.to_coord(h, t).0;
-        for e in self.joiner.expire(now, clock) {
+        let heard = |h: &str| self.heard.get(h).map(|t| self.to_coord(h, *t).0);
+        for e in self.joiner.expire(now, clock, heard) {
             let Expired::Hang(c) = e else { continue };
             let iteration = core.iteration.iteration_at(c.entered_at);
             let exited: Vec<u32> = c

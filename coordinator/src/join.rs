@@ -496,17 +496,46 @@ impl Joiner {
 
     /// Closes instances whose first member entered more than the timeout
     /// before `now`; `to_coord` aligns an agent time of a host.
-    pub fn expire(&self, now: CoordNs, to_coord: impl Fn(&str, u64) -> CoordNs) -> Vec<Expired> {
+    ///
+    /// `heard` gives the aligned time of the newest batch from a host. A
+    /// missing member's host must have reported past the timeout too: data
+    /// delayed by a link outage or a coordinator restart (spooled, resent
+    /// late) is not a hang. A host silent for ten timeouts is not waited for.
+    pub fn expire(
+        &self,
+        now: CoordNs,
+        to_coord: impl Fn(&str, u64) -> CoordNs,
+        heard: impl Fn(&str) -> Option<CoordNs>,
+    ) -> Vec<Expired> {
         let mut out = Vec::new();
+        let timeout = self.cfg.hang_timeout_ns;
         for mut entry in self.comms.iter_mut() {
             let comm_id = *entry.key();
             let st = &mut *entry;
             let due: Vec<InstanceKey> = st
                 .open
                 .iter()
-                .filter(|(_, o)| {
-                    now.saturating_sub(to_coord(&o.first_host, o.first_agent_ns))
-                        > self.cfg.hang_timeout_ns
+                .filter(|(k, o)| {
+                    let entered = to_coord(&o.first_host, o.first_agent_ns);
+                    let age = now.saturating_sub(entered);
+                    if age <= timeout {
+                        return false;
+                    }
+                    if age > timeout.saturating_mul(10) {
+                        return true;
+                    }
+                    let positions: Vec<u32> = match k {
+                        InstanceKey::P2p { lo, hi, .. } => vec![*lo, *hi],
+                        InstanceKey::Coll(_) => (0..st.nranks).collect(),
+                    };
+                    positions
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| o.records.get(*i).is_some_and(Option::is_none))
+                        .filter_map(|(_, p)| st.slots.get(p))
+                        .all(|slot| {
+                            heard(&slot.host).is_none_or(|w| w.saturating_sub(entered) > timeout)
+                        })
                 })
                 .map(|(k, _)| *k)
                 .collect();
@@ -675,6 +704,22 @@ mod tests {
     }
 
     #[test]
+    fn delayed_host_is_not_a_hang_until_it_reported_past_the_timeout() {
+        let (j, h) = joiner(3);
+        j.offer(&h, rec(0, 0, 200)).unwrap();
+        j.offer(&h, rec(2, 0, 201)).unwrap();
+        // The missing member's host last reported at 500: its records may
+        // still be on their way (spooled behind a link outage).
+        assert!(j.expire(1_300, |_, t| t as i64, |_| Some(500)).is_empty());
+        // Once it reported past the timeout without the record, it is a hang.
+        assert_eq!(j.expire(1_300, |_, t| t as i64, |_| Some(1_250)).len(), 1);
+        // A host silent for ten timeouts is not waited for.
+        let (j, h) = joiner(3);
+        j.offer(&h, rec(0, 0, 200)).unwrap();
+        assert_eq!(j.expire(20_000, |_, t| t as i64, |_| Some(500)).len(), 1);
+    }
+
+    #[test]
     fn hang_names_missing_rank_and_last_completed() {
         let (j, h) = joiner(3);
         for s in 0..5 {
@@ -685,8 +730,8 @@ mod tests {
         // Rank 1 stops; 0 and 2 enter instance 5.
         j.offer(&h, rec(0, 5, 200)).unwrap();
         j.offer(&h, rec(2, 5, 201)).unwrap();
-        assert!(j.expire(1_000, |_, t| t as i64).is_empty());
-        let exp = j.expire(1_300, |_, t| t as i64);
+        assert!(j.expire(1_000, |_, t| t as i64, |_| None).is_empty());
+        let exp = j.expire(1_300, |_, t| t as i64, |_| None);
         assert_eq!(exp.len(), 1);
         let Expired::Hang(hc) = &exp[0] else {
             panic!("{exp:?}")
@@ -709,7 +754,7 @@ mod tests {
         j.offer(&h, rec(0, 0, 10)).unwrap(); // rank 1's record for 0 is lost
         j.offer(&h, rec(0, 1, 20)).unwrap();
         j.offer(&h, rec(1, 1, 21)).unwrap();
-        let exp = j.expire(5_000, |_, t| t as i64);
+        let exp = j.expire(5_000, |_, t| t as i64, |_| None);
         assert!(
             matches!(exp.as_slice(), [Expired::Incomplete { .. }]),
             "{exp:?}"

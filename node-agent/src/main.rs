@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use slowrank_agent::{
     agent::Agent,
+    announced::Announced,
     clock::{self, HostClock},
     discover::Scanner,
     fold::Limits,
@@ -304,6 +305,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let interval = Duration::from_millis(cli.interval_ms.max(cli.flush_ms).max(10));
     let mut last_interval = std::time::Instant::now();
     let mut exit_code = 0;
+    let mut known = Announced::default();
     // Created once: a signal stream keeps deliveries that arrive while the
     // loop body runs (a fresh ctrl_c() future per iteration would lose them).
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -347,7 +349,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if close {
                     if let Some(s) = stacks.as_mut() { s.cut_window(); }
                 }
-                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref(), &mut out)?;
+                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref(), &mut out, &mut known)?;
                 false
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
@@ -378,6 +380,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
         &agent_id,
         uplink.as_ref(),
         &mut out,
+        &mut known,
     )?;
     let drops = agent.drops();
     tracing::info!(?drops, "fold drops");
@@ -417,6 +420,7 @@ fn cut(
     agent_id: &str,
     uplink: Option<&Uplink>,
     out: &mut Option<Box<dyn Write + Send>>,
+    known: &mut Announced,
 ) -> Result<()> {
     let spool_drops = uplink.map_or(0, Uplink::dropped);
     let Some(mut batch): Option<Batch> = agent.cut(host, agent_id, close_interval, spool_drops)?
@@ -432,6 +436,9 @@ fn cut(
         o.flush()?;
     }
     if let Some(u) = uplink {
+        if known.learn(&batch) {
+            u.set_preamble(wire::encode(&known.preamble(&batch))?);
+        }
         u.send(wire::encode(&batch)?);
     }
     Ok(())
