@@ -317,7 +317,8 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
             child,
             ready: Some(ready.clone()),
         };
-        wait_ready(&mut proc, &ready, &alog, Duration::from_secs(60))?;
+        // Attaching takes seconds per library, minutes on a loaded machine.
+        wait_ready(&mut proc, &ready, &alog, Duration::from_secs(180))?;
         services.agents.push(proc);
         services.agent_outputs.push(out);
     }
