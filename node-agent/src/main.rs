@@ -349,7 +349,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if close {
                     if let Some(s) = stacks.as_mut() { s.cut_window(); }
                 }
-                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref(), &mut out, &mut known)?;
+                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
                 false
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
@@ -378,9 +378,8 @@ async fn run(cli: RunArgs) -> Result<i32> {
         true,
         &host,
         &agent_id,
-        uplink.as_ref(),
+        uplink.as_ref().map(|u| (u, &mut known)),
         &mut out,
-        &mut known,
     )?;
     let drops = agent.drops();
     tracing::info!(?drops, "fold drops");
@@ -418,11 +417,11 @@ fn cut(
     close_interval: bool,
     host: &str,
     agent_id: &str,
-    uplink: Option<&Uplink>,
+    // With what this agent announced so far (replayed on reconnection).
+    uplink: Option<(&Uplink, &mut Announced)>,
     out: &mut Option<Box<dyn Write + Send>>,
-    known: &mut Announced,
 ) -> Result<()> {
-    let spool_drops = uplink.map_or(0, Uplink::dropped);
+    let spool_drops = uplink.as_ref().map_or(0, |(u, _)| u.dropped());
     let Some(mut batch): Option<Batch> = agent.cut(host, agent_id, close_interval, spool_drops)?
     else {
         // Folded stacks wait in the feed for the next batch.
@@ -435,7 +434,7 @@ fn cut(
         output::write_records(o, &batch)?;
         o.flush()?;
     }
-    if let Some(u) = uplink {
+    if let Some((u, known)) = uplink {
         if known.learn(&batch) {
             u.set_preamble(wire::encode(&known.preamble(&batch))?);
         }
