@@ -19,7 +19,10 @@ fn crashed_rank_is_an_exit_not_a_slow_rank() {
     kill9(pid);
     let summary = job.wait();
     let outcome = format!("{:?}", summary.truth.outcome).to_lowercase();
-    assert_ne!(outcome, "completed", "the launcher did not notice the crash");
+    assert_ne!(
+        outcome, "completed",
+        "the launcher did not notice the crash"
+    );
 
     let r = report(&job.dir);
     let exited: Vec<u64> = r["job"]["exited_ranks"]
@@ -29,7 +32,10 @@ fn crashed_rank_is_an_exit_not_a_slow_rank() {
         .filter_map(|v| v.as_u64())
         .collect();
     eprintln!("outcome {outcome}; exited {exited:?}; hangs {}", r["hangs"]);
-    assert!(exited.contains(&VICTIM), "rank {VICTIM} not reported as exited: {exited:?}");
+    assert!(
+        exited.contains(&VICTIM),
+        "rank {VICTIM} not reported as exited: {exited:?}"
+    );
     for h in r["hangs"].as_array().into_iter().flatten() {
         let missing: Vec<u64> = h["missing_ranks"]
             .as_array()
