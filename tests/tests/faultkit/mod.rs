@@ -194,6 +194,20 @@ impl Drop for Job {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A failed test leaves the launcher thread behind, and with it the
+        // coordinator and agents it started: stop them (ranks die with
+        // their launcher, PR_SET_PDEATHSIG).
+        if std::thread::panicking() {
+            let path = self.dir.join("sim").join(SERVICES_FILE);
+            if let Some(s) = fs::read_to_string(path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<ServicesFile>(&t).ok())
+            {
+                for e in std::iter::once(&s.coordinator).chain(&s.agents) {
+                    kill9(e.pid);
+                }
+            }
+        }
     }
 }
 
