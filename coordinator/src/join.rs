@@ -720,6 +720,27 @@ mod tests {
     }
 
     #[test]
+    fn delayed_host_is_not_a_hang_until_it_reported_past_the_timeout() {
+        let (j, h) = joiner(3);
+        j.offer(&h, rec(0, 0, 200)).unwrap();
+        j.offer(&h, rec(2, 0, 201)).unwrap();
+        // The missing member's agent last reported at 500: its records may
+        // still be on their way (spooled behind a link outage).
+        let heard_at = |t: i64| move |_: u32, _: &str, deadline: CoordNs| t >= deadline;
+        assert!(j.expire(1_300, |_, t| t as i64, heard_at(500)).is_empty());
+        // Once it reported past the timeout without the record, it is a hang.
+        assert_eq!(j.expire(1_300, |_, t| t as i64, heard_at(1_250)).len(), 1);
+        // An agent silent past the stale limit is not waited for.
+        let (j, h) = joiner(3);
+        j.offer(&h, rec(0, 0, 200)).unwrap();
+        let stale = JoinConfig::default().hang_stale_ns;
+        assert_eq!(
+            j.expire(stale + 300, |_, t| t as i64, heard_at(500)).len(),
+            1
+        );
+    }
+
+    #[test]
     fn hang_names_missing_rank_and_last_completed() {
         let (j, h) = joiner(3);
         for s in 0..5 {

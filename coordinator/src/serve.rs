@@ -347,6 +347,13 @@ impl Server {
         }
         if sum.duplicate_batch {
             debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
+        } else {
+            // One line per batch: with RUST_LOG=slowrank_coordinator::serve=debug
+            // the log accounts for every batch even if this process is killed
+            // before its next report (the fault tests count on it).
+            debug!(agent = %agent_id, host = %batch.host, seq = batch.seq,
+                collectives = batch.collectives.len(), accepted = sum.accepted,
+                "batch ingested");
         }
         if let Ok(mut a) = self.agents.lock() {
             if let Some(a) = a.get_mut(&agent_id) {

@@ -3,6 +3,7 @@
 //!
 //! The binary in `main.rs` wires these together; tests use them directly.
 pub mod agent;
+pub mod announced;
 pub mod catalog;
 pub mod clock;
 pub mod commlayout;

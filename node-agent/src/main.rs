@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use slowrank_agent::{
     agent::Agent,
+    announced::Announced,
     clock::{self, HostClock},
     discover::Scanner,
     fold::Limits,
@@ -304,6 +305,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let interval = Duration::from_millis(cli.interval_ms.max(cli.flush_ms).max(10));
     let mut last_interval = std::time::Instant::now();
     let mut exit_code = 0;
+    let mut known = Announced::default();
     // Created once: a signal stream keeps deliveries that arrive while the
     // loop body runs (a fresh ctrl_c() future per iteration would lose them).
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -347,7 +349,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if close {
                     if let Some(s) = stacks.as_mut() { s.cut_window(); }
                 }
-                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref(), &mut out)?;
+                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
                 false
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
@@ -376,7 +378,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
         true,
         &host,
         &agent_id,
-        uplink.as_ref(),
+        uplink.as_ref().map(|u| (u, &mut known)),
         &mut out,
     )?;
     let drops = agent.drops();
@@ -415,10 +417,11 @@ fn cut(
     close_interval: bool,
     host: &str,
     agent_id: &str,
-    uplink: Option<&Uplink>,
+    // With what this agent announced so far (replayed on reconnection).
+    uplink: Option<(&Uplink, &mut Announced)>,
     out: &mut Option<Box<dyn Write + Send>>,
 ) -> Result<()> {
-    let spool_drops = uplink.map_or(0, Uplink::dropped);
+    let spool_drops = uplink.as_ref().map_or(0, |(u, _)| u.dropped());
     let Some(mut batch): Option<Batch> = agent.cut(host, agent_id, close_interval, spool_drops)?
     else {
         // Folded stacks wait in the feed for the next batch.
@@ -431,7 +434,10 @@ fn cut(
         output::write_records(o, &batch)?;
         o.flush()?;
     }
-    if let Some(u) = uplink {
+    if let Some((u, known)) = uplink {
+        if known.learn(&batch) {
+            u.set_preamble(wire::encode(&known.preamble(&batch))?);
+        }
         u.send(wire::encode(&batch)?);
     }
     Ok(())

@@ -59,6 +59,8 @@ pub enum ShipError {
     Write(#[from] quinn::WriteError),
     #[error("stream closed")]
     Closed(#[from] quinn::ClosedStream),
+    #[error("the coordinator never acknowledged the batch")]
+    Unacknowledged(#[source] quinn::StoppedError),
     #[error("reading the coordinator's reply failed")]
     Read(#[from] quinn::ReadToEndError),
     #[error("bad message")]
@@ -118,9 +120,24 @@ pub fn client_config_with(
         }
         None => tls.with_no_client_auth(),
     };
-    Ok(quinn::ClientConfig::new(Arc::new(
-        QuicClientConfig::try_from(tls)?,
-    )))
+    let mut cfg = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
+    cfg.transport_config(Arc::new(transport()));
+    Ok(cfg)
+}
+
+/// A killed coordinator sends nothing back; without keep-alives the agent
+/// would wait out quinn's 30 s idle timeout before it spools and reconnects.
+/// A link that is down for a few seconds keeps the connection (QUIC
+/// retransmits); one down for longer than `IDLE_TIMEOUT` is reconnected.
+pub const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6);
+
+fn transport() -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(std::time::Duration::from_secs(1)));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("6 s fits a QUIC varint"),
+    ));
+    t
 }
 
 /// An authenticated connection to the coordinator.
@@ -172,9 +189,12 @@ impl Shipper {
         let mut stream = self.conn.open_uni().await?;
         stream.write_all(bytes).await?;
         stream.finish()?;
-        // Wait until the peer has the data, so a clean close loses nothing.
-        let _ = stream.stopped().await;
-        Ok(())
+        // Delivered only once the peer acknowledged all of it: a connection
+        // lost before that (a killed coordinator) keeps the batch spooled.
+        match stream.stopped().await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(ShipError::Unacknowledged(e)),
+        }
     }
 
     /// Answers the coordinator's control streams (clock probes, deep-window
@@ -294,6 +314,7 @@ pub struct UplinkReport {
 /// queued, sent in order, and kept across reconnects.
 pub struct Uplink {
     tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    preamble: Preamble,
     task: tokio::task::JoinHandle<UplinkReport>,
     dropped: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<tokio::sync::Notify>,
@@ -306,9 +327,18 @@ impl Uplink {
         let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
         let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let stop = Arc::new(tokio::sync::Notify::new());
-        let task = tokio::spawn(uplink_task(cfg, rx, ctl_tx, dropped.clone(), stop.clone()));
+        let preamble = Preamble::default();
+        let task = tokio::spawn(uplink_task(
+            cfg,
+            rx,
+            ctl_tx,
+            dropped.clone(),
+            stop.clone(),
+            preamble.clone(),
+        ));
         Self {
             tx,
+            preamble,
             task,
             dropped,
             stop,
@@ -324,6 +354,17 @@ impl Uplink {
     /// Queues an encoded batch.
     pub fn send(&self, bytes: Vec<u8>) {
         let _ = self.tx.send(bytes);
+    }
+
+    /// What a coordinator must know before this agent's next batches make
+    /// sense (its ranks and communicators, announced once in some earlier
+    /// batch), encoded as a batch with `seq` 0. It is sent first on every
+    /// reconnection: a coordinator that restarted learns it again, one that
+    /// did not ignores it as a resend (`seq` 0 is below what it has seen).
+    pub fn set_preamble(&self, bytes: Vec<u8>) {
+        if let Ok(mut p) = self.preamble.lock() {
+            *p = Some(bytes);
+        }
     }
 
     /// Batches evicted from the spool so far.
@@ -346,12 +387,15 @@ impl Uplink {
     }
 }
 
+type Preamble = Arc<std::sync::Mutex<Option<Vec<u8>>>>;
+
 async fn uplink_task(
     cfg: UplinkConfig,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
     control: mpsc::Sender<Control>,
     dropped: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<tokio::sync::Notify>,
+    preamble: Preamble,
 ) -> UplinkReport {
     use std::time::Duration;
     let mut spool = crate::spool::Spool::new(cfg.spool_bytes);
@@ -360,6 +404,7 @@ async fn uplink_task(
     let mut report = UplinkReport::default();
     let mut backoff = Duration::from_millis(200);
     let mut open = true;
+    let mut connected_before = false;
     loop {
         // Take everything queued without waiting.
         loop {
@@ -388,7 +433,17 @@ async fn uplink_task(
                         t.abort();
                     }
                     control_task = Some(s.spawn_control(cfg.clock, control.clone()));
-                    conn = Some(s);
+                    let replay = connected_before
+                        .then(|| preamble.lock().ok().and_then(|p| p.clone()))
+                        .flatten();
+                    connected_before = true;
+                    match replay {
+                        Some(p) => match s.send_encoded(&p).await {
+                            Ok(()) => conn = Some(s),
+                            Err(e) => tracing::warn!("lost the coordinator: {e}; spooling"),
+                        },
+                        None => conn = Some(s),
+                    }
                 }
                 Err(ShipError::Refused(reason)) => {
                     tracing::error!(

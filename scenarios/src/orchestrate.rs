@@ -93,6 +93,51 @@ fn coordinator_extra_args(run_dir: &Path) -> Vec<String> {
     v
 }
 
+/// `DIR/sim/services.json`: how each service was started (agent mode), so
+/// fault tests can kill one and start it again the same way.
+pub const SERVICES_FILE: &str = "services.json";
+
+/// The content of [`SERVICES_FILE`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServicesFile {
+    /// The job token (`SLOWRANK_TOKEN`) both sides were given.
+    pub token: String,
+    pub coordinator: ServiceEntry,
+    /// One per host, in host order.
+    pub agents: Vec<ServiceEntry>,
+}
+
+/// One started service.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServiceEntry {
+    pub pid: u32,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub log: PathBuf,
+    /// Agents: the ready file (holds the pid of the agent that owns it).
+    pub ready: Option<PathBuf>,
+}
+
+impl ServiceEntry {
+    fn of(cmd: &Command, log: &Path, ready: Option<PathBuf>) -> Self {
+        Self {
+            pid: 0,
+            program: PathBuf::from(cmd.get_program()),
+            args: cmd
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            log: log.to_owned(),
+            ready,
+        }
+    }
+}
+
+/// The pid an agent wrote into its ready file, if the file is still there.
+fn ready_owner(ready: &Path) -> Option<i32> {
+    fs::read_to_string(ready).ok()?.trim().parse().ok()
+}
+
 /// A started helper process.
 #[derive(Debug)]
 struct Proc {
@@ -183,8 +228,8 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
 
     let clog = logs.join("coordinator.log");
     let (o, e) = log_file(&clog)?;
-    let child = Command::new(&coordinator_bin)
-        .arg("serve")
+    let mut cmd = Command::new(&coordinator_bin);
+    cmd.arg("serve")
         .arg("--listen")
         .arg(addr.to_string())
         .arg("--tls-dir")
@@ -192,12 +237,17 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
         .args(coordinator_extra_args(run_dir))
         .env("SLOWRANK_TOKEN", &token)
         .stdout(o)
-        .stderr(e)
-        .spawn()
-        .map_err(|source| OrchestrateError::Spawn {
-            what: "the coordinator".into(),
-            source,
-        })?;
+        .stderr(e);
+    let mut record = ServicesFile {
+        token: token.clone(),
+        coordinator: ServiceEntry::of(&cmd, &clog, None),
+        agents: Vec::new(),
+    };
+    let child = cmd.spawn().map_err(|source| OrchestrateError::Spawn {
+        what: "the coordinator".into(),
+        source,
+    })?;
+    record.coordinator.pid = child.id();
     services.coordinator_proc = Some(Proc {
         what: "coordinator".into(),
         child,
@@ -265,15 +315,22 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
             what: format!("the agent of host {}", h.host),
             source,
         })?;
+        let mut entry = ServiceEntry::of(&cmd, &alog, Some(ready.clone()));
+        entry.pid = child.id();
+        record.agents.push(entry);
         let mut proc = Proc {
             what: format!("agent of host {}", h.host),
             child,
             ready: Some(ready.clone()),
         };
-        wait_ready(&mut proc, &ready, &alog, Duration::from_secs(60))?;
+        // Attaching takes seconds per library, minutes on a loaded machine.
+        wait_ready(&mut proc, &ready, &alog, Duration::from_secs(180))?;
         services.agents.push(proc);
         services.agent_outputs.push(out);
     }
+    let path = run_dir.join("sim").join(SERVICES_FILE);
+    let text = serde_json::to_string_pretty(&record).expect("services serialise");
+    fs::write(&path, text).map_err(|source| OrchestrateError::Io { path, source })?;
     tracing::info!(coordinator = %addr, agents = hosts.len(), "agent mode: coordinator and agents started");
     Ok(services)
 }
@@ -333,15 +390,29 @@ impl Drop for Services {
         for p in &mut self.agents {
             // SAFETY: signalling a child we started and have not reaped.
             unsafe { libc::kill(p.child.id() as i32, libc::SIGINT) };
+            // An agent started again for this host (a restart test) took over
+            // the ready file; it gets the same request to flush and stop.
+            if let Some(pid) = p.ready.as_deref().and_then(ready_owner) {
+                if pid > 0 && pid as u32 != p.child.id() {
+                    // SAFETY: plain signal to the pid that owns the ready file.
+                    unsafe { libc::kill(pid, libc::SIGINT) };
+                }
+            }
         }
         // An agent removes its ready file once its last batch is shipped;
         // its exit (detaching every uprobe) can take seconds more and is
         // left to a reaper thread.
         let t0 = Instant::now();
         for mut p in std::mem::take(&mut self.agents) {
+            let replaced = |p: &Proc| {
+                p.ready
+                    .as_deref()
+                    .and_then(ready_owner)
+                    .is_some_and(|pid| pid as u32 != p.child.id())
+            };
             while t0.elapsed() < Duration::from_secs(20)
                 && p.ready.as_ref().is_some_and(|f| f.exists())
-                && !matches!(p.child.try_wait(), Ok(Some(_)))
+                && (replaced(&p) || !matches!(p.child.try_wait(), Ok(Some(_))))
             {
                 std::thread::sleep(Duration::from_millis(20));
             }

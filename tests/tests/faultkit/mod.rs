@@ -1,0 +1,316 @@
+//! Plumbing for the fault tests: a scenario in agent mode (real `slowrank
+//! serve`, real agents with eBPF, real rank processes), run on a background
+//! thread while the test kills, restarts or cuts off one of its pieces.
+#![allow(dead_code)]
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use slowrank_scenarios::{
+    orchestrate::{Mode, ServiceEntry, ServicesFile, SERVICES_FILE},
+    run::{run, RunOptions, RunSummary},
+    spec::Spec,
+};
+
+/// eBPF needs root: skip loudly, except under CI where it must run.
+pub fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: needs root for eBPF, and CI=true");
+    }
+    eprintln!("SKIPPED {test}: needs root (real eBPF uprobes); run as root");
+    false
+}
+
+/// A spec from the workspace, shortened to `iterations`.
+pub fn spec(rel: &str, iterations: u64) -> Spec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    let mut s = Spec::load(&path).expect("spec loads");
+    s.iterations = iterations;
+    s
+}
+
+/// A scenario running in agent mode on a background thread.
+pub struct Job {
+    pub dir: PathBuf,
+    handle: Option<JoinHandle<RunSummary>>,
+    /// Processes this test started (restarted services); stopped on drop.
+    pub extra: Vec<Child>,
+}
+
+impl Job {
+    /// Starts `spec` with a coordinator and one agent per host; the
+    /// coordinator logs one line per ingested batch and writes its report
+    /// often, so a killed one leaves an exact account behind.
+    pub fn start(name: &str, spec: Spec) -> Job {
+        let dir = std::env::temp_dir().join(format!("slowrank-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("run dir");
+        // Inherited by the coordinator and the agents this process starts.
+        std::env::set_var("RUST_LOG", "info,slowrank_coordinator::serve=debug");
+        std::env::set_var("NO_COLOR", "1");
+        let mut opts = RunOptions::job_only(&dir);
+        opts.mode = Mode::WithAgents;
+        opts.timeout = Some(Duration::from_secs(240));
+        let handle = std::thread::spawn(move || run(&spec, &opts).expect("scenario runs"));
+        Job {
+            dir,
+            handle: Some(handle),
+            extra: Vec::new(),
+        }
+    }
+
+    /// How the services were started (waits until they are).
+    pub fn services(&self) -> ServicesFile {
+        let path = self.dir.join("sim").join(SERVICES_FILE);
+        let t0 = Instant::now();
+        loop {
+            if let Ok(text) = fs::read_to_string(&path) {
+                if let Ok(s) = serde_json::from_str(&text) {
+                    return s;
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "services never started; see {}",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Iterations rank `rank` has finished (one log line each).
+    pub fn iterations_done(&self, rank: u32) -> usize {
+        fs::read_to_string(self.dir.join("logs").join(format!("rank-{rank}.log")))
+            .map(|s| s.lines().filter(|l| l.contains(" iteration ")).count())
+            .unwrap_or(0)
+    }
+
+    /// Blocks until rank `rank` has finished `n` iterations.
+    pub fn wait_iterations(&self, rank: u32, n: usize) {
+        let t0 = Instant::now();
+        while self.iterations_done(rank) < n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(180),
+                "rank {rank} never reached iteration {n}; see {}",
+                self.dir.display()
+            );
+            assert!(
+                !self.handle.as_ref().is_some_and(|h| h.is_finished()),
+                "the job ended before rank {rank} reached iteration {n}; see {}",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The pid of rank `rank` of this job (found by its environment).
+    pub fn rank_pid(&self, rank: u32) -> u32 {
+        let hub = format!(
+            "{}={}",
+            "SLOWRANK_SIM_HUB",
+            self.dir.join("sim").join("hub.sock").display()
+        );
+        let want = format!("RANK={rank}");
+        for e in fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(env) = fs::read(e.path().join("environ")) else {
+                continue;
+            };
+            let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+            if vars.contains(&hub.as_bytes()) && vars.contains(&want.as_bytes()) {
+                return pid;
+            }
+        }
+        panic!("rank {rank} of {} not found in /proc", self.dir.display());
+    }
+
+    /// Starts `entry` again the way the launcher did, logging to `log`.
+    pub fn respawn(&mut self, token: &str, entry: &ServiceEntry, log: &Path) -> u32 {
+        let f = fs::File::create(log).expect("log file");
+        let child = Command::new(&entry.program)
+            .args(&entry.args)
+            .env("SLOWRANK_TOKEN", token)
+            .stdout(Stdio::from(f.try_clone().expect("dup")))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .expect("respawn service");
+        let pid = child.id();
+        self.extra.push(child);
+        pid
+    }
+
+    /// Waits for the launcher to finish (it stops the agents, then the
+    /// coordinator it started).
+    pub fn wait(&mut self) -> RunSummary {
+        self.handle
+            .take()
+            .expect("not waited yet")
+            .join()
+            .expect("scenario thread")
+    }
+
+    /// SIGINT to a process this test started, then wait (≤ `grace`) for it.
+    pub fn stop_extra(&mut self, pid: u32, grace: Duration) {
+        let Some(i) = self.extra.iter().position(|c| c.id() == pid) else {
+            return;
+        };
+        let mut c = self.extra.remove(i);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        let t0 = Instant::now();
+        while t0.elapsed() < grace {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Removes the run directory (disk is shared); keeps it if the test failed.
+    pub fn cleanup(self) {
+        if !std::thread::panicking() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for c in &mut self.extra {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // A failed test leaves the launcher thread behind, and with it the
+        // coordinator and agents it started: stop them (ranks die with
+        // their launcher, PR_SET_PDEATHSIG).
+        if std::thread::panicking() {
+            let path = self.dir.join("sim").join(SERVICES_FILE);
+            if let Some(s) = fs::read_to_string(path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<ServicesFile>(&t).ok())
+            {
+                for e in std::iter::once(&s.coordinator).chain(&s.agents) {
+                    kill9(e.pid);
+                }
+            }
+        }
+    }
+}
+
+/// SIGKILL, as a crash would.
+pub fn kill9(pid: u32) {
+    // SAFETY: plain signal to a pid the test identified.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Whether `pid` still exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// One batch as an agent wrote it to its `--output` file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentBatch {
+    pub seq: u64,
+    pub collectives: u64,
+    pub ringbuf_drops: u64,
+    pub spool_drops: u64,
+}
+
+/// The batches in an agent's JSON-lines output, by sequence number.
+pub fn agent_batches(path: &Path) -> BTreeMap<u64, AgentBatch> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["type"] != "batch" {
+            continue;
+        }
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        let b = AgentBatch {
+            seq: n("seq"),
+            collectives: n("collectives"),
+            ringbuf_drops: n("ringbuf_drops"),
+            spool_drops: n("spool_drops"),
+        };
+        out.insert(b.seq, b);
+    }
+    out
+}
+
+/// Records of one kind in an agent's output.
+pub fn agent_records(path: &Path, kind: &str) -> Vec<serde_json::Value> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == kind)
+        .collect()
+}
+
+/// Batches a coordinator logged as ingested: (host, seq) → collectives.
+pub fn coordinator_batches(log: &Path) -> BTreeMap<(String, u64), u64> {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("batch ingested")) {
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .map(|v| v.trim_matches('"').to_owned())
+        };
+        let (Some(host), Some(seq), Some(colls)) =
+            (field("host"), field("seq"), field("collectives"))
+        else {
+            continue;
+        };
+        out.insert(
+            (host, seq.parse().expect("seq")),
+            colls.parse().expect("collectives"),
+        );
+    }
+    out
+}
+
+/// The coordinator's `report.json` (written on exit and every `--write-every`).
+pub fn report(dir: &Path) -> serde_json::Value {
+    let text = fs::read_to_string(dir.join("report.json"))
+        .unwrap_or_else(|e| panic!("{}/report.json: {e}", dir.display()));
+    serde_json::from_str(&text).expect("report.json parses")
+}
+
+/// (rank, kind) of every verdict of the report.
+pub fn verdict_ranks(report: &serde_json::Value) -> Vec<(u64, String)> {
+    report["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|v| {
+            let kind = v["kind"].to_string();
+            v["rank"].as_u64().map(|r| (r, kind))
+        })
+        .collect()
+}

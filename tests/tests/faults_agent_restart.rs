@@ -1,0 +1,109 @@
+//! The agent of one host is killed (SIGKILL) mid-job and a new one is
+//! started for the same host. It must find the ranks that are already
+//! running (discovery from /proc, libraries already mapped), and its records
+//! must resume; the coordinator shows the old agent gone and the new one up,
+//! and no verdict blames a rank for the gap. Known gap: the new agent cannot
+//! name communicators created before it attached, so collectives of the
+//! running ranks do not resume (see the comment below).
+
+mod faultkit;
+
+use std::time::Duration;
+
+use faultkit::*;
+
+#[test]
+fn restarted_agent_reattaches_to_running_ranks() {
+    if !root_or_skip("restarted_agent_reattaches_to_running_ranks") {
+        return;
+    }
+    let mut job = Job::start(
+        "agent-restart",
+        spec("scenarios/specs/dp8-healthy.toml", 300),
+    );
+    let svc = job.services();
+    job.wait_iterations(0, 30);
+    let old = &svc.agents[1];
+    kill9(old.pid);
+    // Its exit detaches every uprobe in the kernel, which takes a while.
+    let t0 = std::time::Instant::now();
+    while alive(old.pid) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the agent survived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Same flags, its own output file.
+    let mut entry = old.clone();
+    let second = job.dir.join("agent-host-1-second.jsonl");
+    let at = entry
+        .args
+        .iter()
+        .position(|a| a == "--output")
+        .expect("--output")
+        + 1;
+    entry.args[at] = second.display().to_string();
+    let log = job.dir.join("logs").join("agent-host-1-second.log");
+    job.respawn(&svc.token, &entry, &log);
+    let before = job.iterations_done(4);
+    let summary = job.wait();
+    let after = job.iterations_done(4);
+    assert_eq!(
+        format!("{:?}", summary.truth.outcome).to_lowercase(),
+        "completed"
+    );
+    assert!(
+        after > before + 20,
+        "too little of the job left after the restart ({before}..{after})"
+    );
+
+    // Discovery: every rank of host 1 was found again, with its identity.
+    let mut found: Vec<u64> = agent_records(&second, "rank")
+        .iter()
+        .filter_map(|r| r["rank"].as_u64())
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    assert_eq!(
+        found,
+        vec![4, 5, 6, 7],
+        "ranks the new agent found; log {}",
+        log.display()
+    );
+    // Records resume: per-rank intervals. Collectives do NOT yet: their
+    // communicators were created before this agent attached, so it cannot
+    // name them (counted in its FoldDrops::unknown_comm; docs/agent.md,
+    // known limits) and the coordinator reports host 1's ranks as missing
+    // from the instances after the restart (hangs). Printed, not asserted.
+    let intervals = agent_records(&second, "interval").len();
+    let collectives = agent_records(&second, "collective").len();
+    eprintln!("new agent: {intervals} interval records, {collectives} collective records");
+    assert!(intervals > 0, "no interval records after the restart");
+
+    let r = report(&job.dir);
+    let agents: Vec<&serde_json::Value> = r["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .filter(|a| a["host"] == "host-1")
+        .collect();
+    assert_eq!(agents.len(), 2, "old and new agent of host-1: {agents:?}");
+    assert!(
+        agents
+            .iter()
+            .all(|a| a["batches"].as_u64().unwrap_or(0) > 0),
+        "{agents:?}"
+    );
+    assert!(
+        agents.iter().any(|a| a["reason"] == "timed out"),
+        "the killed agent is not shown gone: {agents:?}"
+    );
+    let v = verdict_ranks(&r);
+    assert!(v.is_empty(), "the restart gap was blamed on a rank: {v:?}");
+    eprintln!(
+        "hangs after the restart (known gap): {}",
+        r["hangs"].as_array().map_or(0, Vec::len)
+    );
+    job.cleanup();
+}

@@ -1,0 +1,106 @@
+//! The coordinator is killed (SIGKILL) mid-job and started again on the same
+//! port and TLS directory. The agents spool while it is away and resend on
+//! reconnect: every batch an agent produced is ingested by one of the two
+//! coordinator lives (each logs every batch it ingests), or its loss is the
+//! spool loss the agents report. The new coordinator learns the agents'
+//! ranks and communicators again from their reconnection preamble, so it
+//! accepts the resent collectives instead of rejecting them.
+
+mod faultkit;
+
+use std::time::Duration;
+
+use faultkit::*;
+
+#[test]
+fn coordinator_restart_loses_nothing() {
+    if !root_or_skip("coordinator_restart_loses_nothing") {
+        return;
+    }
+    let mut job = Job::start(
+        "coord-restart",
+        spec("scenarios/specs/dp8-healthy.toml", 250),
+    );
+    let svc = job.services();
+    job.wait_iterations(0, 40);
+    kill9(svc.coordinator.pid);
+    // Away long enough for several flushes to pile up in the spools.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !alive(svc.coordinator.pid),
+        "the first coordinator survived SIGKILL"
+    );
+    let log2 = job.dir.join("logs").join("coordinator-2.log");
+    let pid2 = job.respawn(&svc.token, &svc.coordinator, &log2);
+    let summary = job.wait();
+    assert_eq!(
+        format!("{:?}", summary.truth.outcome).to_lowercase(),
+        "completed",
+        "the job itself must not notice"
+    );
+    // SIGINT: the second life writes its final report and exits.
+    job.stop_extra(pid2, Duration::from_secs(20));
+
+    let life1 = coordinator_batches(&job.dir.join("logs").join("coordinator.log"));
+    let mut life2 = coordinator_batches(&log2);
+    for (h, out) in svc.agents.iter().enumerate() {
+        let host = format!("host-{h}");
+        let produced = agent_batches(&job.dir.join(format!("agent-host-{h}.jsonl")));
+        assert!(
+            !produced.is_empty(),
+            "{host}: the agent produced nothing ({})",
+            out.log.display()
+        );
+        // Sequence 0 in the second life is the agent's preamble (its ranks
+        // and communicators, replayed on reconnection), not batch 0 again.
+        let preamble = life2.remove(&(host.clone(), 0));
+        assert_eq!(
+            preamble,
+            Some(0),
+            "{host}: no preamble replayed to the new coordinator"
+        );
+        let spool_drops = produced.values().map(|b| b.spool_drops).max().unwrap_or(0);
+        let (mut in1, mut in2, mut missing) = (0, 0, Vec::new());
+        for (seq, b) in &produced {
+            let key = (host.clone(), *seq);
+            match (life1.get(&key), life2.get(&key)) {
+                (Some(c), None) | (None, Some(c)) => {
+                    assert_eq!(
+                        *c, b.collectives,
+                        "{host} batch {seq}: collective count differs"
+                    );
+                    if life1.contains_key(&key) {
+                        in1 += 1
+                    } else {
+                        in2 += 1
+                    }
+                }
+                (Some(_), Some(_)) => panic!("{host} batch {seq} ingested by both lives"),
+                (None, None) => missing.push(*seq),
+            }
+        }
+        eprintln!(
+            "{host}: {} batches produced, {in1} ingested before the kill, {in2} after, missing {missing:?}, spool drops {spool_drops}",
+            produced.len()
+        );
+        assert!(in1 > 0 && in2 > 0, "{host}: the kill was not mid-run");
+        assert_eq!(
+            missing.len() as u64,
+            spool_drops,
+            "{host}: batches lost without being reported: {missing:?}"
+        );
+    }
+    let r = report(&job.dir);
+    assert_eq!(r["ingest"]["duplicate_batches"], 0, "{}", r["ingest"]);
+    assert_eq!(
+        r["ingest"]["records_rejected"],
+        serde_json::json!({}),
+        "the new coordinator rejected resent records"
+    );
+    let v = verdict_ranks(&r);
+    assert!(
+        v.is_empty(),
+        "a healthy job got verdicts after the restart: {v:?}"
+    );
+    job.cleanup();
+}
