@@ -205,16 +205,24 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
         for (&pid, &rank) in &followed {
             let log = std::fs::read_to_string(run_dir.join(format!("sim/coll-rank-{rank}.log")))
                 .expect("collective trace");
+            let mut marks = 0;
             for l in log.lines() {
                 let v: Vec<u64> = l
                     .split_whitespace()
                     .skip(1)
                     .filter_map(|x| x.parse().ok())
                     .collect();
-                if let [host, arrive, _release, done] = v[..] {
+                // `key host arrive release done [finished]`: later columns
+                // may be added; the first four are fixed.
+                if let [host, arrive, _release, done, ..] = v[..] {
                     stacks.gpu_collective(pid, host, arrive, Some(done));
+                    marks += 1;
                 }
             }
+            assert!(
+                marks > 0,
+                "rank {rank}: no collective line parsed from the trace"
+            );
         }
     }
     windows.extend(stacks.cut(mono_ns(), u64::MAX));
