@@ -1016,7 +1016,15 @@ impl Analyzer {
         core.score_hist.retain(|_, h| !h.is_empty());
         // Communication: links judged over this iteration's window.
         if from != CoordNs::MIN && to != CoordNs::MAX {
-            let f = core.links.evaluate(from, to);
+            let f = core.links.evaluate(from, to, |r| self.host_of(r));
+            for c in &f.common_mode {
+                tracing::debug!(
+                    host = %c.host,
+                    slow = c.slow_links,
+                    measured = c.measured_links,
+                    "every link this host measures is slow: a host-side cause, no pair named"
+                );
+            }
             let max_err = self.max_error_ns();
             for n in &f.nics {
                 let acc = bucket.ranks.get(&n.rank);

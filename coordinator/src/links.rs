@@ -5,7 +5,11 @@
 //! cross-sectionally (against the median link over the same window), so a
 //! persistent fault never becomes its own baseline. A rank whose NIC is slow
 //! makes *most* of its links slow; a bad cable or switch port makes one pair
-//! slow while both ends' other links are fine — the pair is named.
+//! slow while both ends' other links are fine — the pair is named. When
+//! every link one host *measures* is slow at once, no pair is named: the
+//! common cause is on that host (late completion polls from a starved CPU,
+//! or its whole network path), and blaming each pair would print one false
+//! "bad cable" per NIC. Such hosts are listed in the findings instead.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -70,12 +74,30 @@ pub struct SlowNic {
     pub ratio: f64,
 }
 
+/// A host whose measured links are all (or nearly all) slow together.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CommonModeHost {
+    pub host: String,
+    pub slow_links: usize,
+    pub measured_links: usize,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct LinkFindings {
     pub median_latency_ns: f64,
     pub links_judged: usize,
     pub nics: Vec<SlowNic>,
     pub links: Vec<SlowLink>,
+    /// Hosts whose slow links were not named as pairs (see module docs).
+    pub common_mode: Vec<CommonModeHost>,
+}
+
+/// Mean latency of a pair over a window, its completions, and the ranks
+/// that measured it (the posting side of each QP).
+#[derive(Debug, Clone)]
+struct PairLatency {
+    latency_ns: f64,
+    measured_by: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -118,13 +140,15 @@ impl LinkStats {
         from: CoordNs,
         to: CoordNs,
         stale_ns: i64,
-    ) -> HashMap<(u32, u32), (f64, u64)> {
+    ) -> HashMap<(u32, u32), PairLatency> {
         let mut out = HashMap::new();
         for (k, q) in &self.pairs {
             let (mut lat, mut n) = (0u64, 0u64);
+            let mut measured_by = Vec::new();
             for o in q.iter().filter(|o| o.end >= from && o.start <= to) {
                 lat += o.latency_sum_ns;
                 n += o.completions;
+                measured_by.push(o.rank);
             }
             if n == 0 {
                 if let Some(o) = q
@@ -134,26 +158,44 @@ impl LinkStats {
                 {
                     lat = o.latency_sum_ns;
                     n = o.completions;
+                    measured_by.push(o.rank);
                 }
             }
             if n >= self.cfg.min_completions {
-                out.insert(*k, (lat as f64 / n as f64, n));
+                measured_by.sort_unstable();
+                measured_by.dedup();
+                out.insert(
+                    *k,
+                    PairLatency {
+                        latency_ns: lat as f64 / n as f64,
+                        measured_by,
+                    },
+                );
             }
         }
         out
     }
 
-    pub fn evaluate(&self, from: CoordNs, to: CoordNs) -> LinkFindings {
+    /// Judges the links over `[from, to]`; `host_of` names the host a rank
+    /// runs on (for the common-mode rule).
+    pub fn evaluate(
+        &self,
+        from: CoordNs,
+        to: CoordNs,
+        host_of: impl Fn(u32) -> String,
+    ) -> LinkFindings {
         let lats = self.latencies(from, to, 2_000_000_000);
-        let mut all: Vec<f64> = lats.values().map(|v| v.0).collect();
+        let mut all: Vec<f64> = lats.values().map(|v| v.latency_ns).collect();
         let Some(med) = median(&mut all) else {
             return LinkFindings::default();
         };
+        let is_slow =
+            |lat: f64| lat >= self.cfg.slow_ratio * med && lat - med >= self.cfg.min_excess_ns;
         let mut peers: HashMap<u32, Vec<(u32, f64, bool)>> = HashMap::new();
-        for (&(a, b), &(lat, _)) in &lats {
-            let slow = lat >= self.cfg.slow_ratio * med && lat - med >= self.cfg.min_excess_ns;
-            peers.entry(a).or_default().push((b, lat, slow));
-            peers.entry(b).or_default().push((a, lat, slow));
+        for (&(a, b), p) in &lats {
+            let slow = is_slow(p.latency_ns);
+            peers.entry(a).or_default().push((b, p.latency_ns, slow));
+            peers.entry(b).or_default().push((a, p.latency_ns, slow));
         }
         let mut nics = Vec::new();
         for (&r, ps) in &peers {
@@ -174,19 +216,46 @@ impl LinkStats {
         }
         nics.sort_by_key(|n| n.rank);
         let nic_ranks: Vec<u32> = nics.iter().map(|n| n.rank).collect();
+        // Per measuring host: links it measured, and how many were slow.
+        let mut by_host: HashMap<String, (usize, usize)> = HashMap::new();
+        for p in lats.values() {
+            let mut hosts: Vec<String> = p.measured_by.iter().map(|&r| host_of(r)).collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            for h in hosts {
+                let e = by_host.entry(h).or_default();
+                e.0 += 1;
+                e.1 += usize::from(is_slow(p.latency_ns));
+            }
+        }
+        let mut common_mode: Vec<CommonModeHost> = by_host
+            .into_iter()
+            .filter(|(_, (n, slow))| *slow >= 2 && *slow as f64 >= self.cfg.rank_share * *n as f64)
+            .map(|(host, (n, slow))| CommonModeHost {
+                host,
+                slow_links: slow,
+                measured_links: n,
+            })
+            .collect();
+        common_mode.sort_by(|a, b| a.host.cmp(&b.host));
+        let on_common_host = |p: &PairLatency| {
+            p.measured_by
+                .iter()
+                .any(|&r| common_mode.iter().any(|c| c.host == host_of(r)))
+        };
         let mut links: Vec<SlowLink> = lats
             .iter()
-            .filter(|(&(a, b), &(lat, _))| {
-                lat >= self.cfg.slow_ratio * med
-                    && lat - med >= self.cfg.min_excess_ns
+            .filter(|(&(a, b), p)| {
+                is_slow(p.latency_ns)
                     && !nic_ranks.contains(&a)
                     && !nic_ranks.contains(&b)
+                    && !on_common_host(p)
             })
-            .map(|(&(a, b), &(lat, _))| SlowLink {
+            .map(|(&(a, b), p)| SlowLink {
                 a,
                 b,
-                latency_ns: lat,
-                ratio: lat / med,
+                latency_ns: p.latency_ns,
+                ratio: p.latency_ns / med,
             })
             .collect();
         links.sort_by_key(|l| (l.a, l.b));
@@ -195,6 +264,7 @@ impl LinkStats {
             links_judged: lats.len(),
             nics,
             links,
+            common_mode,
         }
     }
 }
@@ -226,7 +296,7 @@ mod tests {
                 s.add(obs(r, q, if slow { 120_000 } else { 50_000 }));
             }
         }
-        let f = s.evaluate(0, 100);
+        let f = s.evaluate(0, 100, |r| format!("host-{}", r / 4));
         assert_eq!(f.nics.iter().map(|n| n.rank).collect::<Vec<_>>(), vec![6]);
         assert_eq!(f.links.len(), 1);
         assert_eq!((f.links[0].a, f.links[0].b), (1, 2));
@@ -238,7 +308,50 @@ mod tests {
         for r in 0..8u32 {
             s.add(obs(r, (r + 1) % 8, 50_000 + r as u64 * 500));
         }
-        let f = s.evaluate(0, 100);
+        let f = s.evaluate(0, 100, |r| format!("host-{}", r / 4));
         assert!(f.nics.is_empty() && f.links.is_empty());
+    }
+
+    /// dp8 on two hosts, rail-optimised: host 0 = ranks 0–3, host 1 = 4–7;
+    /// member j of a host sends to member j+1 of the other. Three of the
+    /// four QPs host 1 measures are slow (its polls run late): no pair is
+    /// named.
+    /// One slow QP among them is still a pair.
+    #[test]
+    fn one_host_measuring_every_link_slow_names_no_pair() {
+        let host_of = |r: u32| format!("host-{}", r / 4);
+        let send_peer = |r: u32| {
+            let other = if r < 4 { 4 } else { 0 };
+            other + (r % 4 + 1) % 4
+        };
+        let mut s = LinkStats::new(LinkConfig::default());
+        for r in 0..8u32 {
+            s.add(obs(r, send_peer(r), if r >= 5 { 700_000 } else { 350_000 }));
+        }
+        let f = s.evaluate(0, 100, host_of);
+        assert!(f.links.is_empty() && f.nics.is_empty(), "{f:#?}");
+        assert_eq!(
+            f.common_mode,
+            vec![CommonModeHost {
+                host: "host-1".into(),
+                slow_links: 3,
+                measured_links: 4
+            }]
+        );
+
+        let mut s = LinkStats::new(LinkConfig::default());
+        for r in 0..8u32 {
+            s.add(obs(
+                r,
+                send_peer(r),
+                if r == 3 { 1_500_000 } else { 350_000 },
+            ));
+        }
+        let f = s.evaluate(0, 100, host_of);
+        assert!(f.common_mode.is_empty(), "{f:#?}");
+        assert_eq!(
+            f.links.iter().map(|l| (l.a, l.b)).collect::<Vec<_>>(),
+            vec![(3, 4)]
+        );
     }
 }
