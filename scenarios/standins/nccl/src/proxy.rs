@@ -169,7 +169,15 @@ pub fn submit(op: Arc<NetOp>) {
     let _ = sender().lock().unwrap_or_else(|p| p.into_inner()).send(op);
 }
 
-fn poll(cq: usize, active: &HashMap<u64, Arc<NetOp>>) {
+/// Completions polled before their op reached the proxy, by op id, kept at
+/// most this many ops.
+const MAX_EARLY: usize = 4096;
+
+/// Polls `cq` dry. A completion whose op is not (yet) in `active` is kept in
+/// `early`: `submit` posts the first chunk before the op reaches this
+/// thread, and a poll for another op on the same CQ can pop it in between —
+/// dropping it would leave that op waiting forever.
+fn poll(cq: usize, active: &HashMap<u64, Arc<NetOp>>, early: &mut HashMap<u64, u32>) {
     let cq = cq as *mut ibv_cq;
     let mut wcs = [ibv_wc::default(); 16];
     loop {
@@ -181,8 +189,13 @@ fn poll(cq: usize, active: &HashMap<u64, Arc<NetOp>>) {
             }
         };
         for wc in &wcs[..n.max(0) as usize] {
-            if let Some(op) = active.get(&(wc.wr_id >> 16)) {
-                op.complete_one();
+            let id = wc.wr_id >> 16;
+            match active.get(&id) {
+                Some(op) => op.complete_one(),
+                None if early.len() < MAX_EARLY || early.contains_key(&id) => {
+                    *early.entry(id).or_default() += 1;
+                }
+                None => eprintln!("[slowrank libnccl] completion for unknown op {id} dropped"),
             }
         }
         if n < wcs.len() as i32 {
@@ -191,20 +204,27 @@ fn poll(cq: usize, active: &HashMap<u64, Arc<NetOp>>) {
     }
 }
 
+/// Takes `op` on, crediting completions polled before it arrived.
+fn adopt(op: Arc<NetOp>, active: &mut HashMap<u64, Arc<NetOp>>, early: &mut HashMap<u64, u32>) {
+    for _ in 0..early.remove(&op.id).unwrap_or(0) {
+        op.complete_one();
+    }
+    active.insert(op.id, op);
+}
+
 fn run(rx: Receiver<Arc<NetOp>>, interval: Duration) {
     clock::precise_sleeps();
     let mut active: HashMap<u64, Arc<NetOp>> = HashMap::new();
+    let mut early: HashMap<u64, u32> = HashMap::new();
     loop {
         if active.is_empty() {
             match rx.recv() {
-                Ok(op) => {
-                    active.insert(op.id, op);
-                }
+                Ok(op) => adopt(op, &mut active, &mut early),
                 Err(_) => return,
             }
         }
         while let Ok(op) = rx.try_recv() {
-            active.insert(op.id, op);
+            adopt(op, &mut active, &mut early);
         }
         let now = clock::mono_ns();
         let mut failed = Vec::new();
@@ -218,7 +238,7 @@ fn run(rx: Receiver<Arc<NetOp>>, interval: Duration) {
             }
         }
         for cq in cqs {
-            poll(cq, &active);
+            poll(cq, &active, &mut early);
         }
         active.retain(|id, op| !op.finish_if_complete(failed.contains(id)));
         if !active.is_empty() {
