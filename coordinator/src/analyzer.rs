@@ -1033,7 +1033,7 @@ impl Analyzer {
                 obs.insert(
                     Subject::Nic(n.rank),
                     Observation {
-                        classification: classify::classify_nic(n, f.median_latency_ns, ratio),
+                        classification: classify::classify_nic(n, ratio),
                         rank: n.rank,
                         host: self.host_of(n.rank),
                         link: None,
@@ -1051,7 +1051,7 @@ impl Analyzer {
                 obs.insert(
                     Subject::Link(l.a, l.b),
                     Observation {
-                        classification: classify::classify_link(l, f.median_latency_ns),
+                        classification: classify::classify_link(l),
                         rank: l.a,
                         host: self.host_of(l.a),
                         link: Some([l.a, l.b]),

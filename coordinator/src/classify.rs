@@ -225,14 +225,14 @@ pub fn classify_straggler(
     }
 }
 
-pub fn classify_nic(n: &SlowNic, median_ns: f64, transfer_ratio: Option<f64>) -> Classification {
+pub fn classify_nic(n: &SlowNic, transfer_ratio: Option<f64>) -> Classification {
     let mut ev = vec![
         format!(
-            "{} of its {} verbs peers complete slowly: post→completion {} vs fabric median {} ({:.1}×)",
+            "{} of its {} verbs peers complete slowly: post→completion {} vs {} median of links moving the same chunk size ({:.1}×)",
             n.slow_peers.len(),
             n.peers,
             fmt_ns(n.latency_ns),
-            fmt_ns(median_ns),
+            fmt_ns(n.baseline_ns),
             n.ratio
         ),
         format!("slow peers: {:?}", n.slow_peers),
@@ -251,17 +251,17 @@ pub fn classify_nic(n: &SlowNic, median_ns: f64, transfer_ratio: Option<f64>) ->
     }
 }
 
-pub fn classify_link(l: &SlowLink, median_ns: f64) -> Classification {
+pub fn classify_link(l: &SlowLink) -> Classification {
     Classification {
         kind: Kind::Communication,
         confidence: (0.55 + 0.3 * ((l.ratio - 1.0) / 2.0).clamp(0.0, 1.0)).min(0.95),
         evidence: vec![
             format!(
-                "link between ranks {} and {}: post→completion {} vs fabric median {} ({:.1}×)",
+                "link between ranks {} and {}: post→completion {} vs {} median of links moving the same chunk size ({:.1}×)",
                 l.a,
                 l.b,
                 fmt_ns(l.latency_ns),
-                fmt_ns(median_ns),
+                fmt_ns(l.baseline_ns),
                 l.ratio
             ),
             "both ends' other links are healthy: the pair (cable, port or path) is slow, not either NIC".into(),

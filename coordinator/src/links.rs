@@ -3,7 +3,12 @@
 //! Each [`LinkRecord`](slowrank_shared::wire::LinkRecord) gives a QP's mean
 //! post→completion latency over an interval. Links are compared
 //! cross-sectionally (against the median link over the same window), so a
-//! persistent fault never becomes its own baseline. A rank whose NIC is slow
+//! persistent fault never becomes its own baseline. Only like is compared
+//! with like: a QP's latency includes its chunks' wire time, so links are
+//! grouped by bytes per completion (sizes within 25% of the next smaller one
+//! form a class) and each is judged against its class's median when the
+//! class has enough links (a 3-D job's pipeline sends and data-parallel
+//! rings move different chunk sizes). A rank whose NIC is slow
 //! makes *most* of its links slow; a bad cable or switch port makes one pair
 //! slow while both ends' other links are fine — the pair is named. When
 //! every link one host *measures* is slow at once, no pair is named: the
@@ -37,6 +42,8 @@ pub struct LinkConfig {
     pub min_completions: u64,
     /// Share of a rank's peers that must be slow to blame its NIC.
     pub rank_share: f64,
+    /// Links a chunk-size class needs for its own median.
+    pub min_class_links: usize,
     /// Observations kept per pair; pairs kept at most.
     pub per_pair: usize,
     pub max_pairs: usize,
@@ -49,6 +56,7 @@ impl Default for LinkConfig {
             min_excess_ns: 5_000.0,
             min_completions: 4,
             rank_share: 0.75,
+            min_class_links: 3,
             per_pair: 16,
             max_pairs: 1 << 20,
         }
@@ -61,6 +69,8 @@ pub struct SlowLink {
     pub a: u32,
     pub b: u32,
     pub latency_ns: f64,
+    /// The median it was judged against (its chunk-size class, or all links).
+    pub baseline_ns: f64,
     pub ratio: f64,
 }
 
@@ -71,6 +81,8 @@ pub struct SlowNic {
     pub slow_peers: Vec<u32>,
     pub peers: usize,
     pub latency_ns: f64,
+    /// Median of the baselines its slow links were judged against.
+    pub baseline_ns: f64,
     pub ratio: f64,
 }
 
@@ -97,7 +109,30 @@ pub struct LinkFindings {
 #[derive(Debug, Clone)]
 struct PairLatency {
     latency_ns: f64,
+    /// Mean bytes per completion.
+    chunk_bytes: f64,
     measured_by: Vec<u32>,
+}
+
+/// Chunk sizes a class may span between neighbours (sorted by size).
+const CLASS_STEP: f64 = 1.25;
+
+/// Size class of each pair: sorted by chunk size, a new class starts where
+/// a size exceeds the previous one by more than [`CLASS_STEP`].
+fn size_classes(lats: &HashMap<(u32, u32), PairLatency>) -> HashMap<(u32, u32), usize> {
+    let mut by_size: Vec<((u32, u32), f64)> =
+        lats.iter().map(|(k, p)| (*k, p.chunk_bytes)).collect();
+    by_size.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let mut out = HashMap::new();
+    let (mut class, mut prev) = (0usize, None::<f64>);
+    for (k, size) in by_size {
+        if prev.is_some_and(|p| size > CLASS_STEP * p.max(1.0)) {
+            class += 1;
+        }
+        prev = Some(size);
+        out.insert(k, class);
+    }
+    out
 }
 
 #[derive(Debug)]
@@ -143,11 +178,12 @@ impl LinkStats {
     ) -> HashMap<(u32, u32), PairLatency> {
         let mut out = HashMap::new();
         for (k, q) in &self.pairs {
-            let (mut lat, mut n) = (0u64, 0u64);
+            let (mut lat, mut n, mut bytes) = (0u64, 0u64, 0u64);
             let mut measured_by = Vec::new();
             for o in q.iter().filter(|o| o.end >= from && o.start <= to) {
                 lat += o.latency_sum_ns;
                 n += o.completions;
+                bytes += o.bytes;
                 measured_by.push(o.rank);
             }
             if n == 0 {
@@ -158,6 +194,7 @@ impl LinkStats {
                 {
                     lat = o.latency_sum_ns;
                     n = o.completions;
+                    bytes = o.bytes;
                     measured_by.push(o.rank);
                 }
             }
@@ -168,6 +205,7 @@ impl LinkStats {
                     *k,
                     PairLatency {
                         latency_ns: lat as f64 / n as f64,
+                        chunk_bytes: bytes as f64 / n as f64,
                         measured_by,
                     },
                 );
@@ -189,20 +227,43 @@ impl LinkStats {
         let Some(med) = median(&mut all) else {
             return LinkFindings::default();
         };
-        let is_slow =
-            |lat: f64| lat >= self.cfg.slow_ratio * med && lat - med >= self.cfg.min_excess_ns;
-        let mut peers: HashMap<u32, Vec<(u32, f64, bool)>> = HashMap::new();
-        for (&(a, b), p) in &lats {
-            let slow = is_slow(p.latency_ns);
-            peers.entry(a).or_default().push((b, p.latency_ns, slow));
-            peers.entry(b).or_default().push((a, p.latency_ns, slow));
+        // Per size class, its median when it has enough links.
+        let class_of = size_classes(&lats);
+        let mut classes: HashMap<usize, Vec<f64>> = HashMap::new();
+        for (k, p) in &lats {
+            classes.entry(class_of[k]).or_default().push(p.latency_ns);
+        }
+        let class_med: HashMap<usize, f64> = classes
+            .into_iter()
+            .filter(|(_, v)| v.len() >= self.cfg.min_class_links)
+            .filter_map(|(k, mut v)| median(&mut v).map(|m| (k, m)))
+            .collect();
+        let baseline = |k: &(u32, u32)| class_med.get(&class_of[k]).copied().unwrap_or(med);
+        let is_slow = |k: &(u32, u32), p: &PairLatency| {
+            let b = baseline(k);
+            p.latency_ns >= self.cfg.slow_ratio * b && p.latency_ns - b >= self.cfg.min_excess_ns
+        };
+        let mut peers: HashMap<u32, Vec<(u32, f64, bool, f64)>> = HashMap::new();
+        for (k, p) in &lats {
+            let (a, b) = *k;
+            let slow = is_slow(k, p);
+            peers
+                .entry(a)
+                .or_default()
+                .push((b, p.latency_ns, slow, baseline(k)));
+            peers
+                .entry(b)
+                .or_default()
+                .push((a, p.latency_ns, slow, baseline(k)));
         }
         let mut nics = Vec::new();
         for (&r, ps) in &peers {
-            let slow: Vec<&(u32, f64, bool)> = ps.iter().filter(|p| p.2).collect();
+            let slow: Vec<&(u32, f64, bool, f64)> = ps.iter().filter(|p| p.2).collect();
             if slow.len() >= 2 && slow.len() as f64 >= self.cfg.rank_share * ps.len() as f64 {
                 let mut l: Vec<f64> = slow.iter().map(|p| p.1).collect();
                 let lat = median(&mut l).unwrap_or(0.0);
+                let mut bl: Vec<f64> = slow.iter().map(|p| p.3).collect();
+                let base = median(&mut bl).unwrap_or(med);
                 let mut sp: Vec<u32> = slow.iter().map(|p| p.0).collect();
                 sp.sort_unstable();
                 nics.push(SlowNic {
@@ -210,7 +271,8 @@ impl LinkStats {
                     slow_peers: sp,
                     peers: ps.len(),
                     latency_ns: lat,
-                    ratio: lat / med,
+                    baseline_ns: base,
+                    ratio: lat / base.max(1.0),
                 });
             }
         }
@@ -218,14 +280,14 @@ impl LinkStats {
         let nic_ranks: Vec<u32> = nics.iter().map(|n| n.rank).collect();
         // Per measuring host: links it measured, and how many were slow.
         let mut by_host: HashMap<String, (usize, usize)> = HashMap::new();
-        for p in lats.values() {
+        for (k, p) in &lats {
             let mut hosts: Vec<String> = p.measured_by.iter().map(|&r| host_of(r)).collect();
             hosts.sort_unstable();
             hosts.dedup();
             for h in hosts {
                 let e = by_host.entry(h).or_default();
                 e.0 += 1;
-                e.1 += usize::from(is_slow(p.latency_ns));
+                e.1 += usize::from(is_slow(k, p));
             }
         }
         let mut common_mode: Vec<CommonModeHost> = by_host
@@ -245,17 +307,19 @@ impl LinkStats {
         };
         let mut links: Vec<SlowLink> = lats
             .iter()
-            .filter(|(&(a, b), p)| {
-                is_slow(p.latency_ns)
+            .filter(|(k, p)| {
+                let (a, b) = **k;
+                is_slow(k, p)
                     && !nic_ranks.contains(&a)
                     && !nic_ranks.contains(&b)
                     && !on_common_host(p)
             })
-            .map(|(&(a, b), p)| SlowLink {
-                a,
-                b,
+            .map(|(k, p)| SlowLink {
+                a: k.0,
+                b: k.1,
                 latency_ns: p.latency_ns,
-                ratio: p.latency_ns / med,
+                baseline_ns: baseline(k),
+                ratio: p.latency_ns / baseline(k).max(1.0),
             })
             .collect();
         links.sort_by_key(|l| (l.a, l.b));
@@ -281,7 +345,7 @@ mod tests {
             end: 100,
             completions: 8,
             latency_sum_ns: 8 * lat,
-            bytes: 0,
+            bytes: 8 * 65536,
         }
     }
 
@@ -353,5 +417,32 @@ mod tests {
             f.links.iter().map(|l| (l.a, l.b)).collect::<Vec<_>>(),
             vec![(3, 4)]
         );
+    }
+
+    /// Two traffic classes (pipeline sends of 64 KiB chunks, rings of
+    /// 512 KiB): the bigger chunks take longer everywhere; judged against
+    /// all links they would all look slow. Each is judged within its class,
+    /// where only the one truly slow link stands out.
+    #[test]
+    fn links_are_judged_within_their_chunk_size_class() {
+        let mut s = LinkStats::new(LinkConfig::default());
+        for r in 0..8u32 {
+            s.add(obs(r, (r + 1) % 8, if r == 2 { 900_000 } else { 400_000 }));
+            let mut big = obs(
+                r,
+                (r + 4) % 8 + 8,
+                if r == 5 { 2_400_000 } else { 1_000_000 },
+            );
+            big.bytes = 8 * 512 * 1024;
+            s.add(big);
+        }
+        let f = s.evaluate(0, 100, |r| format!("host-{r}"));
+        assert!(f.nics.is_empty(), "{f:#?}");
+        assert_eq!(
+            f.links.iter().map(|l| (l.a, l.b)).collect::<Vec<_>>(),
+            vec![(2, 3), (5, 9)],
+            "{f:#?}"
+        );
+        assert_eq!(f.links[1].baseline_ns, 1_000_000.0);
     }
 }
