@@ -176,6 +176,9 @@ pub struct Analyzer {
     accepted: AtomicU64,
     completed: Mutex<Vec<JoinedInstance>>,
     hang_progress: Mutex<Vec<(u64, crate::join::InstanceKey, bool)>>,
+    /// Collectives (not p2p) issued per communicator since the last tick:
+    /// comm → (members, highest sequence), for the iteration clock's choice.
+    issued: Mutex<HashMap<u64, (u32, u64)>>,
     raw_links: Mutex<Vec<(String, LinkRecord)>>,
     /// Every QP endpoint seen, to name the rank at the other end.
     link_peers: Mutex<slowrank_shared::links::LinkPeers>,
@@ -228,6 +231,7 @@ impl Analyzer {
             accepted: AtomicU64::new(0),
             completed: Mutex::new(Vec::new()),
             hang_progress: Mutex::new(Vec::new()),
+            issued: Mutex::new(HashMap::new()),
             raw_links: Mutex::new(Vec::new()),
             link_peers: Mutex::new(Default::default()),
             unnamed_links: Mutex::new(Vec::new()),
@@ -374,6 +378,19 @@ impl Analyzer {
         let mut completed = Vec::new();
         let mut progress = Vec::new();
         let mut nccl_errors = 0;
+        {
+            let mut issued = lock(&self.issued);
+            for r in b
+                .collectives
+                .iter()
+                .filter(|r| !matches!(r.op, CollOp::Send | CollOp::Recv))
+            {
+                if let Some(c) = self.joiner.comm_info(r.comm_id) {
+                    let e = issued.entry(r.comm_id).or_insert((c.nranks, 0));
+                    e.1 = e.1.max(r.seq);
+                }
+            }
+        }
         for r in &b.collectives {
             let res = self
                 .check_rank(r.rank, &b.host)
@@ -655,6 +672,9 @@ impl Analyzer {
         let mut core = lock(&self.core);
         let core = &mut *core;
 
+        for (comm, (nranks, seq)) in std::mem::take(&mut *lock(&self.issued)) {
+            core.iteration.note_issued(comm, nranks, seq);
+        }
         let mut aligned: Vec<AlignedInstance> =
             completed.iter().map(|i| align(i, &clock)).collect();
         aligned.sort_by_key(|a| a.start);

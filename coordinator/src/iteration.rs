@@ -2,6 +2,10 @@
 //!
 //! The *reference communicator* is the largest communicator carrying
 //! collectives (ties: the lowest id) — the world or a data-parallel group.
+//! The period is not decided on a smaller one while a larger communicator
+//! is seen issuing collectives whose joins have not come in yet (in a 3-D
+//! job the tensor-parallel pairs, inside one host, join long before the
+//! data-parallel groups that span hosts).
 //! Its instances repeat with a fixed period per training step (e.g. one
 //! all-reduce per gradient bucket). The period `P` is found from the gaps
 //! between consecutive instances: a step boundary is a long gap (optimizer,
@@ -53,30 +57,54 @@ pub struct Period {
     pub phase: u64,
 }
 
+/// A communicator issuing at least this many collectives is a candidate
+/// worth waiting for; fewer (a start-up barrier or broadcast) is not.
+const REPEATING: u64 = 8;
+
+/// Candidate instances kept per communicator before the period is decided,
+/// as a multiple of `detect_instances`; past it the best candidate so far
+/// is taken even if a larger communicator never completes a join.
+const PATIENCE: usize = 8;
+
 #[derive(Debug)]
 pub struct IterationClock {
     cfg: IterationConfig,
-    candidate: Option<(u32, u64)>,
-    /// seq → (start, end) of candidate instances, before the period is known.
-    pending: BTreeMap<u64, (CoordNs, CoordNs)>,
+    /// comm → (members, seq → (start, end)) of completed instances, before
+    /// the period is known; only communicators at least as large as the
+    /// largest repeating one are kept.
+    pending: BTreeMap<u64, (u32, BTreeMap<u64, (CoordNs, CoordNs)>)>,
     period: Option<Period>,
     /// (iteration, end time), increasing iteration.
     ends: VecDeque<(u64, CoordNs)>,
+    /// Members of the largest communicator seen issuing at least
+    /// [`REPEATING`] collectives (joined or not).
+    largest_repeating: u32,
 }
 
 impl IterationClock {
     pub fn new(cfg: IterationConfig) -> Self {
         Self {
             cfg,
-            candidate: None,
             pending: BTreeMap::new(),
             period: None,
             ends: VecDeque::new(),
+            largest_repeating: 0,
         }
     }
 
     pub fn period(&self) -> Option<Period> {
         self.period
+    }
+
+    /// A member issued collective `seq` on a communicator of `nranks`
+    /// (joined or not yet): a larger communicator that repeats holds the
+    /// decision back until its own instances come in.
+    pub fn note_issued(&mut self, _comm_id: u64, nranks: u32, seq: u64) {
+        if self.period.is_none() && seq + 1 >= REPEATING {
+            self.largest_repeating = self.largest_repeating.max(nranks);
+            let floor = self.largest_repeating;
+            self.pending.retain(|_, (n, _)| *n >= floor);
+        }
     }
 
     /// Feeds one completed collective instance (not p2p).
@@ -88,32 +116,51 @@ impl IterationClock {
             }
             return;
         }
-        let better = match self.candidate {
-            None => true,
-            Some((n, id)) => nranks > n || (nranks == n && comm_id < id),
-        };
-        if better {
-            self.candidate = Some((nranks, comm_id));
-            self.pending.clear();
+        if seq + 1 >= REPEATING {
+            self.note_issued(comm_id, nranks, seq);
         }
-        if self.candidate != Some((nranks, comm_id)) {
+        if nranks < self.largest_repeating {
             return;
         }
-        self.pending.insert(seq, (start, end));
-        if self.pending.len() >= self.cfg.detect_instances
-            || self.cfg.override_period.is_some() && !self.pending.is_empty()
-        {
-            self.try_lock();
+        let cap = PATIENCE * self.cfg.detect_instances.max(1);
+        let (_, q) = self
+            .pending
+            .entry(comm_id)
+            .or_insert_with(|| (nranks, BTreeMap::new()));
+        q.insert(seq, (start, end));
+        while q.len() > cap {
+            q.pop_first();
         }
+        self.try_lock();
     }
 
+    /// The reference: the largest communicator (lowest id on ties) with
+    /// enough instances, once no larger repeating one is still to come.
     fn try_lock(&mut self) {
-        let Some((nranks, comm_id)) = self.candidate else {
+        let need = if self.cfg.override_period.is_some() {
+            1
+        } else {
+            self.cfg.detect_instances
+        };
+        let Some((&comm_id, &(nranks, _))) = self
+            .pending
+            .iter()
+            .filter(|(_, (_, q))| q.len() >= need)
+            .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0)))
+        else {
             return;
         };
+        let patience_over = self
+            .pending
+            .values()
+            .any(|(_, q)| q.len() >= PATIENCE * self.cfg.detect_instances.max(1));
+        if nranks < self.largest_repeating && !patience_over {
+            return;
+        }
+        let q = &self.pending[&comm_id].1;
         // Longest run of consecutive sequence numbers from the lowest one.
         let mut run: Vec<(u64, CoordNs, CoordNs)> = Vec::new();
-        for (&s, &(a, b)) in &self.pending {
+        for (&s, &(a, b)) in q {
             if let Some(&(last, _, _)) = run.last() {
                 if s != last + 1 {
                     break;
@@ -124,8 +171,8 @@ impl IterationClock {
         let (p, o) = match self.cfg.override_period {
             Some(p) => (p.max(1), 0),
             None => {
-                if run.len() < self.cfg.detect_instances.min(self.pending.len()).max(8) {
-                    if self.pending.len() > 4 * self.cfg.detect_instances {
+                if run.len() < self.cfg.detect_instances.min(q.len()).max(8) {
+                    if q.len() > 4 * self.cfg.detect_instances {
                         // Sequence holes everywhere: give up on structure.
                         (1, 0)
                     } else {
@@ -143,7 +190,11 @@ impl IterationClock {
             phase: o,
         });
         let pending = std::mem::take(&mut self.pending);
-        for (s, (_, end)) in pending {
+        for (s, (_, end)) in pending
+            .into_iter()
+            .filter(|(c, _)| *c == comm_id)
+            .flat_map(|(_, (_, q))| q)
+        {
             let k = self.iteration_of_seq(s).expect("period known");
             self.record_end(k, end);
         }
@@ -333,5 +384,31 @@ mod tests {
         let end5 = c.end_of(5).unwrap();
         assert_eq!(c.iteration_at(end5 - 1_000), Some(5));
         assert_eq!(c.iteration_at(end5 + 1_000), Some(6));
+    }
+
+    /// 3-D job: the 2-member tensor-parallel comm completes 16 instances per
+    /// step long before the 4-member data-parallel comm's first joins arrive;
+    /// the clock must wait and lock on the larger one.
+    #[test]
+    fn waits_for_a_larger_communicator_already_issuing() {
+        let mut c = IterationClock::new(IterationConfig::default());
+        // A start-up barrier on the world: not a candidate to wait for.
+        c.observe(0x1, 16, 0, 0, 1_000);
+        c.observe(0x1, 16, 1, 2_000, 3_000);
+        c.note_issued(0xd, 4, 9);
+        let step = 150_000_000i64;
+        for s in 0..64u64 {
+            let t = (s / 16) as i64 * step + (s % 16) as i64 * 5_000_000;
+            c.observe(0x7, 2, s, t, t + 1_000_000);
+        }
+        assert!(c.period().is_none(), "locked on the tensor-parallel comm");
+        for k in 0..16u64 {
+            for b in 0..4u64 {
+                let t = k as i64 * step + 100_000_000 + b as i64 * 8_000_000;
+                c.observe(0xd, 4, k * 4 + b, t, t + 2_000_000);
+            }
+        }
+        let p = c.period().expect("locked");
+        assert_eq!((p.comm_id, p.instances_per_iteration), (0xd, 4));
     }
 }
