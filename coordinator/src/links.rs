@@ -112,7 +112,17 @@ struct PairLatency {
     /// Mean bytes per completion.
     chunk_bytes: f64,
     measured_by: Vec<u32>,
+    /// Mean latency of each of the pair's last few intervals up to the
+    /// window's end, newest first.
+    recent: Vec<f64>,
 }
+
+/// Intervals looked back over, how many of them must be slow on their own,
+/// and how far back (ns): one slow interval (a burst of late polls on a
+/// loaded host) is not a slow link; a bad cable is slow in every interval.
+const RECENT_INTERVALS: usize = 3;
+const SLOW_INTERVALS: usize = 2;
+const RECENT_NS: i64 = 5_000_000_000;
 
 /// Chunk sizes a class may span between neighbours (sorted by size).
 const CLASS_STEP: f64 = 1.25;
@@ -201,12 +211,21 @@ impl LinkStats {
             if n >= self.cfg.min_completions {
                 measured_by.sort_unstable();
                 measured_by.dedup();
+                let recent = q
+                    .iter()
+                    .rev()
+                    .filter(|o| o.start <= to && to - o.end <= RECENT_NS)
+                    .filter(|o| o.completions >= self.cfg.min_completions)
+                    .take(RECENT_INTERVALS)
+                    .map(|o| o.latency_sum_ns as f64 / o.completions as f64)
+                    .collect();
                 out.insert(
                     *k,
                     PairLatency {
                         latency_ns: lat as f64 / n as f64,
                         chunk_bytes: bytes as f64 / n as f64,
                         measured_by,
+                        recent,
                     },
                 );
             }
@@ -239,9 +258,12 @@ impl LinkStats {
             .filter_map(|(k, mut v)| median(&mut v).map(|m| (k, m)))
             .collect();
         let baseline = |k: &(u32, u32)| class_med.get(&class_of[k]).copied().unwrap_or(med);
+        let slow_vs =
+            |lat: f64, b: f64| lat >= self.cfg.slow_ratio * b && lat - b >= self.cfg.min_excess_ns;
         let is_slow = |k: &(u32, u32), p: &PairLatency| {
             let b = baseline(k);
-            p.latency_ns >= self.cfg.slow_ratio * b && p.latency_ns - b >= self.cfg.min_excess_ns
+            slow_vs(p.latency_ns, b)
+                && p.recent.iter().filter(|&&l| slow_vs(l, b)).count() >= SLOW_INTERVALS
         };
         let mut peers: HashMap<u32, Vec<(u32, f64, bool, f64)>> = HashMap::new();
         for (k, p) in &lats {
@@ -337,6 +359,8 @@ impl LinkStats {
 mod tests {
     use super::*;
 
+    /// One interval; tests add two ([`add2`]) since one slow interval alone
+    /// is never a slow link.
     fn obs(rank: u32, peer: u32, lat: u64) -> LinkObs {
         LinkObs {
             rank,
@@ -350,6 +374,40 @@ mod tests {
     }
 
     /// Ring 0..8 with two peers each side: rank 6's NIC slow vs link 1–2 slow.
+    fn add2(s: &mut LinkStats, o: LinkObs) {
+        s.add(LinkObs {
+            start: -100,
+            end: -1,
+            ..o
+        });
+        s.add(o);
+    }
+
+    #[test]
+    fn one_slow_interval_is_not_a_slow_link() {
+        let mut s = LinkStats::new(LinkConfig::default());
+        for r in 0..8u32 {
+            add2(&mut s, obs(r, (r + 1) % 8, 50_000));
+        }
+        s.add(LinkObs {
+            start: 101,
+            end: 200,
+            ..obs(2, 3, 200_000)
+        });
+        let f = s.evaluate(101, 200, |r| format!("host-{r}"));
+        assert!(f.links.is_empty(), "{f:#?}");
+        s.add(LinkObs {
+            start: 201,
+            end: 300,
+            ..obs(2, 3, 200_000)
+        });
+        let f = s.evaluate(201, 300, |r| format!("host-{r}"));
+        assert_eq!(
+            f.links.iter().map(|l| (l.a, l.b)).collect::<Vec<_>>(),
+            vec![(2, 3)]
+        );
+    }
+
     #[test]
     fn nic_versus_single_link() {
         let mut s = LinkStats::new(LinkConfig::default());
@@ -357,7 +415,7 @@ mod tests {
             for d in [1, 2] {
                 let q = (r + d) % 8;
                 let slow = r == 6 || q == 6 || (r.min(q), r.max(q)) == (1, 2);
-                s.add(obs(r, q, if slow { 120_000 } else { 50_000 }));
+                add2(&mut s, obs(r, q, if slow { 120_000 } else { 50_000 }));
             }
         }
         let f = s.evaluate(0, 100, |r| format!("host-{}", r / 4));
@@ -370,7 +428,7 @@ mod tests {
     fn uniform_links_find_nothing() {
         let mut s = LinkStats::new(LinkConfig::default());
         for r in 0..8u32 {
-            s.add(obs(r, (r + 1) % 8, 50_000 + r as u64 * 500));
+            add2(&mut s, obs(r, (r + 1) % 8, 50_000 + r as u64 * 500));
         }
         let f = s.evaluate(0, 100, |r| format!("host-{}", r / 4));
         assert!(f.nics.is_empty() && f.links.is_empty());
@@ -390,7 +448,10 @@ mod tests {
         };
         let mut s = LinkStats::new(LinkConfig::default());
         for r in 0..8u32 {
-            s.add(obs(r, send_peer(r), if r >= 5 { 700_000 } else { 350_000 }));
+            add2(
+                &mut s,
+                obs(r, send_peer(r), if r >= 5 { 700_000 } else { 350_000 }),
+            );
         }
         let f = s.evaluate(0, 100, host_of);
         assert!(f.links.is_empty() && f.nics.is_empty(), "{f:#?}");
@@ -405,11 +466,10 @@ mod tests {
 
         let mut s = LinkStats::new(LinkConfig::default());
         for r in 0..8u32 {
-            s.add(obs(
-                r,
-                send_peer(r),
-                if r == 3 { 1_500_000 } else { 350_000 },
-            ));
+            add2(
+                &mut s,
+                obs(r, send_peer(r), if r == 3 { 1_500_000 } else { 350_000 }),
+            );
         }
         let f = s.evaluate(0, 100, host_of);
         assert!(f.common_mode.is_empty(), "{f:#?}");
@@ -427,14 +487,17 @@ mod tests {
     fn links_are_judged_within_their_chunk_size_class() {
         let mut s = LinkStats::new(LinkConfig::default());
         for r in 0..8u32 {
-            s.add(obs(r, (r + 1) % 8, if r == 2 { 900_000 } else { 400_000 }));
+            add2(
+                &mut s,
+                obs(r, (r + 1) % 8, if r == 2 { 900_000 } else { 400_000 }),
+            );
             let mut big = obs(
                 r,
                 (r + 4) % 8 + 8,
                 if r == 5 { 2_400_000 } else { 1_000_000 },
             );
             big.bytes = 8 * 512 * 1024;
-            s.add(big);
+            add2(&mut s, big);
         }
         let f = s.evaluate(0, 100, |r| format!("host-{r}"));
         assert!(f.nics.is_empty(), "{f:#?}");

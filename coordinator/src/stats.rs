@@ -16,7 +16,7 @@
 //! pipeline communicators: a rank that waited there arrives late through no
 //! fault of its own), waits inflicted, order statistics and host counters.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::clock::{median, CoordNs};
@@ -275,6 +275,9 @@ impl Default for StatsConfig {
     }
 }
 
+/// Iterations the smoothed test takes the median over.
+pub const SMOOTH_ITERATIONS: usize = 5;
+
 #[derive(Debug)]
 pub struct Stats {
     cfg: StatsConfig,
@@ -286,6 +289,9 @@ pub struct Stats {
     spearman: HashMap<u64, (Vec<f64>, Option<f64>)>,
     /// rank → EWMA of mean lateness per reference instance (ns).
     lateness_gauge: HashMap<u32, f64>,
+    /// rank → its unexplained lateness over the last iterations scored
+    /// (iteration, ns), for the smoothed test.
+    recent: HashMap<u32, VecDeque<(u64, f64)>>,
     pub dropped_late: u64,
     pub dropped_overflow: u64,
     sealed_through: Option<u64>,
@@ -300,6 +306,7 @@ impl Stats {
             comm_members: HashMap::new(),
             spearman: HashMap::new(),
             lateness_gauge: HashMap::new(),
+            recent: HashMap::new(),
             dropped_late: 0,
             dropped_overflow: 0,
             sealed_through: None,
@@ -442,8 +449,71 @@ impl Stats {
         sealed.into_iter().collect()
     }
 
-    /// Scores every rank of a sealed iteration against its reference peers.
-    pub fn score(&self, it: u64, bucket: &IterBucket, step_ns: f64) -> Vec<RankScore> {
+    /// Scores every rank of a sealed iteration against its reference peers,
+    /// per iteration and over the last few (see [`Self::smoothed`]).
+    pub fn score(&mut self, it: u64, bucket: &IterBucket, step_ns: f64) -> Vec<RankScore> {
+        let mut out = self.score_iteration(it, bucket, step_ns);
+        self.smoothed(it, &mut out);
+        out
+    }
+
+    /// The smoothed test. In pipelines an instance near an iteration
+    /// boundary lands in one iteration for one rank and the next for
+    /// another, so a single iteration's waits (and the lateness they
+    /// explain away) jump by a whole step; its peers' spread swamps a
+    /// persistent straggler's z-score. The median over the last
+    /// [`SMOOTH_ITERATIONS`] iterations ignores such jumps while a real
+    /// straggler keeps its lateness. A rank is suspicious when its median
+    /// unexplained lateness passes the same test against its peers' medians
+    /// and it is late in this iteration too.
+    fn smoothed(&mut self, it: u64, scores: &mut [RankScore]) {
+        for s in scores.iter() {
+            let q = self.recent.entry(s.rank).or_default();
+            q.push_back((it, s.unexplained_ns));
+            while q
+                .front()
+                .is_some_and(|f| f.0 + SMOOTH_ITERATIONS as u64 <= it)
+            {
+                q.pop_front();
+            }
+        }
+        let med: HashMap<u32, f64> = self
+            .recent
+            .iter()
+            .filter(|(_, q)| q.len() * 2 > SMOOTH_ITERATIONS)
+            .filter_map(|(r, q)| {
+                let mut v: Vec<f64> = q.iter().map(|x| x.1).collect();
+                median(&mut v).map(|m| (*r, m))
+            })
+            .collect();
+        for s in scores.iter_mut() {
+            let Some(&mine) = med.get(&s.rank) else {
+                continue;
+            };
+            let peers = self.peers(s.rank);
+            let v: Vec<f64> = peers.iter().filter_map(|p| med.get(p).copied()).collect();
+            if v.len() < 3 || !s.step_ns.is_finite() {
+                continue;
+            }
+            let (center, spread) = center_spread(&v);
+            let floor = (0.005 * s.step_ns).max(10_000.0);
+            let z = (mine - center) / (1.4826 * spread.max(floor));
+            let material = |x: f64| {
+                x >= self.cfg.min_step_fraction * s.step_ns
+                    && x >= self.cfg.min_late_ns
+                    && x > s.err_ns * s.ref_n as f64
+            };
+            if material(mine) && z >= self.cfg.min_robust_z && s.unexplained_ns > 0.0 {
+                s.suspicious = true;
+            }
+        }
+        self.recent.retain(|_, q| {
+            q.back()
+                .is_some_and(|b| b.0 + SMOOTH_ITERATIONS as u64 > it)
+        });
+    }
+
+    fn score_iteration(&self, it: u64, bucket: &IterBucket, step_ns: f64) -> Vec<RankScore> {
         let mut out = Vec::with_capacity(bucket.ranks.len());
         // Per reference communicator, the peers' medians.
         let mut peer_cache: HashMap<u64, PeerCenter> = HashMap::new();
@@ -758,13 +828,13 @@ mod tests {
         let sync = [
             25_000, 24_000, 16_000, 26_000, 25_000, 24_500, 25_500, 25_000,
         ];
-        let (st, b) = noisy_iteration(&late, &sync);
+        let (mut st, b) = noisy_iteration(&late, &sync);
         let s = st.score(0, &b, 45e6);
         let sus: Vec<u32> = s.iter().filter(|x| x.suspicious).map(|x| x.rank).collect();
         assert_eq!(sus, vec![2], "{s:#?}");
         // The same lateness with a GPU still busy (syncs as long as the
         // peers'): its host ran ahead of a busy GPU, nobody waited on it.
-        let (st, b) = noisy_iteration(&late, &[25_000; 8]);
+        let (mut st, b) = noisy_iteration(&late, &[25_000; 8]);
         let s = st.score(0, &b, 45e6);
         assert!(s.iter().all(|x| !x.suspicious), "{s:#?}");
     }
