@@ -1084,6 +1084,19 @@ impl Analyzer {
                 );
             }
         }
+        // A rank on a slow link or NIC finishes its transfers late, so its
+        // GPU reaches the next collectives late: that lateness is the
+        // communication fault's, not a second (compute or host) one. (A rank
+        // with both faults is named for its link until the link recovers.)
+        let on_slow_links: std::collections::HashSet<u32> = obs
+            .keys()
+            .flat_map(|k| match *k {
+                Subject::Nic(r) => vec![r],
+                Subject::Link(a, b) => vec![a, b],
+                _ => Vec::new(),
+            })
+            .collect();
+        obs.retain(|k, _| !matches!(k, Subject::Rank(r) if on_slow_links.contains(r)));
         let events = core.lifecycle.step(k, obs);
         for e in &events {
             if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
