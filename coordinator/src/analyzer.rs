@@ -488,11 +488,16 @@ impl Analyzer {
         if !clock_known && sum.accepted > 0 {
             self.observe_batch_clock(b, recv_ns);
         }
-        // After the records: the batch says its agent is current up to its cut.
-        self.watermarks
-            .entry(b.agent_id.clone())
-            .and_modify(|w| *w = (*w).max(b.mono_ns))
-            .or_insert(b.mono_ns);
+        // After the records: the batch says its agent is current up to its
+        // cut. Not the preamble (sequence 0): re-sent on reconnection ahead
+        // of the spooled batches, it carries the latest cut but none of the
+        // records before it, and would expire their instances as hangs.
+        if b.seq != 0 {
+            self.watermarks
+                .entry(b.agent_id.clone())
+                .and_modify(|w| *w = (*w).max(b.mono_ns))
+                .or_insert(b.mono_ns);
+        }
         self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
         let mut c = lock(&self.counters);
         c.records_accepted += sum.accepted;

@@ -47,6 +47,24 @@ pub enum IngestError {
     },
 }
 
+/// The pending answer to the agent for one batch.
+#[derive(Debug, Default)]
+pub struct Ack(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Ack {
+    /// An answer nobody waits for (batches fed in-process).
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// The batch is ingested: tell the agent it may drop it.
+    pub fn done(mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// What the ingest path hands to the rest of the coordinator.
 #[derive(Debug)]
 pub enum IngestEvent {
@@ -57,6 +75,9 @@ pub enum IngestEvent {
     Batch {
         agent_id: String,
         batch: Box<Batch>,
+        /// Answer the agent once the batch is ingested ([`Ack::done`]);
+        /// dropped unanswered, the agent keeps it spooled and resends it.
+        ack: Ack,
     },
     /// One answered clock probe of `host`'s agent.
     Clock {
@@ -184,6 +205,14 @@ impl Ingest {
     }
 }
 
+/// Tells the agent a batch will never be ingested (no point resending).
+fn reject(mut answer: quinn::SendStream) {
+    tokio::spawn(async move {
+        let _ = answer.write_all(&[wire::BATCH_REJECTED]).await;
+        let _ = answer.finish();
+    });
+}
+
 /// Compares without an early exit, so timing does not leak the token.
 fn token_matches(given: &str, expected: &str) -> bool {
     let (a, b) = (given.as_bytes(), expected.as_bytes());
@@ -293,7 +322,9 @@ async fn serve_connection(
     };
 
     let reason = loop {
-        let mut stream = match conn.accept_uni().await {
+        // One bidirectional stream per batch: the batch up, the answer down
+        // (`wire::BATCH_INGESTED` once ingested, `BATCH_REJECTED` never).
+        let (mut answer, mut stream) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(e) => break e.to_string(),
         };
@@ -302,6 +333,7 @@ async fn serve_connection(
             Err(quinn::ReadToEndError::TooLong) => {
                 stats.reject(&agent_id, "oversized");
                 warn!(agent = %agent_id, "rejected batch: larger than the cap");
+                reject(answer);
                 continue;
             }
             Err(e) => {
@@ -315,6 +347,7 @@ async fn serve_connection(
                 if batch.agent_id != agent_id {
                     stats.reject(&agent_id, "agent_id_mismatch");
                     warn!(agent = %agent_id, claimed = %batch.agent_id, "rejected batch: claims another agent");
+                    reject(answer);
                     continue;
                 }
                 // The connection's identity wins over what the batch says.
@@ -327,20 +360,30 @@ async fn serve_connection(
                     a.batches += 1;
                     a.last_seq = Some(batch.seq);
                 }
+                let (tx, rx) = tokio::sync::oneshot::channel();
                 if events
                     .send(IngestEvent::Batch {
                         agent_id: agent_id.clone(),
                         batch: Box::new(batch),
+                        ack: Ack(Some(tx)),
                     })
                     .await
                     .is_err()
                 {
                     break "coordinator shutting down".to_owned();
                 }
+                // Answer when ingested, without holding up the next batch.
+                tokio::spawn(async move {
+                    if rx.await.is_ok() {
+                        let _ = answer.write_all(&[wire::BATCH_INGESTED]).await;
+                        let _ = answer.finish();
+                    }
+                });
             }
             Err(e) => {
                 stats.reject(&agent_id, e.class());
                 warn!(agent = %agent_id, "rejected batch: {e}");
+                reject(answer);
             }
         }
     };

@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use crate::{
     alert::{self, HookConfig, HookStats, Hooks},
     control::{coord_now_ns, ProbeSchedule},
-    ingest::{Ingest, IngestError, IngestEvent, IngestStats},
+    ingest::{Ack, Ingest, IngestError, IngestEvent, IngestStats},
     metrics_http::{MetricsError, MetricsServer},
     outputs::{self, OutputError},
     report::{AgentReport, Report},
@@ -321,7 +321,7 @@ impl Server {
 
     /// `Analyzer::ingest` on the blocking pool (awaited, so batches keep
     /// their arrival order).
-    async fn ingest_batch(&self, agent_id: String, batch: Box<Batch>) {
+    async fn ingest_batch(&self, agent_id: String, batch: Box<Batch>, ack: Ack) {
         if self.cfg.print_calls {
             print_calls(&batch);
         }
@@ -355,6 +355,8 @@ impl Server {
                 collectives = batch.collectives.len(), accepted = sum.accepted,
                 "batch ingested");
         }
+        // Logged and in the analyzer: now the agent may drop it.
+        ack.done();
         if let Ok(mut a) = self.agents.lock() {
             if let Some(a) = a.get_mut(&agent_id) {
                 a.batches += 1;
@@ -499,10 +501,15 @@ impl Server {
                 }
                 None
             }
-            IngestEvent::Batch { agent_id, batch } => {
+            IngestEvent::Batch {
+                agent_id,
+                batch,
+                ack,
+            } => {
                 // Normally taken by `run`; kept correct for any other caller.
                 let sum = self.analyzer.ingest(&batch, coord_now_ns());
                 debug!(agent = %agent_id, ?sum, "batch ingested inline");
+                ack.done();
                 None
             }
             IngestEvent::AgentDown { agent_id, reason } => {
@@ -589,8 +596,8 @@ impl Server {
                 ev = rx.recv() => {
                     let Some(ev) = ev else { break };
                     seen_agent |= matches!(ev, IngestEvent::AgentUp { .. });
-                    if let IngestEvent::Batch { agent_id, batch } = ev {
-                        self.ingest_batch(agent_id, batch).await;
+                    if let IngestEvent::Batch { agent_id, batch, ack } = ev {
+                        self.ingest_batch(agent_id, batch, ack).await;
                         continue;
                     }
                     let down = self.on_event(ev, &mut clock_samples).is_some();
@@ -620,7 +627,11 @@ impl Server {
         // What was already received still counts.
         while let Ok(ev) = rx.try_recv() {
             match ev {
-                IngestEvent::Batch { agent_id, batch } => self.ingest_batch(agent_id, batch).await,
+                IngestEvent::Batch {
+                    agent_id,
+                    batch,
+                    ack,
+                } => self.ingest_batch(agent_id, batch, ack).await,
                 ev => {
                     self.on_event(ev, &mut clock_samples);
                 }

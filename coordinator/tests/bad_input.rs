@@ -393,12 +393,25 @@ impl RawAgent {
         Self { endpoint, conn }
     }
 
+    /// Sends a batch that will be rejected and waits for the rejection.
     async fn send(&self, bytes: &[u8]) {
-        let mut s = self.conn.open_uni().await.unwrap();
+        let mut answer = self.send_only(bytes).await;
+        let got = answer.read_to_end(8).await.unwrap_or_default();
+        assert_eq!(
+            got,
+            [wire::BATCH_REJECTED],
+            "a bad batch must be answered as rejected"
+        );
+    }
+
+    /// Sends a batch without waiting for the answer (a good one is answered
+    /// only once the events below are taken and acknowledged).
+    async fn send_only(&self, bytes: &[u8]) -> quinn::RecvStream {
+        let (mut s, r) = self.conn.open_bi().await.unwrap();
         // The server may stop reading an oversized stream early.
         let _ = s.write_all(bytes).await;
         let _ = s.finish();
-        let _ = s.stopped().await;
+        r
     }
 
     async fn close(self) {
@@ -428,7 +441,7 @@ async fn wire_faults_are_rejected_by_reason_while_a_good_agent_keeps_being_serve
         let (_, mut b) = out.batches[0].clone();
         b.agent_id = "good-0".into();
         let bytes = wire::encode(&b).unwrap();
-        good.send(&bytes).await;
+        good.send_only(&bytes).await;
         sent.push(b.clone());
 
         // One of each wire fault per iteration, interleaved with good data.
@@ -475,7 +488,7 @@ async fn wire_faults_are_rejected_by_reason_while_a_good_agent_keeps_being_serve
     // The good agent is still served after all that.
     let mut last = sent[3].clone();
     last.seq += 100;
-    good.send(&wire::encode(&last).unwrap()).await;
+    good.send_only(&wire::encode(&last).unwrap()).await;
     sent.push(last);
 
     let mut received = Vec::new();
@@ -485,7 +498,12 @@ async fn wire_faults_are_rejected_by_reason_while_a_good_agent_keeps_being_serve
             .expect("event within 20 s")
             .expect("channel open")
         {
-            IngestEvent::Batch { agent_id, batch } => {
+            IngestEvent::Batch {
+                agent_id,
+                batch,
+                ack,
+            } => {
+                ack.done();
                 assert_eq!(agent_id, "good-0", "only the good agent's batches pass");
                 received.push(*batch);
             }

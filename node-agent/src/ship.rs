@@ -59,8 +59,8 @@ pub enum ShipError {
     Write(#[from] quinn::WriteError),
     #[error("stream closed")]
     Closed(#[from] quinn::ClosedStream),
-    #[error("the coordinator never acknowledged the batch")]
-    Unacknowledged(#[source] quinn::StoppedError),
+    #[error("the coordinator never acknowledged the batch (it went away before ingesting it)")]
+    Unacknowledged,
     #[error("reading the coordinator's reply failed")]
     Read(#[from] quinn::ReadToEndError),
     #[error("bad message")]
@@ -184,16 +184,29 @@ impl Shipper {
         self.send_encoded(&wire::encode(batch)?).await
     }
 
-    /// Sends an already encoded message (e.g. from the spool).
+    /// Sends an already encoded message (e.g. from the spool) and waits for
+    /// the coordinator's answer. Delivered only once the coordinator says it
+    /// ingested the batch: a transport-level acknowledgement is not enough
+    /// (a coordinator killed between receiving and ingesting loses it), so
+    /// without the answer the batch stays spooled and is sent again.
     pub async fn send_encoded(&self, bytes: &[u8]) -> Result<(), ShipError> {
-        let mut stream = self.conn.open_uni().await?;
-        stream.write_all(bytes).await?;
-        stream.finish()?;
-        // Delivered only once the peer acknowledged all of it: a connection
-        // lost before that (a killed coordinator) keeps the batch spooled.
-        match stream.stopped().await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(ShipError::Unacknowledged(e)),
+        let (mut send, mut recv) = self.conn.open_bi().await?;
+        send.write_all(bytes).await?;
+        send.finish()?;
+        let answer = recv
+            .read_to_end(8)
+            .await
+            .map_err(|_| ShipError::Unacknowledged)?;
+        match answer.first() {
+            Some(&wire::BATCH_INGESTED) => Ok(()),
+            Some(&wire::BATCH_REJECTED) => {
+                tracing::warn!(
+                    bytes = bytes.len(),
+                    "the coordinator rejected a batch (see its log); not resending it"
+                );
+                Ok(())
+            }
+            _ => Err(ShipError::Unacknowledged),
         }
     }
 

@@ -34,6 +34,12 @@ pub const SCHEMA_VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// The coordinator's one-byte answer on a batch stream once the batch was
+/// ingested (accounted for in its state and log): the agent may drop it.
+pub const BATCH_INGESTED: u8 = 0;
+/// The answer for a batch that will never be ingested (malformed, too
+/// large, another agent's): resending it would not help.
+pub const BATCH_REJECTED: u8 = 1;
 
 /// Why a message was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -97,15 +97,26 @@ async fn batch_arrives_intact_and_bad_bytes_are_rejected_without_harm() {
         other => panic!("expected AgentUp, got {other:?}"),
     }
 
+    // `send` returns once the coordinator says it ingested the batch, so
+    // take the event (and acknowledge it) while the send waits.
     let sent = sample_batch(1);
-    shipper.send(&sent).await.expect("send");
-    match next_event(&mut server.events).await {
-        IngestEvent::Batch { agent_id, batch } => {
-            assert_eq!(agent_id, "agent-0");
-            assert_eq!(*batch, sent, "batch must arrive field for field");
+    let (res, ev) = tokio::join!(shipper.send(&sent), async {
+        let ev = next_event(&mut server.events).await;
+        match ev {
+            IngestEvent::Batch {
+                agent_id,
+                batch,
+                ack,
+            } => {
+                ack.done();
+                (agent_id, batch)
+            }
+            other => panic!("expected Batch, got {other:?}"),
         }
-        other => panic!("expected Batch, got {other:?}"),
-    }
+    });
+    res.expect("send");
+    assert_eq!(ev.0, "agent-0");
+    assert_eq!(*ev.1, sent, "batch must arrive field for field");
 
     // Truncated: a valid batch cut in half.
     let good = wire::encode(&sample_batch(2)).unwrap();
@@ -124,11 +135,16 @@ async fn batch_arrives_intact_and_bad_bytes_are_rejected_without_harm() {
 
     // The same connection still delivers the next good batch.
     let after = sample_batch(3);
-    shipper.send(&after).await.expect("send after garbage");
-    match next_event(&mut server.events).await {
-        IngestEvent::Batch { batch, .. } => assert_eq!(*batch, after),
-        other => panic!("expected the good batch after the bad ones, got {other:?}"),
-    }
+    let (res, ()) = tokio::join!(shipper.send(&after), async {
+        match next_event(&mut server.events).await {
+            IngestEvent::Batch { batch, ack, .. } => {
+                ack.done();
+                assert_eq!(*batch, after)
+            }
+            other => panic!("expected the good batch after the bad ones, got {other:?}"),
+        }
+    });
+    res.expect("send after garbage");
 
     let stats = server.ingest.stats();
     assert_eq!(

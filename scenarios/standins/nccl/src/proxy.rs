@@ -246,3 +246,28 @@ fn run(rx: Receiver<Arc<NetOp>>, interval: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race behind a 3-D run that hung forever: the stream posts chunk 0,
+    /// the proxy (polling the shared CQ for another op) pops its completion
+    /// before the op reached it. The completion must count once it does.
+    #[test]
+    fn completions_polled_before_the_op_arrived_are_credited() {
+        let model = Model::default();
+        let op = NetOp::new(0, 0, 0, 0, 1, &model);
+        assert_eq!(op.chunks, 1);
+        op.st.lock().unwrap().0 = 1; // chunk 0 posted by the stream
+        let mut early: HashMap<u64, u32> = HashMap::new();
+        *early.entry(op.id).or_default() += 1; // polled by the proxy
+        let mut active = HashMap::new();
+        adopt(op.clone(), &mut active, &mut early);
+        assert!(early.is_empty());
+        assert!(
+            op.finish_if_complete(false),
+            "the early completion was lost"
+        );
+    }
+}
