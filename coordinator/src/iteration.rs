@@ -57,6 +57,9 @@ pub struct Period {
     pub phase: u64,
 }
 
+/// seq → (start, end) of one communicator's completed instances.
+type Instances = BTreeMap<u64, (CoordNs, CoordNs)>;
+
 /// A communicator issuing at least this many collectives is a candidate
 /// worth waiting for; fewer (a start-up barrier or broadcast) is not.
 const REPEATING: u64 = 8;
@@ -72,7 +75,7 @@ pub struct IterationClock {
     /// comm → (members, seq → (start, end)) of completed instances, before
     /// the period is known; only communicators at least as large as the
     /// largest repeating one are kept.
-    pending: BTreeMap<u64, (u32, BTreeMap<u64, (CoordNs, CoordNs)>)>,
+    pending: BTreeMap<u64, (u32, Instances)>,
     period: Option<Period>,
     /// (iteration, end time), increasing iteration.
     ends: VecDeque<(u64, CoordNs)>,
