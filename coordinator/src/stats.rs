@@ -465,7 +465,8 @@ impl Stats {
     /// [`SMOOTH_ITERATIONS`] iterations ignores such jumps while a real
     /// straggler keeps its lateness. A rank is suspicious when its median
     /// unexplained lateness passes the same test against its peers' medians
-    /// and it is late in this iteration too.
+    /// and it is late in this iteration too, by more than the clock could
+    /// explain.
     fn smoothed(&mut self, it: u64, scores: &mut [RankScore]) {
         for s in scores.iter() {
             let q = self.recent.entry(s.rank).or_default();
@@ -498,10 +499,14 @@ impl Stats {
             let (center, spread) = center_spread(&v);
             let floor = (0.005 * s.step_ns).max(10_000.0);
             let z = (mine - center) / (1.4826 * spread.max(floor));
+            // Twice the clock error bound per instance: over several
+            // iterations a host whose clock estimate is off by about its
+            // bound makes all its ranks steadily "late" by that much, which
+            // the median no longer averages away.
             let material = |x: f64| {
                 x >= self.cfg.min_step_fraction * s.step_ns
                     && x >= self.cfg.min_late_ns
-                    && x > s.err_ns * s.ref_n as f64
+                    && x > 2.0 * s.err_ns * s.ref_n as f64
             };
             if material(mine) && z >= self.cfg.min_robust_z && s.unexplained_ns > 0.0 {
                 s.suspicious = true;
