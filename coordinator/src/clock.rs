@@ -311,14 +311,26 @@ fn fit_line(pts: &[Kept]) -> Option<ClockFit> {
         return None;
     }
     let ref_agent_ns = pts[n - 1].agent_ns;
+    // Weighted by 1/rtt²: a probe's offset is off by at most half its round
+    // trip (the path asymmetry), so a quick probe pins the line far better
+    // than a slow one, and a few queued seconds no longer tilt the drift.
+    let w: Vec<f64> = pts
+        .iter()
+        .map(|k| 1.0 / (k.rtt_ns as f64).max(10_000.0).powi(2))
+        .collect();
+    let sw: f64 = w.iter().sum();
     // Centre x to keep the products small and well conditioned.
     let xs: Vec<f64> = pts
         .iter()
         .map(|k| k.agent_ns as f64 - ref_agent_ns as f64)
         .collect();
-    let mean_x = xs.iter().sum::<f64>() / n as f64;
-    let mean_y = pts.iter().map(|k| k.theta).sum::<f64>() / n as f64;
-    let sxx: f64 = xs.iter().map(|x| (x - mean_x).powi(2)).sum();
+    let mean_x = xs.iter().zip(&w).map(|(x, w)| x * w).sum::<f64>() / sw;
+    let mean_y = pts.iter().zip(&w).map(|(k, w)| k.theta * w).sum::<f64>() / sw;
+    let sxx: f64 = xs
+        .iter()
+        .zip(&w)
+        .map(|(x, w)| w * (x - mean_x).powi(2))
+        .sum();
     let span = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
         - xs.iter().cloned().fold(f64::INFINITY, f64::min);
     // Drift needs a few seconds of baseline; before that a constant is safer.
@@ -326,7 +338,8 @@ fn fit_line(pts: &[Kept]) -> Option<ClockFit> {
         let sxy: f64 = xs
             .iter()
             .zip(pts)
-            .map(|(x, k)| (x - mean_x) * (k.theta - mean_y))
+            .zip(&w)
+            .map(|((x, k), w)| w * (x - mean_x) * (k.theta - mean_y))
             .sum();
         sxy / sxx
     } else {
