@@ -103,6 +103,11 @@ pub struct IngestCounters {
     pub spool_drops: u64,
     pub nccl_errors: u64,
     pub clock_samples_refused: u64,
+    /// Records from before their agent's current connection (replayed from
+    /// its spool) whose instance had already been closed here: after a coordinator
+    /// restart, the instances that straddle it had their other members'
+    /// records go to the previous coordinator. Not an error.
+    pub replayed_unjoinable: u64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +117,8 @@ struct AgentState {
     last_seq: u64,
     ringbuf_drops: u64,
     spool_drops: u64,
+    /// Agent clock at its current connection (0: not told).
+    connected_mono_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -276,6 +283,14 @@ impl Analyzer {
         push_recent(&mut c, &e);
     }
 
+    /// The agent (re)connected with its clock at `mono_ns`.
+    pub fn agent_connected(&self, agent_id: &str, mono_ns: u64) {
+        self.agents
+            .entry(agent_id.to_owned())
+            .or_default()
+            .connected_mono_ns = mono_ns;
+    }
+
     /// Ingests one decoded batch received at coordinator time `recv_ns`.
     /// Never panics on bad content: each impossible record is rejected,
     /// counted with its reason, and the rest of the batch is used.
@@ -378,6 +393,12 @@ impl Analyzer {
         let mut completed = Vec::new();
         let mut progress = Vec::new();
         let mut nccl_errors = 0;
+        // Records from before the agent's current connection: it was away
+        // (spooled, or held by its fold) while they happened.
+        let connected_at = self
+            .agents
+            .get(&b.agent_id)
+            .map_or(0, |a| a.connected_mono_ns);
         {
             let mut issued = lock(&self.issued);
             for r in b
@@ -412,6 +433,9 @@ impl Analyzer {
                         Offer::Pending | Offer::Merged => {}
                     }
                     sum.accepted += 1;
+                }
+                Err(RecordError::Late { .. }) if r.host_entry_ns < connected_at => {
+                    lock(&self.counters).replayed_unjoinable += 1;
                 }
                 Err(e) => {
                     self.reject(e);
@@ -845,15 +869,25 @@ impl Analyzer {
             }
         }
         let clock = |h: &str, t: u64| self.to_coord(h, t).0;
+        // A member's agent is current past `deadline` only on a probed
+        // clock, and by more than its error bound: before the first probe
+        // answer the clock is a one-way bound from batch arrival, seconds
+        // too late for an agent replaying its spool after a coordinator
+        // restart, which would expire instances whose records are still in
+        // that spool (and reject them as late when they come).
         let current = |rank: u32, host: &str, deadline: CoordNs| {
             let Some(r) = self.ranks.get(&rank) else {
                 return false;
             };
-            r.exited_at.is_some()
-                || self
-                    .watermarks
-                    .get(&r.agent_id)
-                    .is_some_and(|w| self.to_coord(host, *w).0 >= deadline)
+            if r.exited_at.is_some() {
+                return true;
+            }
+            let probed = self.clocks.get(host).is_some_and(|c| c.fit().is_some());
+            probed
+                && self.watermarks.get(&r.agent_id).is_some_and(|w| {
+                    let (t, err) = self.to_coord(host, *w);
+                    err.is_finite() && t.saturating_sub(err as CoordNs) >= deadline
+                })
         };
         for e in self.joiner.expire(now, clock, current) {
             let Expired::Hang(c) = e else { continue };

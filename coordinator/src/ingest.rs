@@ -71,6 +71,9 @@ pub enum IngestEvent {
     AgentUp {
         agent_id: String,
         host: String,
+        /// The agent's monotonic clock when it connected (its hello): its
+        /// batches cut before this were spooled while it was away.
+        connected_mono_ns: u64,
     },
     Batch {
         agent_id: String,
@@ -302,6 +305,7 @@ async fn serve_connection(
         .send(IngestEvent::AgentUp {
             agent_id: agent_id.clone(),
             host: hello.host.clone(),
+            connected_mono_ns: hello.mono_ns,
         })
         .await;
     let (ctl_tx, ctl_rx) = mpsc::channel(8);

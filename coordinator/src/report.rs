@@ -312,6 +312,13 @@ pub fn render_human(r: &Report) -> String {
         r.ingest.counters.missing_batches,
         r.ingest.counters.ringbuf_drops
     );
+    if r.ingest.counters.replayed_unjoinable > 0 {
+        let _ = writeln!(
+            s,
+            "        {} replayed records belong to instances split by a coordinator restart (not joinable here)",
+            r.ingest.counters.replayed_unjoinable
+        );
+    }
     s
 }
 

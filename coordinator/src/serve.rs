@@ -469,8 +469,13 @@ impl Server {
 
     fn on_event(&self, ev: IngestEvent, clock_samples: &mut u64) -> Option<String> {
         match ev {
-            IngestEvent::AgentUp { agent_id, host } => {
+            IngestEvent::AgentUp {
+                agent_id,
+                host,
+                connected_mono_ns,
+            } => {
                 info!(agent = %agent_id, %host, "agent up");
+                self.analyzer.agent_connected(&agent_id, connected_mono_ns);
                 if self.cfg.print_alerts {
                     println!(
                         "{} agent {agent_id} on {host} connected",

@@ -105,7 +105,11 @@ pub struct Verdict {
     pub first_seen: Option<DateTime<Utc>>,
     #[serde(skip)]
     pub first_seen_coord_ns: CoordNs,
+    /// When the verdict was last raised (a reopened verdict: its reopening).
     pub opened_iteration: u64,
+    /// When it was raised the first time (detection latency counts from here).
+    #[serde(default)]
+    pub first_opened_iteration: u64,
     pub last_seen_iteration: u64,
     pub closed_iteration: Option<u64>,
     pub episodes: u32,
@@ -334,6 +338,7 @@ impl Lifecycle {
                         first_seen: first.wall,
                         first_seen_coord_ns: first.at,
                         opened_iteration: it,
+                        first_opened_iteration: it,
                         last_seen_iteration: it,
                         closed_iteration: None,
                         episodes: 1,
@@ -462,6 +467,9 @@ mod tests {
             ]
         );
         assert_eq!(l.verdicts().count(), 1);
-        assert_eq!(l.verdicts().next().unwrap().episodes, 2);
+        let v = l.verdicts().next().unwrap();
+        assert_eq!(v.episodes, 2);
+        // Detection latency counts from the first raising, not the reopening.
+        assert_eq!((v.first_opened_iteration, v.opened_iteration), (5, 19));
     }
 }

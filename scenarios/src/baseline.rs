@@ -77,6 +77,7 @@ fn flag(seq: impl Iterator<Item = (u64, u32)>, window: usize, need: usize) -> Re
                 active: true,
                 link: None,
                 opened_iteration: Some(it),
+                first_opened_iteration: Some(it),
             })
             .collect(),
         hangs: Vec::new(),

@@ -156,7 +156,9 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
                 "hang" => report.hangs[b.index].iteration,
                 _ => {
                     let v = &report.verdicts[b.index];
-                    v.opened_iteration.or(v.first_seen_iteration)
+                    v.first_opened_iteration
+                        .or(v.opened_iteration)
+                        .or(v.first_seen_iteration)
                 }
             })
             .min();

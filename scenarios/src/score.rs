@@ -83,6 +83,9 @@ pub struct VerdictView {
     /// Iteration the verdict was raised at (the moment of detection).
     #[serde(default)]
     pub opened_iteration: Option<u64>,
+    /// First raising of a verdict that was closed and reopened since.
+    #[serde(default)]
+    pub first_opened_iteration: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -91,7 +91,7 @@ async fn batch_arrives_intact_and_bad_bytes_are_rejected_without_harm() {
     let mut server = start_server();
     let shipper = connect(&server, TOKEN).await.expect("accepted");
     match next_event(&mut server.events).await {
-        IngestEvent::AgentUp { agent_id, host } => {
+        IngestEvent::AgentUp { agent_id, host, .. } => {
             assert_eq!((agent_id.as_str(), host.as_str()), ("agent-0", "node-0"))
         }
         other => panic!("expected AgentUp, got {other:?}"),
