@@ -728,6 +728,19 @@ impl Analyzer {
         if core.iteration.period().is_some() {
             while let Some(a) = core.pending.pop_front() {
                 let it = self.iteration_of(core, &a);
+                // A backlog (a host back from a cut link, a replayed spool)
+                // spans more iterations than the stats keep open: score the
+                // ones the iteration clock has already sealed to make room,
+                // rather than dropping the newer instances.
+                if core.stats.full_for(it) {
+                    if let Some(through) = core.iteration.sealed_through() {
+                        for (k, bucket) in core.stats.take_sealed(through.min(it.saturating_sub(1)))
+                        {
+                            events.extend(self.evaluate(core, k, &bucket));
+                            core.last_sealed = Some(k);
+                        }
+                    }
+                }
                 core.stats.add(&a, it);
                 self.remember(core, it, a);
             }

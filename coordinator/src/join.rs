@@ -116,8 +116,15 @@ pub struct HangCandidate {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct JoinConfig {
-    /// Open instances kept per communicator before the oldest is evicted.
+    /// Open instances kept per communicator before the oldest is evicted,
+    /// at least (small communicators get more, see `open_records_per_comm`).
     pub max_open_per_comm: usize,
+    /// Member slots of open instances one communicator may hold: a host cut
+    /// off for seconds leaves every instance it belongs to open, and an
+    /// 8-rank data-parallel group issuing 100 collectives/s needs ~1,000
+    /// open instances to ride out 10 s. Large communicators get
+    /// `max_open_per_comm`; no communicator gets more than 16× that.
+    pub open_records_per_comm: usize,
     /// Communicators tracked at most.
     pub max_comms: usize,
     /// Closed instance keys remembered per communicator (to tell late from new).
@@ -134,8 +141,9 @@ impl Default for JoinConfig {
     fn default() -> Self {
         Self {
             max_open_per_comm: 512,
+            open_records_per_comm: 131_072,
             max_comms: 1 << 16,
-            closed_memory: 4096,
+            closed_memory: 16_384,
             hang_timeout_ns: 3_000_000_000,
             hang_stale_ns: 30_000_000_000,
         }
@@ -277,6 +285,14 @@ impl Joiner {
     fn bump(&self, f: impl FnOnce(&mut JoinCounters)) {
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut c);
+    }
+
+    /// Open instances a communicator of `nranks` members may hold.
+    fn open_cap(&self, nranks: u32) -> usize {
+        let floor = self.cfg.max_open_per_comm;
+        (self.cfg.open_records_per_comm / nranks.max(1) as usize)
+            .min(16 * floor)
+            .max(floor)
     }
 
     pub fn counters(&self) -> JoinCounters {
@@ -485,7 +501,7 @@ impl Joiner {
                 members,
             }));
         }
-        if st.open.len() > self.cfg.max_open_per_comm {
+        if st.open.len() > self.open_cap(nranks) {
             if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
                 st.open.remove(&old);
                 st.close(old, self.cfg.closed_memory);
@@ -649,6 +665,7 @@ mod tests {
     fn joiner(n: u32) -> (Joiner, Arc<str>) {
         let j = Joiner::new(JoinConfig {
             max_open_per_comm: 8,
+            open_records_per_comm: 0,
             hang_timeout_ns: 1_000,
             ..Default::default()
         });

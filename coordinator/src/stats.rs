@@ -441,6 +441,11 @@ impl Stats {
         }
     }
 
+    /// Whether adding to iteration `it` would open one bucket too many.
+    pub fn full_for(&self, it: u64) -> bool {
+        !self.buckets.contains_key(&it) && self.buckets.len() >= self.cfg.max_open_iterations
+    }
+
     /// Removes and returns every iteration up to `through`, oldest first.
     pub fn take_sealed(&mut self, through: u64) -> Vec<(u64, IterBucket)> {
         self.sealed_through = Some(self.sealed_through.map_or(through, |s| s.max(through)));

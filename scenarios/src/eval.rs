@@ -586,6 +586,7 @@ pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalE
                 timeout: None,
                 progress: false,
                 trace: false,
+                netns: true,
             };
             match s
                 .validate()

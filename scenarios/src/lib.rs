@@ -16,6 +16,7 @@ pub mod eval;
 pub mod flood;
 pub mod layout;
 pub mod libs;
+pub mod netns;
 pub mod orchestrate;
 pub mod run;
 pub mod score;

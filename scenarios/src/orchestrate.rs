@@ -15,7 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{libs, spec::Spec};
+use crate::{
+    libs,
+    netns::{HostNet, Network},
+    spec::Spec,
+};
 
 /// What runs next to the rank processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +109,10 @@ pub struct ServicesFile {
     pub coordinator: ServiceEntry,
     /// One per host, in host order.
     pub agents: Vec<ServiceEntry>,
+    /// Each host's network namespace and link (empty when hosts are
+    /// logical groups), so fault tests can take a host's link down.
+    #[serde(default)]
+    pub networks: Vec<HostNet>,
 }
 
 /// One started service.
@@ -161,7 +169,16 @@ pub struct Services {
 }
 
 /// Starts the coordinator and the agents (agent mode) before the ranks.
-pub fn start(spec: &Spec, run_dir: &Path, mode: Mode) -> Result<Services, OrchestrateError> {
+///
+/// With `net` holding namespaces, the coordinator listens on every address
+/// and each agent runs in its host's namespace, reaching the coordinator
+/// through the host's link.
+pub fn start(
+    spec: &Spec,
+    run_dir: &Path,
+    mode: Mode,
+    net: &Network,
+) -> Result<Services, OrchestrateError> {
     let hosts = host_plans(spec);
     match mode {
         Mode::JobOnly => {
@@ -169,7 +186,7 @@ pub fn start(spec: &Spec, run_dir: &Path, mode: Mode) -> Result<Services, Orches
             s.hosts = hosts;
             Ok(s)
         }
-        Mode::WithAgents => start_agents(hosts, run_dir),
+        Mode::WithAgents => start_agents(hosts, run_dir, net),
     }
 }
 
@@ -205,7 +222,11 @@ fn log_file(path: &Path) -> Result<(Stdio, Stdio), OrchestrateError> {
     Ok((Stdio::from(f), Stdio::from(g)))
 }
 
-fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, OrchestrateError> {
+fn start_agents(
+    hosts: Vec<HostPlan>,
+    run_dir: &Path,
+    net: &Network,
+) -> Result<Services, OrchestrateError> {
     let coordinator_bin = binary("slowrank")?;
     let agent_bin = binary("slowrank-agent")?;
     let logs = run_dir.join("logs");
@@ -216,15 +237,24 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
             source,
         })?;
     }
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+    // Agents in namespaces come in through their hosts' links.
+    let listen_ip = if net.hosts.is_empty() {
+        std::net::Ipv4Addr::LOCALHOST
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED
+    };
+    let port = std::net::UdpSocket::bind((listen_ip, 0))
         .and_then(|s| s.local_addr())
         .map_err(OrchestrateError::NoPort)?
         .port();
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let addr = std::net::SocketAddr::from((listen_ip, port));
     let token = format!("scenario-{}-{}", std::process::id(), port);
     let mut services = Services::default();
     services.hosts = hosts.clone();
-    services.coordinator = Some(addr);
+    services.coordinator = Some(std::net::SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST,
+        port,
+    )));
 
     let clog = logs.join("coordinator.log");
     let (o, e) = log_file(&clog)?;
@@ -242,6 +272,7 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
         token: token.clone(),
         coordinator: ServiceEntry::of(&cmd, &clog, None),
         agents: Vec::new(),
+        networks: net.hosts.clone(),
     };
     let child = cmd.spawn().map_err(|source| OrchestrateError::Spawn {
         what: "the coordinator".into(),
@@ -272,9 +303,15 @@ fn start_agents(hosts: Vec<HostPlan>, run_dir: &Path) -> Result<Services, Orches
         let _ = fs::remove_file(&ready);
         let alog = logs.join(format!("agent-host-{}.log", h.host));
         let (o, e) = log_file(&alog)?;
-        let mut cmd = Command::new(&agent_bin);
+        let (mut cmd, reach) = match net.host(h.host) {
+            Some(hn) => (
+                hn.wrap(&agent_bin),
+                std::net::SocketAddr::from((hn.outer, port)),
+            ),
+            None => (Command::new(&agent_bin), addr),
+        };
         cmd.arg("--coordinator")
-            .arg(addr.to_string())
+            .arg(reach.to_string())
             .arg("--ca")
             .arg(&cert)
             .arg("--host")

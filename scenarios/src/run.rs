@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::{
     children::{self, Children},
     libs::{self, LibDir, LibError},
+    netns::{NetnsError, Network},
     orchestrate::{self, Mode, OrchestrateError},
     spec::{FaultKind, Spec},
     steps::{StepLog, StepTime},
@@ -41,6 +42,10 @@ pub struct RunOptions {
     /// NCCL operation to `DIR/sim/coll-rank-N.log` (`key host_ns arrive_ns
     /// release_ns done_ns finished_ns`).
     pub trace: bool,
+    /// As root with `hosts > 1`, run each host in its own network
+    /// namespace joined by veth (see [`crate::netns`]); otherwise hosts are
+    /// logical groups sharing the machine's network.
+    pub netns: bool,
 }
 
 impl RunOptions {
@@ -52,6 +57,7 @@ impl RunOptions {
             timeout: None,
             progress: false,
             trace: false,
+            netns: true,
         }
     }
 }
@@ -72,6 +78,8 @@ pub enum RunError {
     Libs(#[from] LibError),
     #[error(transparent)]
     Orchestrate(#[from] OrchestrateError),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -91,6 +99,11 @@ pub enum RunError {
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RunError {
     let path = path.display().to_string();
     move |source| RunError::Io { what, path, source }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// Unix socket paths are limited to 108 bytes.
@@ -126,7 +139,13 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
 
     let (tx, rx) = mpsc::channel();
     let hub = Hub::start(&socket_path(out), Some(tx))?;
-    let services = orchestrate::start(spec, out, opts.mode)?;
+    // Declared before the services and the ranks: dropped after them.
+    let net = if opts.netns && spec.hosts > 1 && is_root() {
+        Network::create(spec.hosts)?
+    } else {
+        Network::default()
+    };
+    let services = orchestrate::start(spec, out, opts.mode, &net)?;
 
     let started_wall_ns = clock::wall_ns();
     let started_mono_ns = clock::mono_ns();
@@ -149,7 +168,10 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
         let log_path = out.join("logs").join(format!("rank-{rank}.log"));
         let log = File::create(&log_path).map_err(io("cannot create", &log_path))?;
         let log2 = log.try_clone().map_err(io("cannot open", &log_path))?;
-        let mut cmd = Command::new(&trainer);
+        let mut cmd = match net.host(host) {
+            Some(hn) => hn.wrap(&trainer),
+            None => Command::new(&trainer),
+        };
         cmd.env("RANK", rank.to_string())
             .env("LOCAL_RANK", local.to_string())
             .env("WORLD_SIZE", spec.world_size().to_string())

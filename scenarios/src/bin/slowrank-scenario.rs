@@ -49,6 +49,12 @@ enum Cmd {
         /// Log every NIC completion and NCCL operation to DIR/sim/.
         #[arg(long)]
         trace: bool,
+        /// Keep every host in this machine's network namespace. By default,
+        /// as root with hosts > 1, each host (its agent and its ranks) runs
+        /// in its own network namespace joined by veth, so its link to the
+        /// coordinator is a real one that can be taken down or shaped.
+        #[arg(long)]
+        no_netns: bool,
     },
     /// Score DIR/report.json (the coordinator's) against DIR/truth.json:
     /// per fault matched or missed, false verdicts listed. Exits 1 on any
@@ -243,6 +249,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             iterations,
             trainer,
             trace,
+            no_netns,
         } => {
             let mut s = Spec::load(&spec)?;
             if let Some(n) = iterations {
@@ -261,6 +268,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 timeout: timeout.map(Duration::from_secs_f64),
                 progress: true,
                 trace,
+                netns: !no_netns,
             };
             let summary = run(&s, &opts).with_context(|| format!("scenario {}", s.name))?;
             let t = &summary.truth;
