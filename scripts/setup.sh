@@ -43,11 +43,13 @@ else
   say "bpf-linker: present ($(command -v bpf-linker))"
 fi
 
-# 3. Debian packages (iproute2 for network namespaces, libibverbs-dev for the
+# 3. Debian packages (iproute2 and util-linux's nsenter for the scenario's
+#    hosts as network namespaces, libibverbs-dev for the
 #    verbs header the scenario's ABI test checks against, bpftrace for the
 #    benchmark baseline). Only installed when missing; root only.
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 command -v bpftrace >/dev/null 2>&1 || need+=(bpftrace)
 if [ ${#need[@]} -gt 0 ]; then
