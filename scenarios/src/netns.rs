@@ -4,8 +4,9 @@
 //! then reaches the coordinator over a real link that a test can take down
 //! (`ip link set ... down`) or shape (`tc`), as on a real cluster.
 //!
-//! Layout for host `h` of a run with launcher pid `P` and address slot `S`:
-//! namespace `slowrank-P-hH`; veth `srPhH` in the launcher's namespace with
+//! Layout for host `h` of the `R`-th run of launcher pid `P`, address slot
+//! `S`: namespace `slowrank-P-R-hH`; veth `srXXXXXXXXhH` (a hex tag of `P`
+//! and `R`) in the launcher's namespace with
 //! `10.77.S.(4h+1)/30`, its peer `eth0` inside with `10.77.S.(4h+2)/30` and a
 //! default route back. Processes enter with `nsenter --net=...` (it execs
 //! the program: the pid stays the one the launcher started).
@@ -177,12 +178,18 @@ impl Network {
         remove_stale();
         let slot = free_slot()?;
         let pid = std::process::id();
+        // A process may run several scenarios; the last one's namespaces can
+        // outlive it briefly (a process still exiting inside keeps one).
+        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Interface names have at most 15 bytes.
+        let tag = (u64::from(pid) << 12 | u64::from(run & 0xfff)) % 0x1_0000_0000;
         let mut net = Network::default();
         for h in 0..hosts {
             let hn = HostNet {
                 host: h,
-                netns: format!("{PREFIX}{pid}-h{h}"),
-                veth: format!("sr{pid}h{h}"),
+                netns: format!("{PREFIX}{pid}-{run}-h{h}"),
+                veth: format!("sr{tag:08x}h{h}"),
                 outer: Ipv4Addr::new(10, 77, slot, (4 * h + 1) as u8),
                 inner: Ipv4Addr::new(10, 77, slot, (4 * h + 2) as u8),
             };
@@ -192,7 +199,7 @@ impl Network {
         }
         info!(
             "{hosts} hosts as network namespaces ({}-h0.., links 10.77.{slot}.0/24)",
-            format_args!("{PREFIX}{pid}")
+            format_args!("{PREFIX}{pid}-{run}")
         );
         Ok(net)
     }
