@@ -406,8 +406,8 @@ impl Analyzer {
                 .iter()
                 .filter(|r| !matches!(r.op, CollOp::Send | CollOp::Recv))
             {
-                if let Some(c) = self.joiner.comm_info(r.comm_id) {
-                    let e = issued.entry(r.comm_id).or_insert((c.nranks, 0));
+                if let Some(n) = self.joiner.comm_nranks(r.comm_id) {
+                    let e = issued.entry(r.comm_id).or_insert((n, 0));
                     e.1 = e.1.max(r.seq);
                 }
             }

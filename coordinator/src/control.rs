@@ -10,7 +10,11 @@
 //! Replies are matched against the probes actually sent, so an agent cannot
 //! invent samples.
 
-use std::{collections::BTreeMap, sync::Mutex, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::sync::Notify;
 
@@ -43,8 +47,15 @@ pub struct ProbeSchedule {
     pub burst: u32,
     /// …this far apart…
     pub burst_gap: Duration,
-    /// …then one every `every`.
+    /// …then one every `every`…
     pub every: Duration,
+    /// …or less often when many agents are connected: scheduled probes
+    /// across all agents stay under this many per second (each costs a
+    /// round trip of QUIC packets; at 512 agents the default rate alone
+    /// was 20,000 per second, more than the batches cost). The estimator
+    /// keeps one minimum-RTT probe per second, so a probe every second per
+    /// agent still tracks offset and drift.
+    pub max_total_per_s: u32,
     /// Follow every answered probe at once with a second one. A host idle
     /// for `every` wakes slowly (deep CPU idle, parked threads), which makes
     /// the first leg of a lone probe slower than the return leg — a bias
@@ -63,6 +74,7 @@ impl Default for ProbeSchedule {
             burst: 20,
             burst_gap: Duration::from_millis(10),
             every: Duration::from_millis(50),
+            max_total_per_s: 2_000,
             follow_up: true,
         }
     }
@@ -113,6 +125,7 @@ pub(crate) async fn run(
     events: mpsc::Sender<IngestEvent>,
     commands: mpsc::Receiver<Control>,
     schedule: ProbeSchedule,
+    connected: Arc<dyn Fn() -> usize + Send + Sync>,
 ) -> Result<(), ControlError> {
     let (send, recv) = conn.open_bi().await?;
     let probes = Probes {
@@ -120,7 +133,7 @@ pub(crate) async fn run(
         follow: Notify::new(),
         follow_up: schedule.follow_up,
     };
-    let writer = write_loop(send, commands, schedule, &probes);
+    let writer = write_loop(send, commands, schedule, &probes, &*connected);
     let reader = read_loop(recv, &agent_id, &host, &events, &probes);
     tokio::select! {
         r = writer => r,
@@ -159,6 +172,7 @@ async fn write_loop(
     mut commands: mpsc::Receiver<Control>,
     schedule: ProbeSchedule,
     probes: &Probes,
+    connected: &(dyn Fn() -> usize + Send + Sync),
 ) -> Result<(), ControlError> {
     let mut seq = 0u64;
     let mut scheduled = 0u64;
@@ -167,7 +181,10 @@ async fn write_loop(
         let gap = if scheduled < u64::from(schedule.burst) {
             schedule.burst_gap
         } else {
-            schedule.every
+            let share = Duration::from_secs_f64(
+                connected() as f64 / f64::from(schedule.max_total_per_s.max(1)),
+            );
+            schedule.every.max(share).min(Duration::from_secs(1))
         };
         probes.send(&mut send, seq, true).await?;
         seq += 1;

@@ -134,7 +134,7 @@ type Controls = DashMap<String, mpsc::Sender<Control>>;
 struct Shared {
     token: Arc<str>,
     stats: Arc<IngestStats>,
-    controls: Controls,
+    controls: Arc<Controls>,
     schedule: ProbeSchedule,
 }
 
@@ -164,7 +164,7 @@ impl Ingest {
             shared: Arc::new(Shared {
                 token: token.into(),
                 stats: Arc::default(),
-                controls: DashMap::new(),
+                controls: Arc::new(DashMap::new()),
                 schedule,
             }),
         })
@@ -318,8 +318,12 @@ async fn serve_connection(
             events.clone(),
         );
         let schedule = shared.schedule;
+        let controls = shared.controls.clone();
+        let connected: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new(move || controls.len());
         tokio::spawn(async move {
-            if let Err(e) = control::run(conn, id.clone(), host, events, ctl_rx, schedule).await {
+            if let Err(e) =
+                control::run(conn, id.clone(), host, events, ctl_rx, schedule, connected).await
+            {
                 warn!(agent = %id, "control stream ended: {e}");
             }
         })

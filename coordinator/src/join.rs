@@ -114,16 +114,21 @@ pub struct HangCandidate {
     pub missing: Vec<MissingMember>,
 }
 
+/// Open instances per communicator at most, however small it is.
+pub const MAX_OPEN_INSTANCES: usize = 16_384;
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct JoinConfig {
     /// Open instances kept per communicator before the oldest is evicted,
-    /// at least (small communicators get more, see `open_records_per_comm`).
+    /// at least (smaller communicators get more, see `open_records_per_comm`).
     pub max_open_per_comm: usize,
-    /// Member slots of open instances one communicator may hold: a host cut
-    /// off for seconds leaves every instance it belongs to open, and an
-    /// 8-rank data-parallel group issuing 100 collectives/s needs ~1,000
-    /// open instances to ride out 10 s. Large communicators get
-    /// `max_open_per_comm`; no communicator gets more than 16× that.
+    /// Member slots (~130 B each) of open instances one communicator may
+    /// hold: a host cut off for seconds leaves every instance it belongs to
+    /// open, and an 8-rank data-parallel group issuing 100 collectives/s
+    /// needs ~1,000 open instances to ride out 10 s, while a 4,096-rank
+    /// group gets 256 (~140 MB; its members' batches arrive over a few
+    /// hundred ms when the coordinator is busy). At most
+    /// [`MAX_OPEN_INSTANCES`] per communicator either way.
     pub open_records_per_comm: usize,
     /// Communicators tracked at most.
     pub max_comms: usize,
@@ -140,8 +145,8 @@ pub struct JoinConfig {
 impl Default for JoinConfig {
     fn default() -> Self {
         Self {
-            max_open_per_comm: 512,
-            open_records_per_comm: 131_072,
+            max_open_per_comm: 64,
+            open_records_per_comm: 1_048_576,
             max_comms: 1 << 16,
             closed_memory: 16_384,
             hang_timeout_ns: 3_000_000_000,
@@ -289,10 +294,9 @@ impl Joiner {
 
     /// Open instances a communicator of `nranks` members may hold.
     fn open_cap(&self, nranks: u32) -> usize {
-        let floor = self.cfg.max_open_per_comm;
         (self.cfg.open_records_per_comm / nranks.max(1) as usize)
-            .min(16 * floor)
-            .max(floor)
+            .min(MAX_OPEN_INSTANCES)
+            .max(self.cfg.max_open_per_comm)
     }
 
     pub fn counters(&self) -> JoinCounters {
@@ -336,6 +340,11 @@ impl Joiner {
         );
         st.by_rank.insert(c.rank, c.rank_in_comm);
         Ok(())
+    }
+
+    /// A communicator's size (cheap: no member list is built).
+    pub fn comm_nranks(&self, comm_id: u64) -> Option<u32> {
+        self.comms.get(&comm_id).map(|st| st.nranks)
     }
 
     pub fn comm_info(&self, comm_id: u64) -> Option<CommInfo> {

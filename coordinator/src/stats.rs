@@ -492,16 +492,30 @@ impl Stats {
                 median(&mut v).map(|m| (*r, m))
             })
             .collect();
+        // Every member of a reference communicator has the same peers: one
+        // center per communicator, not one per rank (O(n²) at 1,000 ranks).
+        let mut centers: HashMap<u64, Option<(f64, f64)>> = HashMap::new();
         for s in scores.iter_mut() {
             let Some(&mine) = med.get(&s.rank) else {
                 continue;
             };
-            let peers = self.peers(s.rank);
-            let v: Vec<f64> = peers.iter().filter_map(|p| med.get(p).copied()).collect();
-            if v.len() < 3 || !s.step_ns.is_finite() {
+            let Some(comm) = self.reference_comm(s.rank) else {
+                continue;
+            };
+            let c = *centers.entry(comm).or_insert_with(|| {
+                let v: Vec<f64> = self
+                    .peers(s.rank)
+                    .iter()
+                    .filter_map(|p| med.get(p).copied())
+                    .collect();
+                (v.len() >= 3).then(|| center_spread(&v))
+            });
+            let Some((center, spread)) = c else {
+                continue;
+            };
+            if !s.step_ns.is_finite() {
                 continue;
             }
-            let (center, spread) = center_spread(&v);
             let floor = (0.005 * s.step_ns).max(10_000.0);
             let z = (mine - center) / (1.4826 * spread.max(floor));
             // Twice the clock error bound per instance: over several
@@ -640,13 +654,25 @@ impl Stats {
             .collect();
         let mut excess = vec![0.0; scores.len()];
         let mut z = vec![0.0; scores.len()];
+        // Members of one reference communicator share their peers: the
+        // peer values and their median/MAD once per communicator.
+        let mut groups: HashMap<u64, (Vec<f64>, f64, f64)> = HashMap::new();
         for (i, s) in scores.iter().enumerate() {
             let peers = self.peers(s.rank);
-            let b: Vec<f64> = peers
-                .iter()
-                .filter(|p| by_rank.contains_key(p))
-                .map(|p| blame.get(p).copied().unwrap_or(0.0))
-                .collect();
+            let Some(comm) = self.reference_comm(s.rank) else {
+                continue;
+            };
+            let (b, m, mad) = &*groups.entry(comm).or_insert_with(|| {
+                let b: Vec<f64> = peers
+                    .iter()
+                    .filter(|p| by_rank.contains_key(p))
+                    .map(|p| blame.get(p).copied().unwrap_or(0.0))
+                    .collect();
+                let m = median(&mut b.clone()).unwrap_or(0.0);
+                let mut d: Vec<f64> = b.iter().map(|x| (x - m).abs()).collect();
+                let mad = median(&mut d).unwrap_or(0.0);
+                (b, m, mad)
+            });
             if b.len() < 2 {
                 continue;
             }
@@ -667,9 +693,7 @@ impl Stats {
                     floor,
                 )
             } else {
-                let m = median(&mut b.clone()).unwrap_or(0.0);
-                let mut d: Vec<f64> = b.iter().map(|x| (x - m).abs()).collect();
-                (m, median(&mut d).unwrap_or(0.0).max(floor))
+                (*m, mad.max(floor))
             };
             excess[i] = mine - center;
             z[i] = excess[i] / (1.4826 * spread);
