@@ -50,8 +50,12 @@ run_wire() {  # bytes the coordinator received per rank per second (default set)
   rm -rf "$B/wire/run"
 }
 run_flood() {  # scale: 1,024 / 4,096 / 16,384 ranks at 100 collectives/s each
+  # Release builds: a debug coordinator measures the compiler, not the design.
+  cargo build --release -q -p slowrank-coordinator -p slowrank-scenarios || return 1
   for n in ${FLOOD_RANKS:-1024 4096 16384}; do
-    $S flood --ranks "$n" --collectives-per-s 100 --seconds "${FLOOD_S:-20}" --onset 5 \
+    SLOWRANK_COORDINATOR_BIN="$PWD/target/release/slowrank" \
+    ./target/release/slowrank-scenario flood --ranks "$n" --collectives-per-s 100 \
+      --seconds "${FLOOD_S:-20}" --onset 3 \
       --slow-rank 13 --out "$B/flood-work" > "$B/flood-$n.json" 2> "$B/flood-$n.log"
     rm -rf "$B/flood-work"
   done
