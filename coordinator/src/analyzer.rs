@@ -1220,6 +1220,11 @@ impl Analyzer {
         })
     }
 
+    /// Verdicts opened so far (active or not).
+    pub fn verdicts_opened(&self) -> usize {
+        lock(&self.core).lifecycle.verdicts().count()
+    }
+
     fn max_error_ns(&self) -> f64 {
         self.clocks
             .iter()

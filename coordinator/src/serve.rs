@@ -119,7 +119,9 @@ pub struct Server {
     stacks: Arc<StackStore>,
     /// When every agent was last asked for a deep window because the job
     /// slowed without a named rank.
-    last_deep_all: std::sync::Mutex<Option<std::time::Instant>>,
+    /// When the last job-wide deep window opened, the wait before the next,
+    /// and how many verdicts had opened by then.
+    last_deep_all: std::sync::Mutex<Option<(std::time::Instant, Duration, usize)>>,
 }
 
 fn render_metrics(
@@ -275,9 +277,27 @@ impl Server {
 
     /// Renders and writes the report files on the blocking pool.
     async fn write_outputs(&self) -> Result<(), OutputError> {
-        let Some(dir) = self.cfg.out_dir.clone() else {
-            return Ok(());
-        };
+        match self.spawn_write_outputs() {
+            Some(h) => Self::writer_result(h.await),
+            None => Ok(()),
+        }
+    }
+
+    fn writer_result(
+        r: Result<Result<(), OutputError>, tokio::task::JoinError>,
+    ) -> Result<(), OutputError> {
+        r.unwrap_or_else(|e| {
+            warn!("report writer task failed: {e}");
+            Ok(())
+        })
+    }
+
+    /// Starts rendering and writing the report files on the blocking pool
+    /// without waiting: the files are fsync'ed, which takes seconds on a
+    /// loaded disk, and batches must not wait behind that (their agents
+    /// wait for the answer).
+    fn spawn_write_outputs(&self) -> Option<tokio::task::JoinHandle<Result<(), OutputError>>> {
+        let dir = self.cfg.out_dir.clone()?;
         let (a, s, ag, st) = (
             self.analyzer.clone(),
             self.ingest.stats(),
@@ -299,13 +319,7 @@ impl Server {
             );
             outputs::write_all(&dir, &report, &a.trace_json())
         };
-        match tokio::task::spawn_blocking(job).await {
-            Ok(r) => r,
-            Err(e) => {
-                warn!("report writer task failed: {e}");
-                Ok(())
-            }
-        }
+        Some(tokio::task::spawn_blocking(job))
     }
 
     /// `Analyzer::tick` on the blocking pool.
@@ -394,10 +408,21 @@ impl Server {
             let Ok(mut last) = self.last_deep_all.lock() else {
                 return;
             };
-            if last.is_some_and(|t| t.elapsed() < window) {
-                return;
+            // Back off while windows name nobody: a job that got slower as a
+            // whole (a shared file system, a loaded machine) would otherwise
+            // keep the deep probes on for good. 1, 2, 4 … up to 20 windows
+            // apart; back to 1 once a verdict has opened.
+            if let Some((t, gap, _)) = *last {
+                if t.elapsed() < gap {
+                    return;
+                }
             }
-            *last = Some(std::time::Instant::now());
+            let named = self.analyzer.verdicts_opened();
+            let gap = match *last {
+                Some((_, g, before)) if named == before => (g * 2).min(window * 20),
+                _ => window,
+            };
+            *last = Some((std::time::Instant::now(), gap, named));
         }
         let ids: Vec<String> = self
             .agents
@@ -595,6 +620,7 @@ impl Server {
         let mut log = Vec::new();
         let mut clock_samples = 0u64;
         let mut seen_agent = false;
+        let mut writer: Option<tokio::task::JoinHandle<Result<(), OutputError>>> = None;
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -617,8 +643,14 @@ impl Server {
                     self.deep_window_on_slowdown();
                 }
                 _ = write.tick() => {
-                    if let Err(e) = self.write_outputs().await {
-                        warn!("writing the report files: {e}: {}", alert::source_chain(&e));
+                    // One write at a time; a slow disk skips ticks, not batches.
+                    if writer.as_ref().is_none_or(|h| h.is_finished()) {
+                        if let Some(h) = writer.take() {
+                            if let Err(e) = Self::writer_result(h.await) {
+                                warn!("writing the report files: {e}: {}", alert::source_chain(&e));
+                            }
+                        }
+                        writer = self.spawn_write_outputs();
                     }
                 }
                 _ = &mut shutdown => {
@@ -644,6 +676,10 @@ impl Server {
         }
         let events = self.tick().await;
         self.alert(events, &mut log);
+        // The periodic write may still be going; the final one replaces it.
+        if let Some(h) = writer.take() {
+            let _ = h.await;
+        }
         self.write_outputs().await?;
         let report = self.report();
         let stats = self.ingest.stats();

@@ -190,13 +190,23 @@ impl Shipper {
     /// (a coordinator killed between receiving and ingesting loses it), so
     /// without the answer the batch stays spooled and is sent again.
     pub async fn send_encoded(&self, bytes: &[u8]) -> Result<(), ShipError> {
+        let t0 = std::time::Instant::now();
         let (mut send, mut recv) = self.conn.open_bi().await?;
+        let t1 = t0.elapsed();
         send.write_all(bytes).await?;
         send.finish()?;
+        let t2 = t0.elapsed();
         let answer = recv
             .read_to_end(8)
             .await
             .map_err(|_| ShipError::Unacknowledged)?;
+        tracing::debug!(
+            open_us = t1.as_micros() as u64,
+            written_us = t2.as_micros() as u64,
+            acked_us = t0.elapsed().as_micros() as u64,
+            bytes = bytes.len(),
+            "batch acknowledged"
+        );
         match answer.first() {
             Some(&wire::BATCH_INGESTED) => Ok(()),
             Some(&wire::BATCH_REJECTED) => {

@@ -17,17 +17,8 @@ use slowrank_scenarios::{
     spec::Spec,
 };
 
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: CI must run as root so the eBPF probes are really exercised");
-    }
-    eprintln!("\n*** SKIPPED {test}: not root, cannot load eBPF. Run as root to exercise the probes. ***\n");
-    false
-}
+mod support;
+use support::root_or_skip;
 
 /// Agents of earlier tests detach their uprobes when they exit, which can
 /// take many seconds and stalls every attach on the machine meanwhile; this

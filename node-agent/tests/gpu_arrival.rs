@@ -27,17 +27,8 @@ use slowrank_scenarios::{
 };
 use slowrank_shared::{links::resolve_peer_ranks, wire::LinkRecord};
 
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: CI must run as root so the eBPF probes are really exercised");
-    }
-    eprintln!("\n*** SKIPPED {test}: not root, cannot load eBPF. Run as root to exercise the probes. ***\n");
-    false
-}
+mod support;
+use support::root_or_skip;
 
 /// The scenarios run one at a time: two jobs of 8 ranks on 2 cores would
 /// delay the deep probes' attach past most of the run.

@@ -22,17 +22,8 @@ pub extern "C" fn slowrank_selftest_target(a: u64, b: u64, c: u64) -> u64 {
     std::hint::black_box(a.wrapping_mul(1_000_003) ^ b.rotate_left(7) ^ c)
 }
 
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: CI must run as root so the eBPF probes are really exercised");
-    }
-    eprintln!("\n*** SKIPPED {test}: not root, cannot load eBPF. Run as root (sudo -E cargo test) to exercise the probes. ***\n");
-    false
-}
+mod support;
+use support::root_or_skip;
 
 #[test]
 fn uprobe_and_uretprobe_on_own_function_deliver_every_call() {

@@ -19,17 +19,8 @@ pub extern "C" fn slowrank_storm_target(a: u64) -> u64 {
     std::hint::black_box(a.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: CI must run as root so the eBPF probes are really exercised");
-    }
-    eprintln!("\n*** SKIPPED {test}: not root, cannot load eBPF. Run as root (sudo -E cargo test) to exercise the probes. ***\n");
-    false
-}
+mod support;
+use support::root_or_skip;
 
 /// Drains until nothing more arrives for a while; returns this thread's
 /// events of probe `id`.
