@@ -812,10 +812,20 @@ impl Folder {
 
     /// Takes everything folded so far.
     pub fn take(&mut self) -> Folded {
+        let mut released = false;
         for p in self.procs.values_mut() {
             for rec in p.gpu.take_released() {
+                released = true;
                 push_bounded(&mut self.out.collectives, rec, self.limits, &mut self.drops);
             }
+        }
+        if released {
+            // Held records (waiting for GPU-side times) come out after newer
+            // ones that were not held (the deep window closed meanwhile);
+            // the coordinator wants each rank's records in issue order, and
+            // rejects a sequence number that goes backwards. Stable, so
+            // records of equal entry time keep their order.
+            self.out.collectives.sort_by_key(|r| r.host_entry_ns);
         }
         std::mem::take(&mut self.out)
     }
