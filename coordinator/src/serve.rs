@@ -118,8 +118,7 @@ pub struct Server {
     agents: Arc<std::sync::Mutex<BTreeMap<String, AgentReport>>>,
     stacks: Arc<StackStore>,
     /// When every agent was last asked for a deep window because the job
-    /// slowed without a named rank.
-    /// When the last job-wide deep window opened, the wait before the next,
+    /// slowed without a named rank, the wait before the next such window,
     /// and how many verdicts had opened by then.
     last_deep_all: std::sync::Mutex<Option<(std::time::Instant, Duration, usize)>>,
 }
