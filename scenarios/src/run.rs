@@ -40,7 +40,7 @@ pub struct RunOptions {
     /// Have each rank log every NIC completion to `DIR/sim/nic-rank-N.log`
     /// (`qp_num dlid bytes posted_ns completed_ns polled_ns`) and every
     /// NCCL operation to `DIR/sim/coll-rank-N.log` (`key host_ns arrive_ns
-    /// release_ns done_ns finished_ns`).
+    /// release_ns done_ns finished_ns posted_ns`).
     pub trace: bool,
     /// As root with `hosts > 1`, run each host in its own network
     /// namespace joined by veth (see [`crate::netns`]); otherwise hosts are

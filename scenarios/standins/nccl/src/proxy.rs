@@ -37,6 +37,9 @@ pub struct NetOp {
     cv: Condvar,
     /// When the proxy saw the last completion (monotonic ns; 0 = not yet).
     polled_all_ns: AtomicU64,
+    /// Just before the first chunk was posted (monotonic ns; 0 = not yet):
+    /// ground truth for the agent's GPU-side arrival.
+    first_post_ns: AtomicU64,
 }
 
 impl NetOp {
@@ -57,6 +60,7 @@ impl NetOp {
             st: Mutex::new((0, 0, false)),
             cv: Condvar::new(),
             polled_all_ns: AtomicU64::new(0),
+            first_post_ns: AtomicU64::new(0),
         })
     }
 
@@ -73,6 +77,12 @@ impl NetOp {
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         self.polled_all_ns.load(Ordering::Relaxed)
+    }
+
+    /// When the first chunk was posted (monotonic ns, taken just before the
+    /// call; 0 = not yet).
+    pub fn first_post_ns(&self) -> u64 {
+        self.first_post_ns.load(Ordering::Relaxed)
     }
 
     fn post(&self, k: u32) -> bool {
@@ -105,6 +115,8 @@ impl NetOp {
         let plan = *self.plan.lock().unwrap_or_else(|p| p.into_inner());
         let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
         if st.0 == 0 {
+            self.first_post_ns
+                .store(clock::mono_ns(), Ordering::Relaxed);
             if !self.post(0) {
                 return false;
             }

@@ -239,7 +239,8 @@ impl Task {
                 op.set_plan(release, done);
             }
             end = end.max(done);
-            traced.push((&part.key, part.host_ns, release, done));
+            let posted = netop.as_ref().map_or(0, |op| op.first_post_ns());
+            traced.push((&part.key, part.host_ns, release, done, posted));
         }
         // The stream can move on once the modelled transfer ended and the
         // proxy polled every completion (later than `done` when it was slow
@@ -249,8 +250,8 @@ impl Task {
             finished = finished.max(op.wait());
         }
         clock::sleep_until(end);
-        for (key, host_ns, release, done) in traced {
-            trace::collective(key, host_ns, arrive, release, done, finished);
+        for (key, host_ns, release, done, posted) in traced {
+            trace::collective(key, host_ns, arrive, release, done, finished, posted);
         }
     }
 }
