@@ -1098,9 +1098,18 @@ impl Analyzer {
                 );
             }
             let max_err = self.max_error_ns();
+            let min_link_cost = self.cfg.links.min_cost_fraction;
             for n in &f.nics {
                 let acc = bucket.ranks.get(&n.rank);
                 let lost = acc.map_or(0.0, |a| a.xfer_member_ns * (1.0 - 1.0 / n.ratio.max(1.0)));
+                if !costs_enough(lost, exposure, min_link_cost) {
+                    tracing::debug!(
+                        rank = n.rank,
+                        lost_ns = lost,
+                        "slow NIC with no measured cost: not a finding"
+                    );
+                    continue;
+                }
                 let ratio = transfer_ratio(bucket, n.rank);
                 obs.insert(
                     Subject::Nic(n.rank),
@@ -1120,6 +1129,15 @@ impl Analyzer {
             for l in &f.links {
                 let acc = bucket.ranks.get(&l.a);
                 let lost = acc.map_or(0.0, |a| a.xfer_member_ns * (1.0 - 1.0 / l.ratio.max(1.0)));
+                if !costs_enough(lost, exposure, min_link_cost) {
+                    tracing::debug!(
+                        a = l.a,
+                        b = l.b,
+                        lost_ns = lost,
+                        "slow link with no measured cost: not a finding"
+                    );
+                    continue;
+                }
                 obs.insert(
                     Subject::Link(l.a, l.b),
                     Observation {
@@ -1466,6 +1484,13 @@ fn hang_report(h: &HangState) -> report::HangReport {
 
 fn drop_record(c: &Mutex<IngestCounters>, why: &'static str) {
     *lock(c).records_rejected.entry(why.to_owned()).or_default() += 1;
+}
+
+/// Whether a link or NIC finding's cost in one iteration (`lost` GPU-ns of
+/// `exposure`) is worth naming. Without a known step (exposure 0) any
+/// measured cost is.
+fn costs_enough(lost: f64, exposure: f64, min_fraction: f64) -> bool {
+    lost > 0.0 && (exposure <= 0.0 || lost >= min_fraction * exposure)
 }
 
 /// Mean transfer of instances containing `rank` vs all instances, this iteration.

@@ -47,6 +47,13 @@ pub struct LinkConfig {
     /// Observations kept per pair; pairs kept at most.
     pub per_pair: usize,
     pub max_pairs: usize,
+    /// Share of the iteration's GPU time a slow link or NIC must be seen to
+    /// cost (its collectives' measured transfer time beyond the baseline)
+    /// to count as a finding in that iteration. Slow post→completion
+    /// latencies whose transfers were not measured, or cost nothing, name
+    /// nobody: right after the deep probes attach, a loaded host's late
+    /// polls look like a slow pair.
+    pub min_cost_fraction: f64,
 }
 
 impl Default for LinkConfig {
@@ -59,6 +66,7 @@ impl Default for LinkConfig {
             min_class_links: 3,
             per_pair: 16,
             max_pairs: 1 << 20,
+            min_cost_fraction: 0.001,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use slowrank_coordinator::synth::{GpuTiming, SynthSpec};
+use slowrank_coordinator::synth::{Fault, FaultKind, GpuTiming, SynthSpec};
 
 fn assert_quiet(spec: SynthSpec, iterations: u64) {
     let r = common::run(spec, iterations);
@@ -26,6 +26,33 @@ fn healthy_dp8_with_5pct_jitter_has_no_verdict() {
         spec.seed = seed;
         assert_quiet(spec, 120);
     }
+}
+
+/// Verbs latencies say a pair is slow, but no transfer it took part in was
+/// measured (no GPU-side completions: the deep probes just attached, or its
+/// members do not all post): the cost is unknown, and a verdict must say
+/// what it costs, so none opens (the 30-minute soak opened three such,
+/// "costing 0%", each while a deep window was starting).
+#[test]
+fn slow_link_latency_without_measured_transfers_names_no_link() {
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 25;
+    spec.gpu_timing = GpuTiming::None;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Link {
+            a: 3,
+            b: 4,
+            factor: 3.0,
+        },
+        20,
+    ));
+    let r = common::run(spec, 80);
+    let rep = r.report();
+    assert!(
+        rep.verdicts.iter().all(|v| v.link.is_none()),
+        "{}",
+        slowrank_coordinator::render_human(&rep)
+    );
 }
 
 #[test]
