@@ -413,7 +413,10 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
                     .map(|o| (m.2 as i64 - o.2 as i64).unsigned_abs())
                     .min()
                     .unwrap_or(u64::MAX);
-                if own < -50_000 || (own > 100_000 && nearest_other < own.unsigned_abs()) {
+                // A shifted count lands on another send's post (a trap's
+                // delay after it); a trap delayed by a preempted thread lands
+                // on no post at all and is not a wrong instance.
+                if own < -50_000 || (own > 100_000 && nearest_other < 100_000) {
                     wild += 1;
                     eprintln!(
                         "rank {} send #{i}: {} µs from its own first post, {} µs from another send's",
