@@ -25,7 +25,9 @@ use slowrank_shared::wire::{
 };
 
 use crate::classify;
-use crate::clock::{median, ClockConfig, ClockError, ClockEstimator, ClockSample, CoordNs};
+use crate::clock::{
+    median, ClockConfig, ClockError, ClockEstimator, ClockMap, ClockSample, CoordNs,
+};
 use crate::graph::{Node, WaitGraph};
 use crate::intervals::{IntervalObs, IntervalStore};
 use crate::iteration::{IterationClock, IterationConfig};
@@ -57,6 +59,9 @@ pub struct Limits {
     pub recent_member_entries: usize,
     /// Instances copied into a verdict's trace snapshot.
     pub snapshot_instances: usize,
+    /// And at most this many member entries (256 instances of a 4,096-rank
+    /// communicator would be ≈ 130 MB per verdict).
+    pub snapshot_member_entries: usize,
     /// Verdict snapshots kept.
     pub max_snapshots: usize,
     /// Raw link / interval records queued between ticks.
@@ -70,6 +75,7 @@ impl Default for Limits {
             max_pending_instances: 100_000,
             recent_member_entries: 400_000,
             snapshot_instances: 256,
+            snapshot_member_entries: 65_536,
             max_snapshots: 64,
             max_queued_records: 1_000_000,
         }
@@ -274,6 +280,18 @@ impl Analyzer {
         match self.clocks.get(host) {
             Some(c) => (c.to_coord(agent_ns), c.error_bound_ns()),
             None => (agent_ns as CoordNs, f64::INFINITY),
+        }
+    }
+
+    /// Every host's clock mapping now, for mapping many times at once.
+    fn clock_maps(&self) -> ClockMaps {
+        ClockMaps {
+            maps: self
+                .clocks
+                .iter()
+                .map(|c| (c.key().clone(), c.value().map()))
+                .collect(),
+            last: std::cell::RefCell::new(None),
         }
     }
 
@@ -697,7 +715,8 @@ impl Analyzer {
             });
         }
         let raw_intervals = std::mem::take(&mut *lock(&self.raw_intervals));
-        let clock = |h: &str, t: u64| self.to_coord(h, t);
+        let maps = self.clock_maps();
+        let clock = |h: &str, t: u64| maps.to_coord(h, t);
         let mut core = lock(&self.core);
         let core = &mut *core;
 
@@ -1190,11 +1209,18 @@ impl Analyzer {
             }
             None => a.members.iter().any(|m| m.rank == rank),
         };
+        let mut entries = 0usize;
+        let budget = self.cfg.limits.snapshot_member_entries;
         let snap: Vec<(u64, AlignedInstance)> = core
             .recent
             .iter()
             .filter(|(it, a)| *it >= lo && involves(a))
             .take(self.cfg.limits.snapshot_instances)
+            .take_while(|(_, a)| {
+                let first = entries == 0;
+                entries += a.members.len();
+                first || entries <= budget
+            })
             .cloned()
             .collect();
         core.snapshots.insert(id, snap);
@@ -1484,6 +1510,29 @@ fn hang_report(h: &HangState) -> report::HangReport {
 
 fn drop_record(c: &Mutex<IngestCounters>, why: &'static str) {
     *lock(c).records_rejected.entry(why.to_owned()).or_default() += 1;
+}
+
+/// Clock mappings of every host, taken once per tick. Members of one host
+/// usually follow each other in an instance, so the last host looked up is
+/// kept: one hash lookup per run of members instead of four per member.
+struct ClockMaps {
+    maps: HashMap<String, ClockMap>,
+    last: std::cell::RefCell<Option<(String, ClockMap)>>,
+}
+
+impl ClockMaps {
+    fn to_coord(&self, host: &str, agent_ns: u64) -> (CoordNs, f64) {
+        let mut last = self.last.borrow_mut();
+        let m = match &*last {
+            Some((h, m)) if h == host => *m,
+            _ => {
+                let m = self.maps.get(host).copied().unwrap_or(ClockMap::UNKNOWN);
+                *last = Some((host.to_owned(), m));
+                m
+            }
+        };
+        (m.to_coord(agent_ns), m.error_bound_ns())
+    }
 }
 
 /// Whether a link or NIC finding's cost in one iteration (`lost` GPU-ns of

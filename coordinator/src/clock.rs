@@ -69,6 +69,40 @@ struct Kept {
     rtt_ns: u64,
 }
 
+/// A snapshot of one host's agent → coordinator mapping
+/// ([`ClockEstimator::map`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClockMap {
+    fit: Option<ClockFit>,
+    shift_ns: f64,
+    fallback_offset_ns: f64,
+    error_bound_ns: f64,
+}
+
+impl ClockMap {
+    /// No estimate at all: identity, unbounded error.
+    pub const UNKNOWN: ClockMap = ClockMap {
+        fit: None,
+        shift_ns: 0.0,
+        fallback_offset_ns: 0.0,
+        error_bound_ns: f64::INFINITY,
+    };
+
+    /// Maps an agent monotonic time to coordinator ns.
+    pub fn to_coord(&self, agent_ns: u64) -> CoordNs {
+        let off = match &self.fit {
+            Some(f) => eval(f, agent_ns) + self.shift_ns,
+            None => self.fallback_offset_ns,
+        };
+        (agent_ns as f64 + off).round() as CoordNs
+    }
+
+    /// Bound on the error of [`Self::to_coord`] (ns).
+    pub fn error_bound_ns(&self) -> f64 {
+        self.error_bound_ns
+    }
+}
+
 /// A fitted line, cached after every change of the kept samples.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct ClockFit {
@@ -207,15 +241,22 @@ impl ClockEstimator {
 
     /// Maps an agent monotonic time to coordinator ns.
     pub fn to_coord(&self, agent_ns: u64) -> CoordNs {
-        let off = match self.probe_offset(agent_ns) {
-            Some(o) => o + self.completion_shift_ns,
+        self.map().to_coord(agent_ns)
+    }
+
+    /// The current mapping as a value: mapping many times of one host (every
+    /// member of a 4,096-rank instance) needs no lookup or lock per time.
+    pub fn map(&self) -> ClockMap {
+        ClockMap {
+            fit: self.fit,
+            shift_ns: self.completion_shift_ns,
             // Without probes, the batch arrival bound minus half the assumed
             // one-way error is the best guess; without either, identity.
-            None => self
+            fallback_offset_ns: self
                 .one_way_min
                 .map_or(0.0, |m| m as f64 - self.cfg.one_way_error_ns as f64 / 2.0),
-        };
-        (agent_ns as f64 + off).round() as CoordNs
+            error_bound_ns: self.error_bound_ns(),
+        }
     }
 
     /// Same, ignoring the completion shift: the clock the check is made against.

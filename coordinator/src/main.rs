@@ -105,7 +105,25 @@ struct ReportArgs {
     json: bool,
 }
 
+/// glibc gives threads that allocate their own arenas (up to 8 per core),
+/// and the blocking pool's threads (ingest, analyzer tick, report writer)
+/// each keep freed memory of their own: 1.3 GB RSS in the 4,096-rank flood
+/// instead of 0.5 GB. Two arenas are plenty for a process whose work runs
+/// one piece at a time.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn limit_malloc_arenas() {
+    // SAFETY: mallopt only sets an allocator parameter; called before any
+    // thread is started.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn limit_malloc_arenas() {}
+
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

@@ -57,8 +57,12 @@ pub struct AlignedInstance {
     pub gpu_lateness: Vec<Option<f64>>,
     pub wait: Vec<f64>,
     pub last: usize,
-    /// Clock error bound of comparisons inside this instance (ns).
+    /// Largest clock error bound of a member's comparison with the median
+    /// (ns).
     pub err_ns: f64,
+    /// Per member: clock error bound of its comparison with the median
+    /// (its host's bound plus the median host bound; 0 on one host).
+    pub member_err: Vec<f64>,
     /// Median arrival.
     pub start: CoordNs,
     /// Median completion if known, else last arrival.
@@ -70,6 +74,21 @@ pub struct AlignedInstance {
 fn med_i(v: &[CoordNs]) -> f64 {
     let mut f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
     median(&mut f).unwrap_or(0.0)
+}
+
+/// Quantile of member clock bounds taken as the bound of the median
+/// arrival (see `align`).
+const MEDIAN_ERR_QUANTILE: f64 = 0.875;
+
+/// The value at quantile `q` (nearest rank, rounded up) of `v`.
+fn upper_quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    let k = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
+    let (_, x, _) = s.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
+    *x
 }
 
 fn dead_zone(x: f64, err: f64) -> f64 {
@@ -85,13 +104,15 @@ pub fn align(
     inst: &JoinedInstance,
     clock: &impl Fn(&str, u64) -> (CoordNs, f64),
 ) -> AlignedInstance {
-    let mut hosts_err: HashMap<&str, f64> = HashMap::new();
+    let mut own_err: Vec<f64> = Vec::with_capacity(inst.members.len());
+    let mut one_host = true;
     let members: Vec<AlignedMember> = inst
         .members
         .iter()
         .map(|m| {
             let (host_entry, e) = clock(&m.host, m.rec.host_entry_ns);
-            hosts_err.insert(&m.host, e);
+            own_err.push(e);
+            one_host &= inst.members.first().is_some_and(|f| f.host == m.host);
             let al = |t: u64| (t != 0).then(|| clock(&m.host, t).0);
             AlignedMember {
                 rank: m.rank,
@@ -107,13 +128,21 @@ pub fn align(
         })
         .collect();
     // Two hosts each off by their bound can disagree by the sum.
-    let err_ns = if hosts_err.len() > 1 {
-        let mut e: Vec<f64> = hosts_err.values().copied().collect();
-        e.sort_by(|a, b| b.total_cmp(a));
-        e[0] + e[1]
+    // Member i is compared with the median arrival: its error is its own
+    // host's bound plus how far the median can be off. Members whose hosts
+    // have worse bounds than the 87.5th percentile are too few to move the
+    // median far, so that percentile bounds it: with a few hosts it is the
+    // worst host's bound (as strict as it gets), and one host with a bad
+    // bound in a 512-host job (a loaded agent's noisy probes) does not
+    // blind the comparisons of the 4,088 ranks elsewhere. On one host the
+    // clocks are the same clock: no error.
+    let member_err: Vec<f64> = if one_host {
+        vec![0.0; own_err.len()]
     } else {
-        0.0
+        let median_err = upper_quantile(&own_err, MEDIAN_ERR_QUANTILE);
+        own_err.iter().map(|e| e + median_err).collect()
     };
+    let err_ns = member_err.iter().copied().fold(0.0, f64::max);
     let all_gpu = members.iter().all(|m| m.gpu_arrive.is_some());
     let basis = if all_gpu { Basis::Gpu } else { Basis::Host };
     let host_arr: Vec<CoordNs> = members.iter().map(|m| m.host_entry).collect();
@@ -132,23 +161,32 @@ pub fn align(
     let last = arrival.iter().position(|a| *a == last_arrival).unwrap_or(0);
     let lateness = arrival
         .iter()
-        .map(|a| dead_zone(*a as f64 - med, err_ns))
+        .zip(&member_err)
+        .map(|(a, e)| dead_zone(*a as f64 - med, *e))
         .collect();
     let host_lateness = host_arr
         .iter()
-        .map(|a| dead_zone(*a as f64 - host_med, err_ns))
+        .zip(&member_err)
+        .map(|(a, e)| dead_zone(*a as f64 - host_med, *e))
         .collect();
     let gpu_lateness = members
         .iter()
-        .map(|m| match (m.gpu_arrive, gpu_med) {
-            (Some(g), Some(gm)) => Some(dead_zone(g as f64 - gm, err_ns)),
+        .zip(&member_err)
+        .map(|(m, e)| match (m.gpu_arrive, gpu_med) {
+            (Some(g), Some(gm)) => Some(dead_zone(g as f64 - gm, *e)),
             _ => None,
         })
         .collect();
+    // A wait compares two members: both hosts' bounds.
+    let last_own = if one_host { 0.0 } else { own_err[last] };
     let wait = arrival
         .iter()
+        .zip(&own_err)
         // In f64: garbage times aligned to opposite ends of i64 would overflow.
-        .map(|a| dead_zone(last_arrival as f64 - *a as f64, err_ns))
+        .map(|(a, e)| {
+            let err = if one_host { 0.0 } else { e + last_own };
+            dead_zone(last_arrival as f64 - *a as f64, err)
+        })
         .collect();
     let dones: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_done).collect();
     let (end, transfer_ns) = if dones.len() == members.len() && basis == Basis::Gpu {
@@ -171,6 +209,7 @@ pub fn align(
         wait,
         last,
         err_ns,
+        member_err,
         start: med as CoordNs,
         end,
         transfer_ns,
@@ -399,7 +438,7 @@ impl Stats {
             acc.sync_wait += m.sync_wait_ns as f64;
             acc.launches += m.launches as u64;
             acc.wait_all += inst.wait[i];
-            acc.err_max = acc.err_max.max(inst.err_ns);
+            acc.err_max = acc.err_max.max(inst.member_err[i]);
             acc.first_t = Some(
                 acc.first_t
                     .map_or(inst.arrival[i], |t| t.min(inst.arrival[i])),
@@ -810,6 +849,58 @@ mod tests {
         assert_eq!(a.err_ns, 40.0);
         assert_eq!(a.lateness[0], 0.0); // -30 is within the bound
         assert_eq!(a.lateness[2], 3_970.0);
+    }
+
+    #[test]
+    fn each_member_is_judged_with_its_own_host_bound_plus_the_median_bound() {
+        let bound = |h: &str| match h {
+            "a" => 10.0,
+            "b" => 30.0,
+            "c" => 20.0,
+            _ => 5.0,
+        };
+        let i = inst(&[
+            (0, "a", 1, 0),
+            (1, "b", 1, 0),
+            (2, "b", 1, 0),
+            (3, "a", 1, 0),
+            (4, "c", 1, 0),
+            (5, "b", 1, 0),
+            (6, "d", 1, 0),
+        ]);
+        let a = align(&i, &|h, t| (t as i64, bound(h)));
+        // Seven members: the 87.5th percentile is the largest bound, 30.
+        assert_eq!(a.member_err, vec![40.0, 60.0, 60.0, 40.0, 50.0, 60.0, 35.0]);
+        assert_eq!(a.err_ns, 60.0);
+        let i = inst(&[(0, "b", 1, 0), (1, "b", 1, 0)]);
+        assert_eq!(align(&i, &|h, t| (t as i64, bound(h))).err_ns, 0.0);
+    }
+
+    #[test]
+    fn one_host_with_a_bad_clock_bound_does_not_hide_a_late_rank_elsewhere() {
+        // 64 ranks on 16 hosts; host 15 has a 2 ms bound, the others
+        // 10 µs; rank 9 (host 2) is 500 µs late.
+        let hosts: Vec<String> = (0..16).map(|h| format!("h{h}")).collect();
+        let arr: Vec<(u32, &str, u64, u64)> = (0..64u32)
+            .map(|r| {
+                let t = if r == 9 { 1_500_000 } else { 1_000_000 };
+                (r, hosts[(r / 4) as usize].as_str(), t, 0)
+            })
+            .collect();
+        let bound = |h: &str| if h == "h15" { 2_000_000.0 } else { 10_000.0 };
+        let a = align(&inst(&arr), &|h, t| (t as i64, bound(h)));
+        assert_eq!(a.lateness[9], 500_000.0);
+        assert_eq!(a.member_err[9], 20_000.0);
+        assert_eq!(a.member_err[63], 2_010_000.0);
+        // With two hosts the median can be off by the worse one's bound.
+        let i = inst(&[
+            (0, "h0", 1, 0),
+            (1, "h0", 1, 0),
+            (2, "h15", 1, 0),
+            (3, "h15", 1, 0),
+        ]);
+        let a = align(&i, &|h, t| (t as i64, bound(h)));
+        assert_eq!(a.member_err[0], 2_010_000.0);
     }
 
     /// Eight ranks, four instances; per-instance host lateness (µs) of each
