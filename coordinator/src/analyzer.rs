@@ -797,6 +797,11 @@ impl Analyzer {
                 events.extend(self.evaluate(core, k, &bucket));
                 core.last_sealed = Some(k);
             }
+            // How far behind the job the verdicts are (benchmarks read it).
+            if let Some(end) = core.iteration.end_of(through) {
+                tracing::debug!(target: "slowrank::timing", sealed_through = through,
+                    behind_ms = now.saturating_sub(end) as f64 / 1e6, "iterations sealed");
+            }
         }
         events
     }

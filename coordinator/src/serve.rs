@@ -42,6 +42,9 @@ use crate::{
 /// a tick waits behind ingest).
 const MAX_BATCHES_PER_RUN: usize = 256;
 
+/// Decoded batches queued between the connections and the analyzer.
+const MAX_QUEUED_BATCHES: usize = 512;
+
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
@@ -644,7 +647,11 @@ impl Server {
     /// Serves until `shutdown` resolves, or — with `exit_when_idle` — every
     /// agent has gone; then writes the final outputs.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<ServeSummary, ServeError> {
-        let (tx, mut rx) = mpsc::channel(4096);
+        // Decoded batches waiting for the analyzer. Beyond this the
+        // connections wait (and QUIC flow control holds the agents, whose
+        // spools keep the data): a longer queue only bought memory, ≈ 0.5 GB
+        // of queued batches in the 4,096-rank flood while the analyzer caught up.
+        let (tx, mut rx) = mpsc::channel(MAX_QUEUED_BATCHES);
         let accept = {
             let ingest = self.ingest.clone();
             tokio::spawn(async move { ingest.run(tx).await })

@@ -2,8 +2,10 @@
 //!
 //! One connection per agent. The agent opens a bidirectional stream, sends
 //! [`Hello`] with the job token and waits for [`HelloReply`]; then every batch
-//! travels on its own unidirectional stream, so one lost or slow batch never
-//! blocks the next. TLS authenticates the coordinator (its certificate must
+//! travels on its own bidirectional stream, answered on it once the
+//! coordinator has ingested it; up to [`SEND_WINDOW`] batches are written
+//! before the oldest answer is awaited, in order (the coordinator takes an
+//! agent's streams in the order they were opened). TLS authenticates the coordinator (its certificate must
 //! chain to the CA file the agent was given); the token authenticates the
 //! agent.
 //!
@@ -14,7 +16,7 @@
 //! requests for deep-probe windows, handed to the agent's main loop through
 //! [`Uplink::take_control_requests`].
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
 use quinn::{crypto::rustls::QuicClientConfig, Connection, Endpoint, RecvStream, SendStream};
 use rustls::pki_types::{pem::PemObject, CertificateDer};
@@ -25,6 +27,7 @@ use slowrank_shared::wire::{
 use tokio::sync::mpsc;
 
 use crate::clock::HostClock;
+use crate::spool::SpoolId;
 
 /// Largest reply the agent reads on the hello stream.
 const MAX_REPLY: usize = 64 * 1024;
@@ -190,34 +193,25 @@ impl Shipper {
     /// (a coordinator killed between receiving and ingesting loses it), so
     /// without the answer the batch stays spooled and is sent again.
     pub async fn send_encoded(&self, bytes: &[u8]) -> Result<(), ShipError> {
+        let pending = self.begin_send(bytes).await?;
+        pending.answer().await
+    }
+
+    /// Opens the batch's stream and writes it; the answer is awaited
+    /// separately ([`PendingAnswer::answer`]), so the next batch can go out
+    /// meanwhile. Streams are opened in call order, and the coordinator
+    /// takes them in that order: batches stay in order.
+    pub async fn begin_send(&self, bytes: &[u8]) -> Result<PendingAnswer, ShipError> {
         let t0 = std::time::Instant::now();
-        let (mut send, mut recv) = self.conn.open_bi().await?;
-        let t1 = t0.elapsed();
+        let (mut send, recv) = self.conn.open_bi().await?;
         send.write_all(bytes).await?;
         send.finish()?;
-        let t2 = t0.elapsed();
-        let answer = recv
-            .read_to_end(8)
-            .await
-            .map_err(|_| ShipError::Unacknowledged)?;
-        tracing::debug!(
-            open_us = t1.as_micros() as u64,
-            written_us = t2.as_micros() as u64,
-            acked_us = t0.elapsed().as_micros() as u64,
-            bytes = bytes.len(),
-            "batch acknowledged"
-        );
-        match answer.first() {
-            Some(&wire::BATCH_INGESTED) => Ok(()),
-            Some(&wire::BATCH_REJECTED) => {
-                tracing::warn!(
-                    bytes = bytes.len(),
-                    "the coordinator rejected a batch (see its log); not resending it"
-                );
-                Ok(())
-            }
-            _ => Err(ShipError::Unacknowledged),
-        }
+        Ok(PendingAnswer {
+            recv,
+            t0,
+            written_us: t0.elapsed().as_micros() as u64,
+            bytes: bytes.len(),
+        })
     }
 
     /// Answers the coordinator's control streams (clock probes, deep-window
@@ -240,6 +234,43 @@ impl Shipper {
     pub async fn close(self) {
         self.conn.close(0u32.into(), b"agent done");
         self._endpoint.wait_idle().await;
+    }
+}
+
+/// A batch written to the coordinator whose answer is still to come.
+pub struct PendingAnswer {
+    recv: RecvStream,
+    t0: std::time::Instant,
+    written_us: u64,
+    bytes: usize,
+}
+
+impl PendingAnswer {
+    /// Waits for the coordinator's answer: `Ok` once it ingested the batch
+    /// (or rejected it for good: then it is not worth resending).
+    pub async fn answer(mut self) -> Result<(), ShipError> {
+        let answer = self
+            .recv
+            .read_to_end(8)
+            .await
+            .map_err(|_| ShipError::Unacknowledged)?;
+        tracing::debug!(
+            written_us = self.written_us,
+            acked_us = self.t0.elapsed().as_micros() as u64,
+            bytes = self.bytes,
+            "batch acknowledged"
+        );
+        match answer.first() {
+            Some(&wire::BATCH_INGESTED) => Ok(()),
+            Some(&wire::BATCH_REJECTED) => {
+                tracing::warn!(
+                    bytes = self.bytes,
+                    "the coordinator rejected a batch (see its log); not resending it"
+                );
+                Ok(())
+            }
+            _ => Err(ShipError::Unacknowledged),
+        }
     }
 }
 
@@ -412,6 +443,22 @@ impl Uplink {
 
 type Preamble = Arc<std::sync::Mutex<Option<Vec<u8>>>>;
 
+/// Batches written to the coordinator before the oldest unanswered one is
+/// waited for.
+pub const SEND_WINDOW: usize = 8;
+
+type InFlight = VecDeque<(SpoolId, tokio::task::JoinHandle<Result<(), ShipError>>)>;
+
+/// The connection is gone: its unanswered batches stay spooled and go
+/// again, from the oldest, on the next one (the coordinator ignores the
+/// ones it had already ingested as resends).
+fn lose(inflight: &mut InFlight, last_sent: &mut Option<SpoolId>) {
+    for (_, t) in inflight.drain(..) {
+        t.abort();
+    }
+    *last_sent = None;
+}
+
 async fn uplink_task(
     cfg: UplinkConfig,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
@@ -428,11 +475,17 @@ async fn uplink_task(
     let mut backoff = Duration::from_millis(200);
     let mut open = true;
     let mut connected_before = false;
+    // Batches written on the current connection and not yet answered, oldest
+    // first; `last_sent` is the newest of them (None: resend from the front).
+    let mut inflight: InFlight = VecDeque::new();
+    let mut last_sent: Option<SpoolId> = None;
     loop {
         // Take everything queued without waiting.
         loop {
             match rx.try_recv() {
-                Ok(b) => spool.push(b),
+                Ok(b) => {
+                    spool.push(b);
+                }
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     open = false;
                     break;
@@ -487,28 +540,65 @@ async fn uplink_task(
             }
         }
         let shipper = conn.as_ref().expect("connected");
-        if spool.is_empty() {
+        // Up to SEND_WINDOW batches go out before the oldest is answered: one
+        // at a time, a coordinator busy for half a second (a big analyzer
+        // tick) stalled every agent behind its answers, and their backlogs
+        // held back whole 4,096-rank collectives.
+        if inflight.len() < SEND_WINDOW {
+            if let Some((id, bytes)) = spool.next_after(last_sent) {
+                match shipper.begin_send(bytes).await {
+                    Ok(p) => {
+                        last_sent = Some(id);
+                        inflight.push_back((id, tokio::spawn(p.answer())));
+                    }
+                    Err(e) => {
+                        tracing::warn!("lost the coordinator: {e}; spooling");
+                        lose(&mut inflight, &mut last_sent);
+                        conn = None;
+                    }
+                }
+                continue;
+            }
+        }
+        let Some((_, oldest)) = inflight.front_mut() else {
+            // Nothing in flight and nothing new to send.
             tokio::select! {
-                b = rx.recv() => match b { Some(b) => spool.push(b), None => open = false },
+                b = rx.recv() => match b { Some(b) => { spool.push(b); } None => open = false },
                 _ = shipper.conn.closed() => {
                     tracing::warn!("lost the coordinator while idle; reconnecting");
+                    lose(&mut inflight, &mut last_sent);
                     conn = None;
                 }
                 _ = stop.notified() => break,
             }
             continue;
-        }
-        let front = spool.front().expect("not empty").to_vec();
-        match shipper.send_encoded(&front).await {
-            Ok(()) => {
-                spool.pop();
-                report.sent += 1;
+        };
+        tokio::select! {
+            r = oldest => {
+                let (id, _) = inflight.pop_front().expect("front");
+                match r {
+                    Ok(Ok(())) => {
+                        spool.delivered(id);
+                        report.sent += 1;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!("lost the coordinator: {e}; spooling");
+                        lose(&mut inflight, &mut last_sent);
+                        conn = None;
+                    }
+                    Err(e) => {
+                        tracing::warn!("batch answer task failed: {e}; resending");
+                        lose(&mut inflight, &mut last_sent);
+                        conn = None;
+                    }
+                }
             }
-            Err(e) => {
-                tracing::warn!("lost the coordinator: {e}; spooling");
-                conn = None;
-            }
+            b = rx.recv(), if open => match b { Some(b) => { spool.push(b); } None => open = false },
+            _ = stop.notified() => break,
         }
+    }
+    for (_, t) in inflight {
+        t.abort();
     }
     if let Some(t) = control_task {
         t.abort();
