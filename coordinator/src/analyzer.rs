@@ -277,10 +277,10 @@ impl Analyzer {
 
     /// Agent time of `host` on the coordinator clock, and its error bound (ns).
     pub fn to_coord(&self, host: &str, agent_ns: u64) -> (CoordNs, f64) {
-        match self.clocks.get(host) {
-            Some(c) => (c.to_coord(agent_ns), c.error_bound_ns()),
-            None => (agent_ns as CoordNs, f64::INFINITY),
-        }
+        self.clocks
+            .get(host)
+            .map_or(ClockMap::UNKNOWN, |c| c.value().map())
+            .coord_and_bound(agent_ns)
     }
 
     /// Every host's clock mapping now, for mapping many times at once.
@@ -1536,7 +1536,7 @@ impl ClockMaps {
                 m
             }
         };
-        (m.to_coord(agent_ns), m.error_bound_ns())
+        m.coord_and_bound(agent_ns)
     }
 }
 

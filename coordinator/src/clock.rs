@@ -101,6 +101,11 @@ impl ClockMap {
     pub fn error_bound_ns(&self) -> f64 {
         self.error_bound_ns
     }
+
+    /// [`Self::to_coord`] and the bound together.
+    pub fn coord_and_bound(&self, agent_ns: u64) -> (CoordNs, f64) {
+        (self.to_coord(agent_ns), self.error_bound_ns)
+    }
 }
 
 /// A fitted line, cached after every change of the kept samples.

@@ -42,6 +42,36 @@ use crate::{
 /// a tick waits behind ingest).
 const MAX_BATCHES_PER_RUN: usize = 256;
 
+/// A batch ready for the analyzer, with its pending answer.
+type QueuedBatch = (String, Box<Batch>, Ack);
+
+/// `first` and the batches already queued behind it (at most
+/// [`MAX_BATCHES_PER_RUN`]), in order; an event of another kind ends the run
+/// and is returned, to be handled after the batches that came before it.
+fn take_run(
+    first: IngestEvent,
+    rx: &mut mpsc::Receiver<IngestEvent>,
+) -> (Vec<QueuedBatch>, Option<IngestEvent>) {
+    let mut run = Vec::new();
+    let mut next = Some(first);
+    while let Some(ev) = next.take() {
+        match ev {
+            IngestEvent::Batch {
+                agent_id,
+                batch,
+                ack,
+            } => {
+                run.push((agent_id, batch, ack));
+                if run.len() < MAX_BATCHES_PER_RUN {
+                    next = rx.try_recv().ok();
+                }
+            }
+            ev => return (run, Some(ev)),
+        }
+    }
+    (run, None)
+}
+
 /// Decoded batches queued between the connections and the analyzer.
 const MAX_QUEUED_BATCHES: usize = 512;
 
@@ -358,7 +388,7 @@ impl Server {
     /// pool per run, not per batch: at 4,096 ranks agents send ≈ 5,000
     /// batches a second, and a thread hand-off each was a fifth of the
     /// coordinator's CPU.
-    async fn ingest_batches(&self, run: Vec<(String, Box<Batch>, Ack)>) {
+    async fn ingest_batches(&self, run: Vec<QueuedBatch>) {
         if run.is_empty() {
             return;
         }
@@ -669,23 +699,7 @@ impl Server {
             tokio::select! {
                 ev = rx.recv() => {
                     let Some(ev) = ev else { break };
-                    // Batches already queued behind this one go in the same
-                    // run; an event of another kind ends it and is handled
-                    // after the batches that came before it.
-                    let mut run = Vec::new();
-                    let mut other = None;
-                    let mut next = Some(ev);
-                    while let Some(ev) = next.take() {
-                        match ev {
-                            IngestEvent::Batch { agent_id, batch, ack } => {
-                                run.push((agent_id, batch, ack));
-                                if run.len() < MAX_BATCHES_PER_RUN {
-                                    next = rx.try_recv().ok();
-                                }
-                            }
-                            ev => other = Some(ev),
-                        }
-                    }
+                    let (run, other) = take_run(ev, &mut rx);
                     self.ingest_batches(run).await;
                     let Some(ev) = other else { continue };
                     seen_agent |= matches!(ev, IngestEvent::AgentUp { .. });
@@ -721,15 +735,10 @@ impl Server {
         accept.abort();
         // What was already received still counts.
         while let Ok(ev) = rx.try_recv() {
-            match ev {
-                IngestEvent::Batch {
-                    agent_id,
-                    batch,
-                    ack,
-                } => self.ingest_batches(vec![(agent_id, batch, ack)]).await,
-                ev => {
-                    self.on_event(ev, &mut clock_samples);
-                }
+            let (run, other) = take_run(ev, &mut rx);
+            self.ingest_batches(run).await;
+            if let Some(ev) = other {
+                self.on_event(ev, &mut clock_samples);
             }
         }
         let events = self.tick().await;

@@ -68,13 +68,6 @@ impl Spool {
         }
     }
 
-    /// Removes the front batch once it was delivered.
-    pub fn pop(&mut self) {
-        if let Some((_, b)) = self.queue.pop_front() {
-            self.bytes -= b.len();
-        }
-    }
-
     pub fn len(&self) -> usize {
         self.queue.len()
     }
@@ -96,16 +89,14 @@ mod tests {
     #[test]
     fn keeps_order_and_counts_evictions() {
         let mut s = Spool::new(25);
-        for i in 0..5u8 {
-            s.push(vec![i; 10]);
-        }
+        let ids: Vec<_> = (0..5u8).map(|i| s.push(vec![i; 10])).collect();
         // 50 bytes pushed, bound 25: the three oldest went.
         assert_eq!(s.dropped(), 3);
         assert_eq!(s.len(), 2);
         assert_eq!(s.front().unwrap()[0], 3);
-        s.pop();
+        s.delivered(ids[3]);
         assert_eq!(s.front().unwrap()[0], 4);
-        s.pop();
+        s.delivered(ids[4]);
         assert!(s.is_empty());
     }
 
