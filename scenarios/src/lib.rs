@@ -4,6 +4,8 @@
 //! - [`libs`]: the ABI-true stand-in libraries laid out under real names.
 //! - [`run`]: the launcher (torchrun-like), writing [`truth`] and [`steps`].
 //! - [`orchestrate`]: where agents and the coordinator join a run.
+//! - [`shaping`]: `communication` faults as `tc` shaping of each NIC's port
+//!   replica on its host's veth (hosts as namespaces).
 //! - [`trainer`]: the PyTorch-like job each rank process runs.
 //! - [`layout`]: ranks, hosts and parallel groups.
 //! - [`score`]: a run's report against its truth.
@@ -20,6 +22,7 @@ pub mod netns;
 pub mod orchestrate;
 pub mod run;
 pub mod score;
+pub mod shaping;
 pub mod spec;
 pub mod steps;
 pub mod trainer;

@@ -20,6 +20,7 @@ use crate::{
     libs::{self, LibDir, LibError},
     netns::{NetnsError, Network},
     orchestrate::{self, Mode, OrchestrateError},
+    shaping::{self, Shaping},
     spec::{FaultKind, Spec},
     steps::{StepLog, StepTime},
     truth::{Blocked, FaultTruth, HostClock, Outcome, RankTruth, Truth, WindowLog, TRUTH_VERSION},
@@ -44,7 +45,10 @@ pub struct RunOptions {
     pub trace: bool,
     /// As root with `hosts > 1`, run each host in its own network
     /// namespace joined by veth (see [`crate::netns`]); otherwise hosts are
-    /// logical groups sharing the machine's network.
+    /// logical groups sharing the machine's network. With namespaces, a
+    /// spec's `communication` faults shape each NIC's port replica on its
+    /// host's veth with `tc` (see [`crate::shaping`]); each host's final
+    /// class counters go to `DIR/logs/tc-host-N.txt`.
     pub netns: bool,
 }
 
@@ -145,6 +149,18 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
     } else {
         Network::default()
     };
+    // Dropped before the namespaces: the echo sink stops first.
+    let mut shaping = if shaping::wanted(spec, &net) {
+        match Shaping::install(spec, &net) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!("{e}; communication faults act through the model's NIC knobs instead");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let services = orchestrate::start(spec, out, opts.mode, &net)?;
 
     let started_wall_ns = clock::wall_ns();
@@ -199,6 +215,9 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
+        if let Some(wire) = shaping.as_ref().and_then(|s| s.wire_addr(host)) {
+            cmd.env(env::WIRE, wire.to_string());
+        }
         if opts.trace {
             let sim = out.join("sim");
             cmd.env(
@@ -262,13 +281,16 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
                     }
                     Report::Fault {
                         fault,
+                        rank,
                         active,
                         iteration,
                         mono_ns,
                         wall_ns,
-                        ..
                     } => {
                         windows.record(fault, active, iteration, mono_ns, wall_ns);
+                        if let Some(s) = shaping.as_mut() {
+                            s.on_fault(fault, rank, active);
+                        }
                         if active
                             && spec
                                 .faults
@@ -362,6 +384,9 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
         .collect();
     let pids = kids.pids();
     kids.kill_all(Duration::from_millis(500));
+    if let Some(s) = shaping.take() {
+        s.save_stats(&out.join("logs"));
+    }
     for (rank, child) in &mut kids.procs {
         if exits[*rank as usize].is_none() {
             exits[*rank as usize] = child.try_wait().ok().flatten().and_then(|s| s.code());

@@ -127,11 +127,14 @@ fn a_host_slow_rank_issues_late_while_its_gpu_idles() {
 #[test]
 fn a_communication_fault_slows_only_the_links_of_its_nic() {
     // 2 hosts x 2: TP pairs {0,1} {2,3} inside hosts (NVLink), DP pairs
-    // {0,2} {1,3} across hosts (NIC). Rank 3's NIC gets slow.
+    // {0,2} {1,3} across hosts (NIC). Rank 3's NIC gets slow. As root, hosts
+    // are namespaces and the fault's bandwidth is real `tc` shaping of rank
+    // 3's port replica, which its NIC measures (two bursts after onset);
+    // otherwise it is a model knob.
     let toml = r#"
 name = "comm"
 seed = 5
-iterations = 10
+iterations = 20
 hosts = 2
 ranks_per_host = 2
 [parallel]
@@ -174,7 +177,9 @@ start_iteration = 3
         median(
             keys.iter()
                 .map(|k| &all[r][k])
-                .filter(|c| c.seq() >= 8)
+                // Two buckets per iteration: iterations 10.., well after
+                // the measured port caught up with the onset at 3.
+                .filter(|c| c.seq() >= 20)
                 .map(Coll::transfer)
                 .collect(),
         )
@@ -199,6 +204,82 @@ start_iteration = 3
         "post->completion rank 3 {} ns, rank 2 {} ns",
         lat(3),
         lat(2)
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_shaped_port(&s);
+    }
+}
+
+/// `mono_ns factor` lines of `sim/port-rank-N.log`.
+fn port_log(out: &std::path::Path, rank: u32) -> Vec<(u64, f64)> {
+    let path = out.join("sim").join(format!("port-rank-{rank}.log"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (no port monitor?)", path.display()));
+    text.lines()
+        .map(|l| {
+            let (t, f) = l.split_once(' ').expect("two fields");
+            (t.parse().expect("ns"), f.parse().expect("factor"))
+        })
+        .collect()
+}
+
+/// Bytes `tc -s class show` says class `class` sent, and its rate line.
+fn tc_class(text: &str, class: &str) -> (u64, String) {
+    let mut lines = text.lines();
+    while let Some(l) = lines.next() {
+        if l.starts_with(&format!("class htb {class} ")) {
+            let sent = lines
+                .next()
+                .and_then(|s| s.trim().strip_prefix("Sent "))
+                .and_then(|s| s.split(' ').next())
+                .and_then(|b| b.parse().ok())
+                .unwrap_or_else(|| panic!("no Sent line for {class} in\n{text}"));
+            return (sent, l.to_string());
+        }
+    }
+    panic!("no class {class} in\n{text}");
+}
+
+/// Rank 3's port replica was shaped to 0.1 of nominal after the onset and
+/// its NIC measured that; the other ports stayed healthy; the bursts really
+/// crossed the shaped classes.
+fn assert_shaped_port(s: &slowrank_scenarios::run::RunSummary) {
+    let onset = s.truth.faults[0].windows[0].onset_mono_ns;
+    for r in 0..4 {
+        let log = port_log(&s.out, r);
+        eprintln!("port-rank-{r}.log: {log:?}");
+        assert_eq!(log.first().map(|l| l.1), Some(1.0), "rank {r}: {log:?}");
+        if r != 3 {
+            assert!(
+                log.iter().all(|l| l.1 == 1.0),
+                "rank {r}'s healthy port measured slow: {log:?}"
+            );
+        }
+    }
+    let log = port_log(&s.out, 3);
+    assert!(
+        log.iter().all(|(t, f)| *f == 1.0 || *t > onset),
+        "rank 3's port slowed before the onset at {onset}: {log:?}"
+    );
+    let last = log.last().expect("a line").1;
+    assert!(
+        (0.05..=0.2).contains(&last),
+        "rank 3's port measured {last}, expected about 0.1: {log:?}"
+    );
+    // Host 1 holds ranks 2 (class 1:10) and 3 (class 1:11).
+    let path = s.out.join("logs").join("tc-host-1.txt");
+    let text = std::fs::read_to_string(&path).expect("tc-host-1.txt");
+    eprintln!("{text}");
+    let (slow_bytes, slow_rate) = tc_class(&text, "1:11");
+    let (healthy_bytes, healthy_rate) = tc_class(&text, "1:10");
+    assert!(slow_rate.contains("rate 5Mbit"), "{slow_rate}");
+    assert!(healthy_rate.contains("rate 50Mbit"), "{healthy_rate}");
+    // At least ten bursts of 16 x 1442 bytes on the wire each.
+    let burst = 16 * 1442;
+    assert!(
+        slow_bytes >= 10 * burst && healthy_bytes >= 10 * burst,
+        "shaped classes sent {slow_bytes} and {healthy_bytes} bytes"
     );
 }
 

@@ -16,7 +16,7 @@ use std::{
 };
 
 /// Identifies an initialised block.
-pub const MAGIC: u64 = 0x534c_524b_4354_4c31; // "SLRKCTL1"
+pub const MAGIC: u64 = 0x534c_524b_4354_4c32; // "SLRKCTL2"
 /// Most NICs addressable by LID in the link tables.
 pub const MAX_LID: usize = 1024;
 /// Ranks per host the LID scheme supports.
@@ -35,8 +35,12 @@ pub struct Control {
     compute_factor: AtomicU64,
     /// Added to every inter-host transfer hop of this rank's NIC (ns).
     nic_extra_latency_ns: AtomicU64,
-    /// Fraction of nominal NIC bandwidth left (1.0 = healthy).
+    /// Fraction of nominal NIC bandwidth left (1.0 = healthy), as injected.
     nic_bw_factor: AtomicU64,
+    /// Fraction of nominal bandwidth the NIC's port replica on the host's
+    /// veth showed when last measured (1.0 = healthy or not measured; see
+    /// [`crate::wire`]). Written by the `libmlx5.so.1` stand-in.
+    port_bw_factor: AtomicU64,
     /// Per peer NIC (indexed by LID): extra latency and bandwidth fraction
     /// of the link between this rank's NIC and that one.
     link_extra_latency_ns: [AtomicU64; MAX_LID],
@@ -61,6 +65,7 @@ impl Control {
         self.compute_factor.store(1f64.to_bits(), Ordering::Relaxed);
         self.nic_extra_latency_ns.store(0, Ordering::Relaxed);
         self.nic_bw_factor.store(1f64.to_bits(), Ordering::Relaxed);
+        self.port_bw_factor.store(1f64.to_bits(), Ordering::Relaxed);
         for i in 0..MAX_LID {
             self.link_extra_latency_ns[i].store(0, Ordering::Relaxed);
             self.link_bw_factor[i].store(1f64.to_bits(), Ordering::Relaxed);
@@ -148,8 +153,21 @@ impl Control {
     pub fn nic_extra_latency_ns(&self) -> u64 {
         self.nic_extra_latency_ns.load(Ordering::Relaxed)
     }
+    /// The injected NIC bandwidth knob alone (see [`Self::nic_bw`]).
     pub fn nic_bw_factor(&self) -> f64 {
         f(&self.nic_bw_factor)
+    }
+    /// The measured fraction of the NIC's port replica.
+    pub fn port_bw_factor(&self) -> f64 {
+        f(&self.port_bw_factor)
+    }
+    pub fn set_port_bw_factor(&self, v: f64) {
+        self.port_bw_factor.store(v.to_bits(), Ordering::Relaxed);
+    }
+    /// Fraction of nominal bandwidth the NIC has: the injected knob times
+    /// what its port replica measured. What every NIC bandwidth reader uses.
+    pub fn nic_bw(&self) -> f64 {
+        self.nic_bw_factor() * self.port_bw_factor()
     }
     pub fn set_nic(&self, extra_latency_ns: u64, bw_factor: f64) {
         self.nic_extra_latency_ns
@@ -184,6 +202,10 @@ mod tests {
         let a = Control::create(&path).unwrap();
         let b = Control::open(&path).unwrap();
         assert_eq!(b.compute_factor(), 1.0);
+        assert_eq!(b.nic_bw(), 1.0);
+        a.set_nic(0, 0.5);
+        a.set_port_bw_factor(0.25);
+        assert_eq!(b.nic_bw(), 0.125);
         a.set_compute_factor(1.5);
         a.set_link(lid_of(1, 2), 7000, 0.25);
         assert_eq!(b.compute_factor(), 1.5);

@@ -19,7 +19,7 @@ use crate::{control::Control, model::Model, rng};
 pub struct NetState {
     /// Extra per-hop latency of this member's NIC (ns).
     pub lat_ns: u64,
-    /// Fraction of nominal NIC bandwidth.
+    /// Fraction of nominal NIC bandwidth (injected knob × measured port).
     pub bw: f64,
     /// Non-default links from this NIC: (peer LID, extra ns, bandwidth fraction).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -38,7 +38,7 @@ impl NetState {
             .collect();
         Self {
             lat_ns: ctl.nic_extra_latency_ns(),
-            bw: ctl.nic_bw_factor(),
+            bw: ctl.nic_bw(),
             links,
         }
     }

@@ -16,6 +16,11 @@ pub const HOST: &str = "SLOWRANK_SIM_HOST";
 pub const LOCAL: &str = "SLOWRANK_SIM_LOCAL";
 /// JSON of [`crate::model::Model`].
 pub const MODEL: &str = "SLOWRANK_SIM_MODEL";
+/// `ADDR:PORT` of the launcher's echo sink, as reached from this rank's
+/// host. Set only when the launcher shapes each NIC's port replica with
+/// `tc` ([`crate::wire`]): the NIC then measures its port, and the fault
+/// injector leaves a communication fault's bandwidth to `tc`.
+pub const WIRE: &str = "SLOWRANK_SIM_WIRE";
 /// Scenario spec path, read by the trainer.
 pub const SPEC: &str = "SLOWRANK_SPEC";
 /// Run directory of the scenario.

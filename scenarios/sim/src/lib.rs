@@ -16,3 +16,4 @@ pub mod hub;
 pub mod model;
 pub mod report;
 pub mod rng;
+pub mod wire;

@@ -3,6 +3,13 @@
 //! knobs in the control block the stand-ins read, host-side delays and CPU
 //! contention in this process, or a hang — and reports each change to the
 //! launcher for the ground truth.
+//!
+//! When the launcher shapes each NIC's port replica with `tc`
+//! ([`slowrank_sim::env::WIRE`] set), a communication fault's bandwidth is
+//! the launcher's business (it changes the port's htb class, the NIC
+//! measures it); only its extra latency is a knob here, because htb and tbf
+//! cannot add a fixed delay and this machine has no netem. Link faults are
+//! always knobs: one pair of NICs has no link of its own on a host's veth.
 
 use std::{
     sync::{
@@ -15,6 +22,7 @@ use std::{
 use slowrank_sim::{
     clock,
     control::{lid_of, Control},
+    env,
     hub::HubClient,
     report::Report,
 };
@@ -38,6 +46,8 @@ pub struct Injector {
     faults: Vec<(usize, Fault)>,
     active: Vec<bool>,
     ctl: &'static Control,
+    /// Communication bandwidth is shaped by `tc`, not written here.
+    wire: bool,
     hog: Option<Hog>,
 }
 
@@ -77,6 +87,7 @@ impl Injector {
             active: vec![false; faults.len()],
             faults,
             ctl: Control::current(),
+            wire: std::env::var_os(env::WIRE).is_some(),
             hog: None,
         }
     }
@@ -135,7 +146,7 @@ impl Injector {
             lat += l;
             bw = bw.min(b);
         }
-        self.ctl.set_nic(lat, bw);
+        self.ctl.set_nic(lat, if self.wire { 1.0 } else { bw });
         // Every link fault's peer: reset, then apply the active ones.
         let peer_lid = |f: &Fault| {
             let peer = f.targets().into_iter().find(|r| *r != self.rank)?;

@@ -7,6 +7,7 @@
 mod nic;
 mod objects;
 mod ops;
+mod port;
 mod trace;
 
 /// Runs when libibverbs dlopens us: register with it, as rdma-core's

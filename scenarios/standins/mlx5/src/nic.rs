@@ -1,6 +1,8 @@
 //! The simulated NIC: a send takes its wire time on the port (sends
 //! serialise) plus the hop latency, both from the hardware model and this
-//! rank's live fault knobs (NIC-wide and per destination link).
+//! rank's live fault knobs (NIC-wide and per destination link); the
+//! NIC-wide bandwidth also includes what the port monitor measured on the
+//! port's replica when the launcher shapes ports with `tc` (`port.rs`).
 
 use std::sync::Mutex;
 
@@ -30,7 +32,7 @@ impl Nic {
         let (link_lat, link_bw) = self.ctl.link(dlid);
         let lat =
             self.model.nic_latency_us * 1e3 + (self.ctl.nic_extra_latency_ns() + link_lat) as f64;
-        let bw = self.model.nic_gbps * self.ctl.nic_bw_factor() * link_bw;
+        let bw = self.model.nic_gbps * self.ctl.nic_bw() * link_bw;
         let wire = Model::wire_ns(bytes, bw) as u64;
         let mut busy = self.busy_until.lock().unwrap_or_else(|p| p.into_inner());
         let start = (*busy).max(clock::mono_ns());

@@ -26,7 +26,7 @@ use slowrank_sim::{
 use crate::{
     nic::Nic,
     objects::{Context, Cq, Pending, Qp},
-    trace,
+    port, trace,
 };
 
 /// Registered with libibverbs by the constructor.
@@ -68,9 +68,11 @@ unsafe extern "C" fn alloc_context(dev: *mut ibv_device, index: c_int) -> *mut i
     ibv.ops.post_send = Some(mlx5_post_send);
     ibv.ops.post_recv = Some(mlx5_post_recv);
     ibv.ops.req_notify_cq = Some(mlx5_req_notify_cq);
+    let lid = lid_of(host, index.max(0) as u32);
+    port::start(lid);
     let ctx = Box::new(Context {
         ibv,
-        nic: Nic::new(lid_of(host, index.max(0) as u32)),
+        nic: Nic::new(lid),
         next_qpn: AtomicU32::new(0x80),
     });
     Box::into_raw(ctx).cast()
