@@ -88,6 +88,11 @@ struct ServeArgs {
     /// suspect's agent when a verdict opens; 0 disables.
     #[arg(long, default_value_t = 30, value_name = "S")]
     deep_window: u32,
+    /// Iterations at the start of the job that never raise a verdict
+    /// (warm-up: allocator, autotuning and data-loader start are slow on
+    /// every rank, unevenly).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    warmup_iterations: u64,
     /// Print every probed call as it arrives (for the generic --probe set).
     #[arg(long)]
     print_calls: bool,
@@ -200,6 +205,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     cfg.hooks.timeout = Duration::from_secs_f64(args.hook_timeout.max(0.1));
     cfg.metrics_listen = args.metrics_listen;
     cfg.deep_window_s = args.deep_window;
+    cfg.analyzer.lifecycle.warmup_iterations = args.warmup_iterations;
     cfg.print_calls = args.print_calls;
     cfg.exit_when_idle = args.exit_when_idle;
     let server = Server::bind(cfg, &identity)?;

@@ -95,11 +95,16 @@ impl StackStore {
         let errors = flame::annotate(verdicts, &windows, layout, &dir.join("flame"), |v| {
             slow_window(v, step_ns, now_ns)
         });
+        let errors: Vec<(u64, String)> = errors
+            .into_iter()
+            .map(|(id, e)| (id, e.to_string()))
+            .collect();
         if let Ok(mut last) = self.last_errors.lock() {
-            *last = errors
-                .into_iter()
-                .map(|(id, e)| (id, e.to_string()))
-                .collect();
+            // Said once per change: the report is rewritten every few seconds.
+            for (id, e) in errors.iter().filter(|x| !last.contains(x)) {
+                tracing::info!(verdict = id, "no flame graph for this verdict: {e}");
+            }
+            *last = errors;
         }
     }
 }

@@ -69,6 +69,19 @@ impl HostClock {
         (raw_mono_ns as i128 + self.offset_ns as i128 + drift).max(0) as u64
     }
 
+    /// The raw CLOCK_MONOTONIC reading [`map`](Self::map) took to
+    /// `reported_ns` (within a few ns: two fixed-point steps on the drift).
+    pub fn unmap(&self, reported_ns: u64) -> u64 {
+        if self.offset_ns == 0 && self.drift_ppm == 0.0 {
+            return reported_ns;
+        }
+        let shifted = reported_ns as i128 - self.offset_ns as i128;
+        let drift =
+            |raw: i128| ((raw - self.epoch_ns as i128) as f64 * self.drift_ppm * 1e-6) as i128;
+        let raw = shifted - drift(shifted);
+        (shifted - drift(raw)).max(0) as u64
+    }
+
     /// Now, on this clock.
     pub fn now(&self) -> u64 {
         self.map(mono_ns())
@@ -78,6 +91,20 @@ impl HostClock {
 #[cfg(test)]
 mod tests {
     use super::HostClock;
+
+    #[test]
+    fn unmap_inverts_map() {
+        let c = HostClock {
+            offset_ns: -2_500_000,
+            drift_ppm: 30.0,
+            epoch_ns: 1_000_000_000,
+        };
+        for raw in [1_000_000_000u64, 5_000_000_000, 3_600_000_000_000] {
+            let back = c.unmap(c.map(raw));
+            assert!(back.abs_diff(raw) <= 2, "{raw} -> {back}");
+        }
+        assert_eq!(HostClock::real().unmap(42), 42);
+    }
 
     #[test]
     fn real_clock_is_identity_and_simulated_applies_offset_and_drift() {

@@ -68,6 +68,9 @@ pub struct Folder {
     ranks: HashMap<u32, u32>,
     acc: HashMap<(u32, StackView), Acc>,
     start_ns: u64,
+    /// Where the previous cut's settling stopped: the launch view's window
+    /// starts there (its launches are settled behind the CPU view's).
+    settled_ns: u64,
     max_stacks: usize,
     /// Records from processes with no known rank (dropped, counted).
     pub unknown_pid_records: u64,
@@ -82,6 +85,7 @@ impl Folder {
             ranks: HashMap::new(),
             acc: HashMap::new(),
             start_ns,
+            settled_ns: start_ns,
             max_stacks: max_stacks.max(1),
             unknown_pid_records: 0,
             truncated_launches: 0,
@@ -196,10 +200,17 @@ impl Folder {
 
     /// Ends the window at `end_ns`: returns its stacks and starts the next.
     /// Launches are settled with the progress marks reached by
-    /// `settled_upto_ns` (lagging `end_ns` when GPU arrivals come late).
+    /// `settled_upto_ns` (lagging `end_ns` when GPU arrivals come late); the
+    /// launch view's window spans the settled time, `[previous settle,
+    /// settled_upto_ns]`, which is when that GPU work ran — not the CPU
+    /// view's `[previous end, end_ns]`.
     pub fn cut(&mut self, end_ns: u64, settled_upto_ns: u64) -> Vec<StackWindow> {
         self.settle(settled_upto_ns);
         let start_ns = std::mem::replace(&mut self.start_ns, end_ns);
+        let settled_from = self.settled_ns;
+        // Settled "up to forever" (a final cut) still ends at the cut.
+        self.settled_ns = settled_upto_ns.min(end_ns).max(settled_from);
+        let settled_to = self.settled_ns;
         let mut out: Vec<StackWindow> = std::mem::take(&mut self.acc)
             .into_iter()
             .map(|((rank, view), mut a)| {
@@ -213,6 +224,10 @@ impl Folder {
                     .map(|(frames, weight)| FoldedStack { frames, weight })
                     .collect();
                 stacks.sort_by(|x, y| x.frames.cmp(&y.frames));
+                let (start_ns, end_ns) = match view {
+                    StackView::Launch => (settled_from, settled_to),
+                    StackView::Cpu => (start_ns, end_ns),
+                };
                 StackWindow {
                     rank,
                     view,

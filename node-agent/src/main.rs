@@ -321,11 +321,14 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 match req {
                     Some(c) if c.deep_enable => {
                         tracing::info!(seconds = c.seconds, "coordinator opened a deep-probe window");
-                        agent.open_deep_window(Duration::from_secs(u64::from(c.seconds.max(1))));
+                        let dur = Duration::from_secs(u64::from(c.seconds.max(1)));
+                        agent.open_deep_window(dur);
+                        if let Some(s) = stacks.as_mut() { s.open_launch_window(&c.ranks, dur); }
                     }
                     Some(_) if !cli.deep => {
                         tracing::info!("coordinator closed the deep-probe window");
                         agent.set_deep(slowrank_agent::agent::Deep::Off);
+                        if let Some(s) = stacks.as_mut() { s.close_launch_window(); }
                     }
                     Some(_) => {}
                     None => control = None,
@@ -347,7 +350,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     last_interval = std::time::Instant::now();
                 }
                 if close {
-                    if let Some(s) = stacks.as_mut() { s.cut_window(); }
+                    if let Some(s) = stacks.as_mut() { s.cut_window(false); }
                 }
                 cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
                 false
@@ -370,7 +373,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
     agent.scan()?;
     if let Some(s) = stacks.as_mut() {
         s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
-        s.cut_window();
+        s.cut_window(true);
     }
     cut(
         &mut agent,
@@ -428,6 +431,7 @@ fn cut(
         return Ok(());
     };
     if let Some(s) = stacks {
+        s.collectives(&batch.collectives);
         batch.stacks = s.take();
     }
     if let Some(o) = out.as_mut() {

@@ -256,14 +256,15 @@ impl Probes {
                 }
                 UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
             };
-            let link = attach_one(&mut self.ebpf, prog, path, loc, cookie).map_err(|source| {
-                ProbeError::Attach {
-                    kind,
-                    symbol: symbol.to_owned(),
-                    path: path.to_owned(),
-                    source: Box::new(source),
-                }
-            });
+            let link =
+                attach_one(&mut self.ebpf, prog, path, loc, cookie, None).map_err(|source| {
+                    ProbeError::Attach {
+                        kind,
+                        symbol: symbol.to_owned(),
+                        path: path.to_owned(),
+                        source: Box::new(source),
+                    }
+                });
             match link {
                 Ok(l) => links.push((prog, l)),
                 Err(e) => {
@@ -530,13 +531,15 @@ fn field_offset(format: &str, field: &str) -> Option<u32> {
 }
 
 /// The one place that calls `UProbe::attach`: its shape changes between aya
-/// releases (0.14 takes an attach point with a cookie and a scope).
+/// releases (0.14 takes an attach point with a cookie and a scope). `pid`
+/// limits the probe to one process (the kernel filters: others never trap).
 pub(crate) fn attach_one(
     ebpf: &mut Ebpf,
     prog: &'static str,
     path: &Path,
     location: UProbeAttachLocation<'_>,
     cookie: u64,
+    pid: Option<u32>,
 ) -> Result<UProbeLinkId, ProgramError> {
     let program: &mut UProbe = ebpf
         .program_mut(prog)
@@ -546,5 +549,9 @@ pub(crate) fn attach_one(
         location,
         cookie: Some(cookie),
     };
-    program.attach(point, path, UProbeScope::AllProcesses)
+    let scope = match pid.and_then(std::num::NonZeroU32::new) {
+        Some(pid) => UProbeScope::OneProcess(pid),
+        None => UProbeScope::AllProcesses,
+    };
+    program.attach(point, path, scope)
 }

@@ -6,7 +6,7 @@
 //! cuts a batch.
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},
 };
 
@@ -26,36 +26,57 @@ pub enum CollectorError {
     Symbolize(#[from] SymbolizeError),
 }
 
+/// Whose launch sites (the deep set: a uprobe on `cudaLaunchKernel` and the
+/// sync calls) are recorded. Each launch then traps (≈ 4 µs on a VM, well
+/// under 1 µs on bare metal) on the main thread, which slows the host side
+/// of exactly the ranks a verdict compares — so it is meant for a suspect and
+/// a reference over a window of seconds, not for every rank always.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchSites {
+    Off,
+    /// Every followed rank (`--deep`).
+    All,
+    /// These global ranks only (probes scoped to their processes).
+    Ranks(BTreeSet<u32>),
+}
+
 pub struct StackCollector {
     sampler: StackSampler,
     sym: Symbolizer,
     folder: Folder,
-    launch_files: HashSet<PathBuf>,
-    deep: bool,
+    /// Followed processes: pid → (rank, CUDA runtime file it maps).
+    procs: HashMap<u32, (u32, Option<PathBuf>)>,
+    sites: LaunchSites,
+    /// Launch probes attached now: (runtime file, process scope).
+    attached: BTreeSet<(PathBuf, Option<u32>)>,
     buf: Vec<StackEvent>,
     /// Ring-buffer records of an unexpected size (kernel/user mismatch).
     pub bad_records: u64,
 }
 
 impl StackCollector {
-    /// Starts sampling; `deep` adds launch sites and sync marks for the
-    /// CUDA runtimes of followed ranks.
+    /// Starts sampling; `deep` records launch sites and sync marks of every
+    /// followed rank (see [`StackCollector::set_launch_sites`]).
     pub fn start(config: StackConfig, deep: bool, now_ns: u64) -> Result<Self, CollectorError> {
         Ok(Self {
             sampler: StackSampler::start(config)?,
             sym: Symbolizer::new(),
             folder: Folder::new(now_ns, DEFAULT_MAX_STACKS),
-            launch_files: HashSet::new(),
-            deep,
+            procs: HashMap::new(),
+            sites: if deep {
+                LaunchSites::All
+            } else {
+                LaunchSites::Off
+            },
+            attached: BTreeSet::new(),
             buf: Vec::new(),
             bad_records: 0,
         })
     }
 
     /// Follows rank process `pid`. `cudart` is the CUDA runtime file it
-    /// maps (exact path from /proc/PID/maps), if any; each file is probed
-    /// once for all processes. Call after the process loaded its libraries
-    /// so their symbols are cached for after it exits.
+    /// maps (exact path from /proc/PID/maps), if any. Call after the process
+    /// loaded its libraries so their symbols are cached for after it exits.
     pub fn follow(
         &mut self,
         pid: u32,
@@ -65,14 +86,69 @@ impl StackCollector {
         self.sym.register(pid)?;
         self.folder.set_rank(pid, rank);
         self.sampler.follow(pid, rank)?;
-        if let (true, Some(path)) = (self.deep, cudart) {
-            if !self.launch_files.contains(path) {
-                self.sampler.attach_launches(path)?;
-                self.sampler.attach_syncs(path)?;
-                self.launch_files.insert(path.to_owned());
+        self.procs.insert(pid, (rank, cudart.map(Path::to_owned)));
+        self.apply_sites();
+        Ok(())
+    }
+
+    /// Whose launch sites are recorded now.
+    pub fn launch_sites(&self) -> &LaunchSites {
+        &self.sites
+    }
+
+    /// Records launch sites of `sites` from now on (attaching and detaching
+    /// uprobes: a kernel synchronisation each, so seconds apart at most).
+    pub fn set_launch_sites(&mut self, sites: LaunchSites) {
+        if sites != self.sites {
+            self.sites = sites;
+            self.apply_sites();
+        }
+    }
+
+    /// The probes `sites` asks for, given the followed processes.
+    fn wanted(&self) -> BTreeSet<(PathBuf, Option<u32>)> {
+        let with_runtime = self
+            .procs
+            .iter()
+            .filter_map(|(pid, (rank, file))| Some((*pid, *rank, file.as_ref()?)));
+        match &self.sites {
+            LaunchSites::Off => BTreeSet::new(),
+            LaunchSites::All => with_runtime.map(|(_, _, f)| (f.clone(), None)).collect(),
+            LaunchSites::Ranks(ranks) => with_runtime
+                .filter(|(_, rank, _)| ranks.contains(rank))
+                .map(|(pid, _, f)| (f.clone(), Some(pid)))
+                .collect(),
+        }
+    }
+
+    /// Attaches what [`Self::wanted`] says. Best effort: a process that
+    /// exited meanwhile, or a runtime without the symbols, costs its launch
+    /// view (logged), never the CPU view of the others.
+    fn apply_sites(&mut self) {
+        let wanted = self.wanted();
+        if wanted == self.attached {
+            return;
+        }
+        // Rare (a window opens or closes, a rank starts): start over.
+        self.sampler.detach_deep();
+        self.attached.clear();
+        for (file, pid) in wanted {
+            let attached = self
+                .sampler
+                .attach_launches(&file, pid)
+                .and_then(|()| self.sampler.attach_syncs(&file, pid));
+            match attached {
+                Ok(()) => {
+                    self.attached.insert((file, pid));
+                }
+                Err(e) => tracing::warn!(
+                    file = %file.display(),
+                    ?pid,
+                    error = %e,
+                    "launch-site probes not attached"
+                ),
             }
         }
-        Ok(())
     }
 
     /// Stops sampling `pid` (it exited). Its folded stacks stay in the
@@ -115,6 +191,8 @@ impl StackCollector {
     pub fn forget(&mut self, pid: u32) {
         self.sym.forget(pid);
         self.folder.forget(pid);
+        // Its scoped probes (if any) stay until the sites next change.
+        self.procs.remove(&pid);
     }
 
     pub fn counters(&self) -> Result<StackCounters, CollectorError> {

@@ -6,21 +6,32 @@
 //! mapped through the same [`HostClock`] as every other record here, so the
 //! coordinator can line a verdict's slow window up with them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use slowrank_shared::wire::StackWindow;
+use slowrank_shared::wire::{CollectiveRecord, StackWindow};
 
 use crate::{
     clock::{self, HostClock},
     discover::{self, LibKind},
-    stack_collector::{CollectorError, StackCollector},
+    stack_collector::{CollectorError, LaunchSites, StackCollector},
 };
 
 /// Windows kept for the next batch when none is cut (bounded: oldest dropped).
 const MAX_PENDING: usize = 256;
+/// How far behind the window's end launches are settled. A collective's
+/// GPU-side arrival reaches the feed with its record: after the collective
+/// completed (the fold holds a record up to `gpuside::HOLD_NS`, 2 s) and a
+/// batch shipped it. Launches settled before their collective mark arrived
+/// would be timed by the next sync alone, waits for peers included. The
+/// launch view thus trails the CPU view by this much.
+const SETTLE_LAG_NS: u64 = crate::gpuside::HOLD_NS + 1_000_000_000;
 
 pub struct StackFeed {
     collector: StackCollector,
+    /// Launch sites of every rank for good (`--deep`).
+    always_deep: bool,
+    /// When the current launch-site window ends.
+    launch_until: Option<std::time::Instant>,
     clock: HostClock,
     /// pid → (rank, whether its CUDA runtime was handed to the collector).
     followed: HashMap<u32, (u32, bool)>,
@@ -36,6 +47,8 @@ pub struct StackFeed {
 impl StackFeed {
     pub fn new(collector: StackCollector, clock: HostClock) -> Self {
         Self {
+            always_deep: *collector.launch_sites() == LaunchSites::All,
+            launch_until: None,
             collector,
             clock,
             followed: HashMap::new(),
@@ -98,15 +111,97 @@ impl StackFeed {
         self.collector.follow(pid, rank, cudart)
     }
 
+    /// A coordinator's deep-probe window for `ranks` (global) and `dur`:
+    /// launch sites of those on this host, plus one healthy rank of this host
+    /// per named one as the flame-graph reference (the coordinator diffs
+    /// against ranks that have launch stacks for the window). A window for
+    /// no rank here, or for every rank (empty list: a job-wide look at the
+    /// verbs), records no launch sites — trapping every launch of every rank
+    /// would slow the very host sides the verdicts compare.
+    pub fn open_launch_window(&mut self, ranks: &[u32], dur: std::time::Duration) {
+        if self.always_deep {
+            return;
+        }
+        let here: BTreeSet<u32> = self.followed.values().map(|f| f.0).collect();
+        let mut chosen: BTreeSet<u32> =
+            ranks.iter().copied().filter(|r| here.contains(r)).collect();
+        let named = chosen.clone();
+        for r in &named {
+            // The nearest unnamed rank of this host: same host, same wires.
+            if let Some(reference) = here
+                .iter()
+                .filter(|h| !ranks.contains(h))
+                .min_by_key(|h| h.abs_diff(*r))
+            {
+                chosen.insert(*reference);
+            }
+        }
+        if chosen.is_empty() {
+            return;
+        }
+        self.launch_until = Some(std::time::Instant::now() + dur);
+        self.set_sites(LaunchSites::Ranks(chosen));
+    }
+
+    /// Ends a launch-site window now (the coordinator closed it).
+    pub fn close_launch_window(&mut self) {
+        if self.always_deep || self.launch_until.take().is_none() {
+            return;
+        }
+        self.set_sites(LaunchSites::Off);
+    }
+
+    /// Ends a launch-site window whose time is up.
+    fn expire(&mut self) {
+        if self
+            .launch_until
+            .is_some_and(|t| std::time::Instant::now() >= t)
+        {
+            self.close_launch_window();
+        }
+    }
+
+    fn set_sites(&mut self, sites: LaunchSites) {
+        if *self.collector.launch_sites() == sites {
+            return;
+        }
+        tracing::info!(?sites, "launch-site stacks switched");
+        self.collector.set_launch_sites(sites);
+    }
+
     /// Drains the kernel's ring buffer into the current window.
     pub fn poll(&mut self) {
+        self.expire();
         self.collector.poll();
     }
 
+    /// GPU-side arrivals and completions of the collectives of a batch (on
+    /// the reported clock): progress marks for the launch view's GPU time.
+    pub fn collectives(&mut self, records: &[CollectiveRecord]) {
+        for c in records.iter().filter(|c| c.gpu_arrive_ns != 0) {
+            let done = (c.gpu_done_ns != 0).then(|| self.clock.unmap(c.gpu_done_ns));
+            self.collector.gpu_collective(
+                c.pid,
+                self.clock.unmap(c.host_entry_ns),
+                self.clock.unmap(c.gpu_arrive_ns),
+                done,
+            );
+        }
+    }
+
     /// Ends the current window; its folded stacks wait for the next batch.
-    pub fn cut_window(&mut self) {
+    /// The `last` window (the agent is stopping), and one after a rank
+    /// exited, settle every launch a mark covers.
+    pub fn cut_window(&mut self, last: bool) {
         let now = clock::mono_ns();
-        for mut w in self.collector.cut(now, now) {
+        // A rank that exited is forgotten after this cut: settle what its
+        // last marks cover now, or its last seconds of launches are lost.
+        let settle = if last || !self.exited.is_empty() {
+            now
+        } else {
+            now.saturating_sub(SETTLE_LAG_NS)
+        };
+        for mut w in self.collector.cut(now, settle) {
             w.start_ns = self.clock.map(w.start_ns);
             w.end_ns = self.clock.map(w.end_ns);
             if self.pending.len() == MAX_PENDING {

@@ -12,7 +12,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::UProbeAttachLocation,
+        uprobe::{UProbeAttachLocation, UProbeLinkId},
         PerfEvent, ProgramError, TracePoint, UProbe,
     },
     Ebpf, EbpfError, EbpfLoader,
@@ -91,8 +91,8 @@ impl StackConfig {
     }
 }
 
-/// Size of the kernel's per-thread off-CPU value (two u64 + a StackEvent).
-const OFF_CPU_VALUE_SIZE: usize = 16 + slowrank_shared::stack::STACK_EVENT_SIZE;
+/// Size of the kernel's per-thread off-CPU value (a u64 + a StackEvent).
+const OFF_CPU_VALUE_SIZE: usize = 8 + slowrank_shared::stack::STACK_EVENT_SIZE;
 
 /// Kernel-side counters, summed over CPUs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +108,8 @@ pub struct StackSampler {
     ebpf: Ebpf,
     ring: RingBuf<MapData>,
     config: StackConfig,
+    /// Launch and sync uprobes (the deep set), detached when it ends.
+    deep_links: Vec<(&'static str, UProbeLinkId)>,
 }
 
 fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> StackError {
@@ -175,7 +177,12 @@ impl StackSampler {
                 .ok_or(StackError::MissingMap("STACKS"))?,
         )
         .map_err(map_err("STACKS"))?;
-        Ok(Self { ebpf, ring, config })
+        Ok(Self {
+            ebpf,
+            ring,
+            config,
+            deep_links: Vec::new(),
+        })
     }
 
     pub fn config(&self) -> StackConfig {
@@ -183,8 +190,9 @@ impl StackSampler {
     }
 
     /// Records launch sites: a uprobe on `cudaLaunchKernel` in the CUDA
-    /// runtime file `cudart` (exact path from /proc/PID/maps). Deep set.
-    pub fn attach_launches(&mut self, cudart: &Path) -> Result<(), StackError> {
+    /// runtime file `cudart` (exact path from /proc/PID/maps), for process
+    /// `pid` only or (None) every process mapping it. Deep set.
+    pub fn attach_launches(&mut self, cudart: &Path, pid: Option<u32>) -> Result<(), StackError> {
         let prog: &mut UProbe = self
             .ebpf
             .program_mut(LAUNCH_PROG)
@@ -194,21 +202,23 @@ impl StackSampler {
         if prog.fd().is_err() {
             prog.load().map_err(prog_err(LAUNCH_PROG))?;
         }
-        crate::probes::attach_one(
+        let link = crate::probes::attach_one(
             &mut self.ebpf,
             LAUNCH_PROG,
             cudart,
             UProbeAttachLocation::Symbol("cudaLaunchKernel"),
             0,
+            pid,
         )
-        .map(|_| ())
-        .map_err(prog_err(LAUNCH_PROG))
+        .map_err(prog_err(LAUNCH_PROG))?;
+        self.deep_links.push((LAUNCH_PROG, link));
+        Ok(())
     }
 
     /// Records entry and return of the CUDA sync calls ([`SYNC_SYMBOLS`]) in
     /// `cudart`: when the GPU is known to have drained. Deep set, with
-    /// [`StackSampler::attach_launches`].
-    pub fn attach_syncs(&mut self, cudart: &Path) -> Result<(), StackError> {
+    /// [`StackSampler::attach_launches`], with the same `pid` scope.
+    pub fn attach_syncs(&mut self, cudart: &Path, pid: Option<u32>) -> Result<(), StackError> {
         for name in [SYNC_CALL_PROG, SYNC_RETURN_PROG] {
             let prog: &mut UProbe = self
                 .ebpf
@@ -220,17 +230,34 @@ impl StackSampler {
                 prog.load().map_err(prog_err(name))?;
             }
             for sym in SYNC_SYMBOLS {
-                crate::probes::attach_one(
+                let link = crate::probes::attach_one(
                     &mut self.ebpf,
                     name,
                     cudart,
                     UProbeAttachLocation::Symbol(sym),
                     0,
+                    pid,
                 )
                 .map_err(prog_err(name))?;
+                self.deep_links.push((name, link));
             }
         }
         Ok(())
+    }
+
+    /// Detaches every launch and sync uprobe (the deep set ends): launches
+    /// stop trapping. A detach that fails is logged; the link goes anyway.
+    pub fn detach_deep(&mut self) {
+        for (name, link) in self.deep_links.drain(..) {
+            let Some(prog) = self.ebpf.program_mut(name) else {
+                continue;
+            };
+            if let Ok(p) = <&mut UProbe>::try_from(prog) {
+                if let Err(e) = p.detach(link) {
+                    tracing::warn!(program = name, error = %e, "detaching a deep stack probe failed");
+                }
+            }
+        }
     }
 
     /// Starts recording stacks of process `pid`.
