@@ -237,6 +237,25 @@ impl EchoSink {
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        // Every rank's bursts land here at once: room for many bursts, so a
+        // sink thread that waits for a CPU loses no datagram (FORCE needs
+        // root, which shaping has; the plain option is the fallback).
+        let bytes: libc::c_int = 8 << 20;
+        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+            // SAFETY: setsockopt on our socket with an int option.
+            let rc = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&bytes as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
         // Bounded waits so that a drop is seen.
         sock.set_read_timeout(Some(Duration::from_millis(100)))?;
         let port = sock.local_addr()?.port();

@@ -92,8 +92,11 @@ fn monitor(sink: SocketAddr, local: u32) -> std::io::Result<()> {
 }
 
 /// Sends burst `seq` and waits for its echo: the fraction of nominal
-/// bandwidth it shows, or `None` when the sink could not be reached (no
-/// measurement; e.g. the launcher is stopping).
+/// bandwidth it shows, or `None` when no echo came within
+/// [`wire::ECHO_TIMEOUT`] or the sink could not be reached. That is no
+/// measurement, not a slow port: counting a lost echo as the slowest
+/// measurable port made healthy NICs 150× slower for a period whenever the
+/// sink fell behind.
 fn burst(sock: &UdpSocket, seq: u64, buf: &mut [u8]) -> Option<f64> {
     let t0 = Instant::now();
     for i in 0..wire::BURST_PACKETS {
@@ -108,7 +111,7 @@ fn burst(sock: &UdpSocket, seq: u64, buf: &mut [u8]) -> Option<f64> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Some(wire::timeout_factor());
+            return None;
         }
         sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .ok()?;
@@ -122,7 +125,7 @@ fn burst(sock: &UdpSocket, seq: u64, buf: &mut [u8]) -> Option<f64> {
                 _ => {}
             },
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Some(wire::timeout_factor());
+                return None;
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(_) => return None,
