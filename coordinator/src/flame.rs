@@ -538,7 +538,7 @@ pub fn annotate(
             .into_iter()
             .filter(|r| !flagged.contains(r))
             .collect();
-        match diff(&DiffRequest {
+        let request = |view, threads| DiffRequest {
             windows,
             flagged: v.rank,
             candidates: &candidates,
@@ -548,7 +548,16 @@ pub fn annotate(
             out_dir,
             top: 10,
             threads,
-        }) {
+        };
+        let result = match diff(&request(view, threads)) {
+            // No launch sites were recorded (`serve --launch-sites` is off):
+            // the CPU view still shows whether the rank's CPU side differs.
+            Err(FlameError::Empty(_) | FlameError::NoReference) if view == StackView::Launch => {
+                diff(&request(StackView::Cpu, Threads::All))
+            }
+            r => r,
+        };
+        match result {
             Ok(f) => attach(v, f),
             Err(e) => errors.push((v.id, e)),
         }

@@ -88,6 +88,16 @@ struct ServeArgs {
     /// suspect's agent when a verdict opens; 0 disables.
     #[arg(long, default_value_t = 30, value_name = "S")]
     deep_window: u32,
+    /// During a compute-slow suspect's deep window, also record the launch
+    /// sites (stack + kernel of every CUDA launch) of the suspect and a
+    /// same-host reference: the verdict's flame graph then shows GPU time
+    /// per kernel under the code that launched it. Costs a uprobe trap per
+    /// launch on those two ranks (≈ 0.3–0.5 µs bare metal, ≈ 4 µs on a VM),
+    /// which slows their host side while the window lasts and, where traps
+    /// are slow, can blur the verdict's class. Off, a compute-slow verdict's
+    /// flame graph is the CPU view.
+    #[arg(long)]
+    launch_sites: bool,
     /// Iterations at the start of the job that never raise a verdict
     /// (warm-up: allocator, autotuning and data-loader start are slow on
     /// every rank, unevenly).
@@ -206,6 +216,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     cfg.metrics_listen = args.metrics_listen;
     cfg.deep_window_s = args.deep_window;
     cfg.analyzer.lifecycle.warmup_iterations = args.warmup_iterations;
+    cfg.launch_sites = args.launch_sites;
     cfg.print_calls = args.print_calls;
     cfg.exit_when_idle = args.exit_when_idle;
     let server = Server::bind(cfg, &identity)?;

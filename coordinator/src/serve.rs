@@ -21,7 +21,7 @@ use std::{
 };
 
 use chrono::Utc;
-use slowrank_shared::wire::{Batch, Control};
+use slowrank_shared::wire::{Batch, Control, StackView};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -94,6 +94,10 @@ pub struct ServeConfig {
     /// Ask the suspect's agent for a deep-probe window of this many seconds
     /// when a verdict opens (0: never).
     pub deep_window_s: u32,
+    /// Let a compute-slow suspect's deep window record launch sites too
+    /// (its flame graph becomes the launch view). Off by default: every
+    /// launch of the probed ranks then traps, which perturbs what is judged.
+    pub launch_sites: bool,
     pub probes: ProbeSchedule,
     pub analyzer: AnalyzerConfig,
 }
@@ -116,6 +120,7 @@ impl ServeConfig {
             print_calls: false,
             print_alerts: true,
             deep_window_s: 30,
+            launch_sites: false,
             probes: ProbeSchedule::default(),
             analyzer: AnalyzerConfig::default(),
         }
@@ -523,6 +528,7 @@ impl Server {
                     deep_enable: true,
                     seconds: self.cfg.deep_window_s,
                     ranks: Vec::new(),
+                    launch_sites: false,
                 },
             );
             debug!(agent = %id, sent, "deep-probe window requested (job slowed)");
@@ -548,6 +554,9 @@ impl Server {
         if let Some(l) = &v.link {
             ranks = l.ranks.to_vec();
         }
+        // Only a compute verdict's flame graph is the launch view.
+        let launch_sites =
+            self.cfg.launch_sites && crate::flame::view_for(v.kind).0 == StackView::Launch;
         for id in ids {
             let sent = self.ingest.send_control(
                 &id,
@@ -555,6 +564,7 @@ impl Server {
                     deep_enable: true,
                     seconds: self.cfg.deep_window_s,
                     ranks: ranks.clone(),
+                    launch_sites,
                 },
             );
             debug!(agent = %id, sent, "deep-probe window requested");

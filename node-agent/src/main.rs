@@ -323,7 +323,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                         tracing::info!(seconds = c.seconds, "coordinator opened a deep-probe window");
                         let dur = Duration::from_secs(u64::from(c.seconds.max(1)));
                         agent.open_deep_window(dur);
-                        if let Some(s) = stacks.as_mut() { s.open_launch_window(&c.ranks, dur); }
+                        if let (Some(s), true) = (stacks.as_mut(), c.launch_sites) { s.open_launch_window(&c.ranks, dur); }
                     }
                     Some(_) if !cli.deep => {
                         tracing::info!("coordinator closed the deep-probe window");

@@ -6,7 +6,7 @@
 //! cuts a batch.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::{Path, PathBuf},
 };
 
@@ -14,7 +14,7 @@ use slowrank_shared::{stack::StackEvent, wire::StackWindow};
 
 use crate::{
     folded::{Folder, DEFAULT_MAX_STACKS},
-    stacks::{StackConfig, StackCounters, StackError, StackSampler},
+    stacks::{SiteLinks, StackConfig, StackCounters, StackError, StackSampler},
     symbolize::{SymbolizeError, Symbolizer},
 };
 
@@ -47,8 +47,8 @@ pub struct StackCollector {
     /// Followed processes: pid → (rank, CUDA runtime file it maps).
     procs: HashMap<u32, (u32, Option<PathBuf>)>,
     sites: LaunchSites,
-    /// Launch probes attached now: (runtime file, process scope).
-    attached: BTreeSet<(PathBuf, Option<u32>)>,
+    /// Launch sites attached now: (runtime file, process scope) → probes.
+    attached: BTreeMap<(PathBuf, Option<u32>), SiteLinks>,
     buf: Vec<StackEvent>,
     /// Ring-buffer records of an unexpected size (kernel/user mismatch).
     pub bad_records: u64,
@@ -68,7 +68,7 @@ impl StackCollector {
             } else {
                 LaunchSites::Off
             },
-            attached: BTreeSet::new(),
+            attached: BTreeMap::new(),
             buf: Vec::new(),
             bad_records: 0,
         })
@@ -87,7 +87,6 @@ impl StackCollector {
         self.folder.set_rank(pid, rank);
         self.sampler.follow(pid, rank)?;
         self.procs.insert(pid, (rank, cudart.map(Path::to_owned)));
-        self.apply_sites();
         Ok(())
     }
 
@@ -96,13 +95,13 @@ impl StackCollector {
         &self.sites
     }
 
-    /// Records launch sites of `sites` from now on (attaching and detaching
-    /// uprobes: a kernel synchronisation each, so seconds apart at most).
+    /// Records launch sites of `sites` from now on. The probes follow over
+    /// the next polls, one launch site per poll: attaching or detaching a
+    /// uprobe waits for the kernel to synchronise, which on a loaded VM took
+    /// up to ~0.2 s each, and a whole set at once stalled the agent's loop
+    /// (no drain, no batch) for 4.5 s.
     pub fn set_launch_sites(&mut self, sites: LaunchSites) {
-        if sites != self.sites {
-            self.sites = sites;
-            self.apply_sites();
-        }
+        self.sites = sites;
     }
 
     /// The probes `sites` asks for, given the followed processes.
@@ -121,32 +120,36 @@ impl StackCollector {
         }
     }
 
-    /// Attaches what [`Self::wanted`] says. Best effort: a process that
-    /// exited meanwhile, or a runtime without the symbols, costs its launch
-    /// view (logged), never the CPU view of the others.
-    fn apply_sites(&mut self) {
+    /// One step towards what [`Self::wanted`] says: detaches one launch site
+    /// that is no longer wanted, or else attaches one that is missing. Best
+    /// effort: a process that exited meanwhile, or a runtime without the
+    /// symbols, costs its launch view (logged), never the CPU view.
+    fn step_sites(&mut self) {
         let wanted = self.wanted();
-        if wanted == self.attached {
+        if let Some(key) = self.attached.keys().find(|k| !wanted.contains(*k)).cloned() {
+            if let Some(links) = self.attached.remove(&key) {
+                self.sampler.detach_launch_site(links);
+            }
             return;
         }
-        // Rare (a window opens or closes, a rank starts): start over.
-        self.sampler.detach_deep();
-        self.attached.clear();
-        for (file, pid) in wanted {
-            let attached = self
-                .sampler
-                .attach_launches(&file, pid)
-                .and_then(|()| self.sampler.attach_syncs(&file, pid));
-            match attached {
-                Ok(()) => {
-                    self.attached.insert((file, pid));
+        let Some((file, pid)) = wanted.into_iter().find(|k| !self.attached.contains_key(k)) else {
+            return;
+        };
+        if let Some(p) = pid.filter(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            // Gone before its probes went in: nothing to watch.
+            self.procs.remove(&p);
+            return;
+        }
+        match self.sampler.attach_launch_site(&file, pid) {
+            Ok(links) => {
+                self.attached.insert((file, pid), links);
+            }
+            Err(e) => {
+                tracing::warn!(file = %file.display(), ?pid, error = %e, "launch-site probes not attached");
+                // Not retried every poll: the process keeps its CPU view.
+                if let Some(p) = pid {
+                    self.procs.remove(&p);
                 }
-                Err(e) => tracing::warn!(
-                    file = %file.display(),
-                    ?pid,
-                    error = %e,
-                    "launch-site probes not attached"
-                ),
             }
         }
     }
@@ -157,8 +160,11 @@ impl StackCollector {
         Ok(self.sampler.unfollow(pid)?)
     }
 
-    /// Drains the ring buffer into the current window; returns records read.
+    /// Drains the ring buffer into the current window (and moves the
+    /// launch-site probes one step towards what is asked); returns records
+    /// read.
     pub fn poll(&mut self) -> usize {
+        self.step_sites();
         self.buf.clear();
         let (n, bad) = self.sampler.drain(&mut self.buf);
         self.bad_records += bad as u64;

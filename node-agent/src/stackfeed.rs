@@ -6,7 +6,7 @@
 //! mapped through the same [`HostClock`] as every other record here, so the
 //! coordinator can line a verdict's slow window up with them.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use slowrank_shared::wire::{CollectiveRecord, StackWindow};
 
@@ -30,8 +30,8 @@ pub struct StackFeed {
     collector: StackCollector,
     /// Launch sites of every rank for good (`--deep`).
     always_deep: bool,
-    /// When the current launch-site window ends.
-    launch_until: Option<std::time::Instant>,
+    /// Ranks whose launch sites are recorded, until when.
+    launch_until: BTreeMap<u32, std::time::Instant>,
     clock: HostClock,
     /// pid → (rank, whether its CUDA runtime was handed to the collector).
     followed: HashMap<u32, (u32, bool)>,
@@ -48,7 +48,7 @@ impl StackFeed {
     pub fn new(collector: StackCollector, clock: HostClock) -> Self {
         Self {
             always_deep: *collector.launch_sites() == LaunchSites::All,
-            launch_until: None,
+            launch_until: BTreeMap::new(),
             collector,
             clock,
             followed: HashMap::new(),
@@ -114,64 +114,58 @@ impl StackFeed {
     /// A coordinator's deep-probe window for `ranks` (global) and `dur`:
     /// launch sites of those on this host, plus one healthy rank of this host
     /// per named one as the flame-graph reference (the coordinator diffs
-    /// against ranks that have launch stacks for the window). A window for
-    /// no rank here, or for every rank (empty list: a job-wide look at the
-    /// verbs), records no launch sites — trapping every launch of every rank
-    /// would slow the very host sides the verdicts compare.
+    /// against ranks that have launch stacks for the window), until the
+    /// window ends. Windows add up: a second suspect does not end the first
+    /// one's window. A window for no rank here, or for every rank (empty
+    /// list: a job-wide look at the verbs), records no launch sites —
+    /// trapping every launch of every rank would slow the very host sides
+    /// the verdicts compare.
     pub fn open_launch_window(&mut self, ranks: &[u32], dur: std::time::Duration) {
         if self.always_deep {
             return;
         }
         let here: BTreeSet<u32> = self.followed.values().map(|f| f.0).collect();
-        let mut chosen: BTreeSet<u32> =
-            ranks.iter().copied().filter(|r| here.contains(r)).collect();
-        let named = chosen.clone();
-        for r in &named {
+        let until = std::time::Instant::now() + dur;
+        for r in ranks.iter().filter(|r| here.contains(r)) {
             // The nearest unnamed rank of this host: same host, same wires.
-            if let Some(reference) = here
+            let reference = here
                 .iter()
                 .filter(|h| !ranks.contains(h))
-                .min_by_key(|h| h.abs_diff(*r))
-            {
-                chosen.insert(*reference);
+                .min_by_key(|h| h.abs_diff(*r));
+            for x in std::iter::once(r).chain(reference) {
+                self.launch_until.insert(*x, until);
             }
         }
-        if chosen.is_empty() {
-            return;
-        }
-        self.launch_until = Some(std::time::Instant::now() + dur);
-        self.set_sites(LaunchSites::Ranks(chosen));
+        self.update_sites();
     }
 
-    /// Ends a launch-site window now (the coordinator closed it).
+    /// Ends every launch-site window now (the coordinator closed them).
     pub fn close_launch_window(&mut self) {
-        if self.always_deep || self.launch_until.take().is_none() {
-            return;
-        }
-        self.set_sites(LaunchSites::Off);
+        self.launch_until.clear();
+        self.update_sites();
     }
 
-    /// Ends a launch-site window whose time is up.
-    fn expire(&mut self) {
-        if self
-            .launch_until
-            .is_some_and(|t| std::time::Instant::now() >= t)
-        {
-            self.close_launch_window();
-        }
-    }
-
-    fn set_sites(&mut self, sites: LaunchSites) {
-        if *self.collector.launch_sites() == sites {
+    /// Drops ranks whose window is over and tells the collector.
+    fn update_sites(&mut self) {
+        if self.always_deep {
             return;
         }
-        tracing::info!(?sites, "launch-site stacks switched");
-        self.collector.set_launch_sites(sites);
+        let now = std::time::Instant::now();
+        self.launch_until.retain(|_, t| *t > now);
+        let sites = if self.launch_until.is_empty() {
+            LaunchSites::Off
+        } else {
+            LaunchSites::Ranks(self.launch_until.keys().copied().collect())
+        };
+        if *self.collector.launch_sites() != sites {
+            tracing::info!(?sites, "launch-site stacks switched");
+            self.collector.set_launch_sites(sites);
+        }
     }
 
     /// Drains the kernel's ring buffer into the current window.
     pub fn poll(&mut self) {
-        self.expire();
+        self.update_sites();
         self.collector.poll();
     }
 

@@ -108,9 +108,11 @@ pub struct StackSampler {
     ebpf: Ebpf,
     ring: RingBuf<MapData>,
     config: StackConfig,
-    /// Launch and sync uprobes (the deep set), detached when it ends.
-    deep_links: Vec<(&'static str, UProbeLinkId)>,
 }
+
+/// The uprobes of one launch site ([`StackSampler::attach_launch_site`]).
+#[derive(Debug)]
+pub struct SiteLinks(Vec<(&'static str, UProbeLinkId)>);
 
 fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> StackError {
     move |e| StackError::Program {
@@ -177,78 +179,72 @@ impl StackSampler {
                 .ok_or(StackError::MissingMap("STACKS"))?,
         )
         .map_err(map_err("STACKS"))?;
-        Ok(Self {
-            ebpf,
-            ring,
-            config,
-            deep_links: Vec::new(),
-        })
+        Ok(Self { ebpf, ring, config })
     }
 
     pub fn config(&self) -> StackConfig {
         self.config
     }
 
-    /// Records launch sites: a uprobe on `cudaLaunchKernel` in the CUDA
-    /// runtime file `cudart` (exact path from /proc/PID/maps), for process
-    /// `pid` only or (None) every process mapping it. Deep set.
-    pub fn attach_launches(&mut self, cudart: &Path, pid: Option<u32>) -> Result<(), StackError> {
+    /// Records launch sites of `cudart` (exact path from /proc/PID/maps) for
+    /// process `pid` only or (None) every process mapping it: a uprobe on
+    /// `cudaLaunchKernel` (stack + kernel pointer) and an entry/return pair
+    /// on each CUDA sync call ([`SYNC_SYMBOLS`]: when the GPU is known to
+    /// have drained). Deep set. All or nothing: on an error what was
+    /// attached is detached again.
+    pub fn attach_launch_site(
+        &mut self,
+        cudart: &Path,
+        pid: Option<u32>,
+    ) -> Result<SiteLinks, StackError> {
+        let mut links = SiteLinks(Vec::new());
+        let mut plan: Vec<(&'static str, &'static str)> = vec![(LAUNCH_PROG, "cudaLaunchKernel")];
+        for name in [SYNC_CALL_PROG, SYNC_RETURN_PROG] {
+            plan.extend(SYNC_SYMBOLS.iter().map(|sym| (name, *sym)));
+        }
+        for (name, sym) in plan {
+            if let Err(e) = self.attach_site_probe(name, sym, cudart, pid, &mut links) {
+                self.detach_launch_site(links);
+                return Err(e);
+            }
+        }
+        Ok(links)
+    }
+
+    fn attach_site_probe(
+        &mut self,
+        name: &'static str,
+        sym: &'static str,
+        cudart: &Path,
+        pid: Option<u32>,
+        links: &mut SiteLinks,
+    ) -> Result<(), StackError> {
         let prog: &mut UProbe = self
             .ebpf
-            .program_mut(LAUNCH_PROG)
-            .ok_or(StackError::MissingProgram(LAUNCH_PROG))?
+            .program_mut(name)
+            .ok_or(StackError::MissingProgram(name))?
             .try_into()
-            .map_err(prog_err(LAUNCH_PROG))?;
+            .map_err(prog_err(name))?;
         if prog.fd().is_err() {
-            prog.load().map_err(prog_err(LAUNCH_PROG))?;
+            prog.load().map_err(prog_err(name))?;
         }
         let link = crate::probes::attach_one(
             &mut self.ebpf,
-            LAUNCH_PROG,
+            name,
             cudart,
-            UProbeAttachLocation::Symbol("cudaLaunchKernel"),
+            UProbeAttachLocation::Symbol(sym),
             0,
             pid,
         )
-        .map_err(prog_err(LAUNCH_PROG))?;
-        self.deep_links.push((LAUNCH_PROG, link));
+        .map_err(prog_err(name))?;
+        links.0.push((name, link));
         Ok(())
     }
 
-    /// Records entry and return of the CUDA sync calls ([`SYNC_SYMBOLS`]) in
-    /// `cudart`: when the GPU is known to have drained. Deep set, with
-    /// [`StackSampler::attach_launches`], with the same `pid` scope.
-    pub fn attach_syncs(&mut self, cudart: &Path, pid: Option<u32>) -> Result<(), StackError> {
-        for name in [SYNC_CALL_PROG, SYNC_RETURN_PROG] {
-            let prog: &mut UProbe = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(StackError::MissingProgram(name))?
-                .try_into()
-                .map_err(prog_err(name))?;
-            if prog.fd().is_err() {
-                prog.load().map_err(prog_err(name))?;
-            }
-            for sym in SYNC_SYMBOLS {
-                let link = crate::probes::attach_one(
-                    &mut self.ebpf,
-                    name,
-                    cudart,
-                    UProbeAttachLocation::Symbol(sym),
-                    0,
-                    pid,
-                )
-                .map_err(prog_err(name))?;
-                self.deep_links.push((name, link));
-            }
-        }
-        Ok(())
-    }
-
-    /// Detaches every launch and sync uprobe (the deep set ends): launches
-    /// stop trapping. A detach that fails is logged; the link goes anyway.
-    pub fn detach_deep(&mut self) {
-        for (name, link) in self.deep_links.drain(..) {
+    /// Detaches one launch site's probes: its launches stop trapping. A
+    /// detach that fails is logged; the link goes anyway.
+    pub fn detach_launch_site(&mut self, links: SiteLinks) {
+        for (name, link) in links.0 {
             let Some(prog) = self.ebpf.program_mut(name) else {
                 continue;
             };

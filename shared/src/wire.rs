@@ -29,7 +29,7 @@ use rkyv::{
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below.
-pub const SCHEMA_VERSION: u16 = 1;
+pub const SCHEMA_VERSION: u16 = 2;
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.
@@ -355,6 +355,12 @@ pub struct Control {
     pub seconds: u32,
     /// Global ranks the window is for; empty means every rank of the host.
     pub ranks: Vec<u32>,
+    /// Also record launch sites (stack + kernel per CUDA launch) of the
+    /// named ranks and a reference: for a compute-slow suspect, whose flame
+    /// graph is the launch view. Each launch then traps on the main thread,
+    /// which on a slow-trap VM reclassified a host-slow suspect, so it is
+    /// asked for only where it is needed.
+    pub launch_sites: bool,
 }
 impl Message for Control {
     const KIND: MessageKind = MessageKind::Control;
@@ -492,6 +498,7 @@ mod tests {
             deep_enable: true,
             seconds: 30,
             ranks: vec![5, 6],
+            launch_sites: true,
         };
         assert_eq!(decode::<Control>(&encode(&c).unwrap()).unwrap(), c);
         let r = ClockReply {

@@ -2,8 +2,8 @@
 //! the real coordinator, scored against the truth — a healthy job (no
 //! verdict, no hang), a host-slow rank (named with its class, and — issue 6
 //! — the report's top differing frame naming its slow data loader), a
-//! compute-slow rank (its launch view's GPU frames growing) and a hang (the
-//! hung rank named missing). Shortened with `--iterations`; a few minutes at
+//! compute-slow rank (named with its class and a flame graph) and a hang
+//! (the hung rank named missing). Shortened with `--iterations`; a few minutes at
 //! most on 2 cores. The whole matrix is `scenarios/specs/*.toml` with
 //! `slowrank-scenario run` + `score`.
 //!
@@ -71,7 +71,8 @@ fn build() -> (PathBuf, PathBuf) {
 
 /// Runs `spec` for `iterations` with agents and scores it; panics with the
 /// score and the report table on a miss or a false finding. Returns the
-/// report JSON.
+/// report JSON; the run directory stays for the caller's checks (removed
+/// by [`Cleanup`] when the test passes).
 fn run_and_score(
     launcher: &Path,
     trainer: &Path,
@@ -117,8 +118,20 @@ fn run_and_score(
             .unwrap_or("")
     );
     let report = std::fs::read_to_string(out.join("report.json")).expect("report.json");
-    let _ = std::fs::remove_dir_all(&out);
     serde_json::from_str(&report).expect("report.json is JSON")
+}
+
+/// Removes the runs of a passing test; a failing one keeps them to look at.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            for d in &self.0 {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
 }
 
 #[test]
@@ -127,6 +140,17 @@ fn representative_scenarios_score_with_real_agents() {
         return;
     }
     let (launcher, trainer) = build();
+    let _cleanup = Cleanup(
+        [
+            "dp8-healthy",
+            "dp8-host-slow-dataloader",
+            "dp8-compute-slow",
+            "dp8-hang",
+        ]
+        .iter()
+        .map(|s| std::env::temp_dir().join(format!("slowrank-matrix-{s}-{}", std::process::id())))
+        .collect(),
+    );
     // No verdict and no hang on a healthy noisy job.
     run_and_score(&launcher, &trainer, "dp8-healthy", 120);
     // Rank 2's data loader 8 ms slower from iteration 100: host-slow, rank 2,
@@ -144,21 +168,18 @@ fn representative_scenarios_score_with_real_agents() {
         "the top differing frame of rank 2 should be its data loader: {:#}",
         verdict["flamegraph"]
     );
-    // Rank 5's GPU 1.3x slower from iteration 100: compute-slow, rank 5, and
-    // its launch-site view shows its GPU frames growing (the agent records
-    // launch sites of the suspect and a reference in the deep window).
+    // Rank 5's GPU 1.3x slower from iteration 100 to 250: compute-slow,
+    // rank 5, with a flame graph (the CPU view: launch sites are opt-in,
+    // `serve --launch-sites`; the launch view's acceptance is
+    // tests/stacks.rs).
     let report = run_and_score(&launcher, &trainer, "dp8-compute-slow", 200);
     let verdict = report["verdicts"]
         .as_array()
         .and_then(|v| v.iter().find(|v| v["rank"] == 5))
         .unwrap_or_else(|| panic!("no verdict on rank 5: {report:#}"));
-    let flame = &verdict["flamegraph"];
-    let top = &flame["top_frames"][0];
     assert!(
-        flame["view"] == "launch"
-            && top["frame"].as_str().is_some_and(|f| f.starts_with("GPU:"))
-            && top["flagged_share"].as_f64() > top["reference_share"].as_f64(),
-        "the compute-slow rank's launch view should show its GPU frames growing: {flame:#}"
+        verdict["flamegraph"]["diff_svg"].is_string(),
+        "the compute-slow verdict has no flame graph: {verdict:#}"
     );
     // Rank 3 stops at iteration 120: a hang naming rank 3 (and only late
     // data never counts as a hang).
