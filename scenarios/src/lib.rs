@@ -14,6 +14,7 @@
 
 pub mod baseline;
 pub mod children;
+pub mod command;
 pub mod eval;
 pub mod flood;
 pub mod layout;

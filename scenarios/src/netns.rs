@@ -22,6 +22,8 @@ use std::{
 
 use tracing::{info, warn};
 
+use crate::command::{self, CommandError};
+
 /// Where `ip netns` keeps named namespaces.
 const NETNS_DIR: &str = "/run/netns";
 /// Namespaces of this tool start with this.
@@ -37,14 +39,8 @@ pub enum NetnsError {
     NotRoot,
     #[error("{hosts} hosts do not fit one address slot (at most {MAX_HOSTS}); pass --no-netns")]
     TooManyHosts { hosts: u32 },
-    #[error("`{cmd}` failed: {stderr}; is iproute2 installed and are network namespaces allowed here? (--no-netns runs hosts as logical groups)")]
-    Command { cmd: String, stderr: String },
-    #[error("cannot run `{cmd}`")]
-    Spawn {
-        cmd: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{0}; is iproute2 installed and are network namespaces allowed here? (--no-netns runs hosts as logical groups)")]
+    Command(#[from] CommandError),
     #[error("no free 10.77.X.0/24 address slot on this machine")]
     NoSlot,
 }
@@ -97,27 +93,9 @@ pub struct Network {
     pub hosts: Vec<HostNet>,
 }
 
-fn run_cmd(program: &str, args: &[&str]) -> Result<(), NetnsError> {
-    let cmd = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|source| NetnsError::Spawn {
-            cmd: cmd.clone(),
-            source,
-        })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NetnsError::Command {
-            cmd,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
-    }
-}
-
 fn ip(args: &[&str]) -> Result<(), NetnsError> {
-    run_cmd("ip", args)
+    command::run("ip", args, None)?;
+    Ok(())
 }
 
 /// Whether a process with this pid exists.
@@ -150,14 +128,7 @@ fn remove_stale() {
 
 /// A /24 under 10.77/16 that no interface of this machine uses yet.
 fn free_slot() -> Result<u8, NetnsError> {
-    let out = Command::new("ip")
-        .args(["-o", "-4", "addr", "show"])
-        .output()
-        .map_err(|source| NetnsError::Spawn {
-            cmd: "ip -o -4 addr show".into(),
-            source,
-        })?;
-    let used = String::from_utf8_lossy(&out.stdout).into_owned();
+    let used = command::run("ip", &["-o", "-4", "addr", "show"], None)?;
     let start = (std::process::id() % 256) as u16;
     (0..256u16)
         .map(|i| ((start + i) % 256) as u8)

@@ -24,11 +24,9 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    io::Write,
     net::{Ipv4Addr, SocketAddr, UdpSocket},
     os::fd::AsRawFd,
     path::Path,
-    process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -41,6 +39,7 @@ use slowrank_sim::{clock, wire};
 use tracing::{debug, info, warn};
 
 use crate::{
+    command::{self, CommandError},
     layout::Layout,
     netns::Network,
     spec::{FaultKind, Spec},
@@ -56,14 +55,8 @@ const QUANTUM: &str = "1514";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShapingError {
-    #[error("`{cmd}` failed: {stderr}; are tc (iproute2) and the htb/u32 modules available?")]
-    Command { cmd: String, stderr: String },
-    #[error("cannot run `{cmd}`")]
-    Spawn {
-        cmd: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{0}; are tc (iproute2) and the htb/u32 modules available?")]
+    Command(#[from] CommandError),
     #[error("cannot start the port echo sink: {0}")]
     Sink(#[source] std::io::Error),
 }
@@ -78,41 +71,9 @@ pub fn wanted(spec: &Spec, net: &Network) -> bool {
 }
 
 fn tc(netns: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ShapingError> {
-    let cmd = format!("tc -n {netns} {}", args.join(" "));
-    let mut child = Command::new("tc")
-        .arg("-n")
-        .arg(netns)
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| ShapingError::Spawn {
-            cmd: cmd.clone(),
-            source,
-        })?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // A write error shows as tc's own failure below.
-        let _ = pipe.write_all(text.as_bytes());
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|source| ShapingError::Spawn {
-            cmd: cmd.clone(),
-            source,
-        })?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(ShapingError::Command {
-            cmd,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
-    }
+    let mut all = vec!["-n", netns];
+    all.extend_from_slice(args);
+    Ok(command::run("tc", &all, stdin)?)
 }
 
 /// `htb` parameters of a port class at `bw` of nominal bandwidth.
