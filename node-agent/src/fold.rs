@@ -66,7 +66,17 @@ pub struct FoldDrops {
     /// Events of not-yet-classified processes dropped because the holding
     /// area was full.
     pub limbo: u64,
+    /// `ncclGroupEnd` returns (or whole calls) lost to a full ring buffer,
+    /// recovered so the thread's later operations are not held forever:
+    /// an open GroupEnd when its thread entered NCCL again, or a group held
+    /// longer than [`GROUP_HOLD_NS`].
+    pub lost_group_ends: u64,
 }
+
+/// Longest a thread's group is held open waiting for its `ncclGroupEnd`
+/// (raw ns). Groups bundle operations issued back to back (microseconds);
+/// one open this long lost its end to a full ring buffer.
+pub const GROUP_HOLD_NS: u64 = 2_000_000_000;
 
 /// Events held per not-yet-classified process, and such processes at most.
 const LIMBO_EVENTS: usize = 16384;
@@ -358,6 +368,11 @@ impl Folder {
         let Some(role) = self.roles.get(c.probe as usize).copied() else {
             return;
         };
+        if CallKind::from_raw(c.kind) == Some(CallKind::Entry)
+            && matches!(role, Role::GroupStart | Role::Coll { .. })
+        {
+            self.close_lost_group_end(c.pid, c.tid, c.ts_ns);
+        }
         let Some(p) = self.procs.get_mut(&c.pid) else {
             if !self.limbo.contains_key(&c.pid) && self.limbo.len() >= LIMBO_PIDS {
                 self.drops.limbo += 1;
@@ -503,6 +518,33 @@ impl Folder {
         }
     }
 
+    /// A thread cannot enter NCCL again while its `ncclGroupEnd` still
+    /// runs (GroupEnd calls no public NCCL function), so a GroupEnd still
+    /// open at `now` lost its return to a full ring buffer. Without it the
+    /// group would hold every later operation of the thread forever; it is
+    /// taken to have returned now.
+    fn close_lost_group_end(&mut self, pid: u32, tid: u32, now: u64) {
+        let roles = &self.roles;
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let keys: Vec<(u32, u32)> = p
+            .open
+            .keys()
+            .filter(|(t, probe)| *t == tid && roles.get(*probe as usize) == Some(&Role::GroupEnd))
+            .copied()
+            .collect();
+        let mut lost = Vec::new();
+        for k in keys {
+            lost.extend(p.open.remove(&k).unwrap_or_default());
+        }
+        p.open_count -= lost.len();
+        for open in lost {
+            self.drops.lost_group_ends += 1;
+            self.finish(pid, tid, Role::GroupEnd, open, now, [0; 6], 0);
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
@@ -628,6 +670,22 @@ impl Folder {
                 let rec = collective(
                     &clock, pid, p, comm_id, seq, op, &args, &open, ret_ts, ret32,
                 );
+                let stale = p
+                    .grouped
+                    .get(&tid)
+                    .and_then(|g| g.first())
+                    .is_some_and(|g| open.ts.saturating_sub(g.1) > GROUP_HOLD_NS);
+                if stale {
+                    // Both ends of its GroupEnd were lost: launch what the
+                    // group held (at its own host exit) and start afresh.
+                    self.drops.lost_group_ends += 1;
+                    p.group_depth.remove(&tid);
+                    for (rec, entry) in p.grouped.remove(&tid).unwrap_or_default() {
+                        if let Some(rec) = p.gpu.issue(rec, entry, &self.local_members) {
+                            push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
+                        }
+                    }
+                }
                 if p.group_depth.get(&tid).copied().unwrap_or(0) > 0 {
                     p.grouped.entry(tid).or_default().push((rec, open.ts));
                 } else if let Some(rec) = p.gpu.issue(rec, open.ts, &self.local_members) {
@@ -1068,6 +1126,84 @@ mod tests {
         assert_eq!(d.orphan_returns, 1);
         assert_eq!(d.unknown_comm, 1);
         assert!(f.procs[&10].open_count <= 8);
+    }
+
+    /// Init on comm 0xc0, then a grouped send whose GroupEnd lost its
+    /// return (`end_return`: false) or both its ends, then an all-reduce
+    /// `gap` ns later.
+    fn group_with_lost_end(end_entry: bool, gap: u64) -> (Folded, FoldDrops) {
+        let (mut f, ids) = folder();
+        let stack = |t: u64, name: &str, args: [u64; 6], words: [u64; STACK_WORDS]| {
+            RawEvent::Stack(StackEvent {
+                call: call(t, ids[name], CallKind::Entry, args, 0),
+                launches: 0,
+                stack: words,
+            })
+        };
+        let ret = |t: u64, name: &str, args: [u64; 6]| {
+            RawEvent::Call(call(t, ids[name], CallKind::Return, args, 0))
+        };
+        let mut ev = vec![
+            stack(
+                100,
+                "ncclCommInitRank",
+                [0x1000, 4, 3, 0, 0, 0],
+                [7; STACK_WORDS],
+            ),
+            ret(200, "ncclCommInitRank", [0xc0, 0x1000, 0, 0, 0, 0]),
+            RawEvent::Call(call(
+                1000,
+                ids["ncclGroupStart"],
+                CallKind::Entry,
+                [0; 6],
+                0,
+            )),
+            ret(1010, "ncclGroupStart", [0; 6]),
+            // ncclSend(buf, count, type, peer, comm, stream)
+            stack(1100, "ncclSend", [1, 1024, 7, 2, 0xc0, 5], [0; STACK_WORDS]),
+            ret(1150, "ncclSend", [0; 6]),
+        ];
+        if end_entry {
+            ev.push(RawEvent::Call(call(
+                1200,
+                ids["ncclGroupEnd"],
+                CallKind::Entry,
+                [0; 6],
+                0,
+            )));
+        }
+        let t = 1300 + gap;
+        ev.push(stack(
+            t,
+            "ncclAllReduce",
+            [1, 2, 1024, 9, 0, 0xc0],
+            [5; STACK_WORDS],
+        ));
+        ev.push(ret(t + 50, "ncclAllReduce", [0; 6]));
+        f.feed(&mut ev);
+        let d = f.drops();
+        (f.take(), d)
+    }
+
+    #[test]
+    fn a_lost_group_end_return_does_not_hold_the_thread_forever() {
+        let (out, d) = group_with_lost_end(true, 0);
+        let ops: Vec<(CollOp, u64)> = out.collectives.iter().map(|r| (r.op, r.seq)).collect();
+        assert_eq!(ops, [(CollOp::Send, 0), (CollOp::AllReduce, 1)], "{d:?}");
+        assert_eq!(d.lost_group_ends, 1);
+        // The send was launched when the thread entered NCCL again.
+        assert_eq!(out.collectives[0].host_exit_ns, 1300);
+    }
+
+    #[test]
+    fn a_group_whose_end_was_lost_entirely_is_released_after_the_hold() {
+        let (out, d) = group_with_lost_end(false, 1_000_000);
+        assert!(out.collectives.is_empty(), "a short group is still open");
+        assert_eq!(d.lost_group_ends, 0);
+        let (out, d) = group_with_lost_end(false, GROUP_HOLD_NS + 1);
+        let ops: Vec<CollOp> = out.collectives.iter().map(|r| r.op).collect();
+        assert_eq!(ops, [CollOp::Send, CollOp::AllReduce]);
+        assert_eq!(d.lost_group_ends, 1);
     }
 
     #[test]

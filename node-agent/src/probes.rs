@@ -129,10 +129,18 @@ pub struct Probes {
     links: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
 }
 
+/// Size of the call-event ring buffer. The deep set's `poll_cq` events
+/// fill 1 MiB in ~0.1 s on a busy host; an agent loop stalled by probe
+/// attachment (up to seconds on a loaded VM) then lost events, and a lost
+/// `ncclGroupEnd` return once held a rank's records back for the rest of the
+/// run. 8 MiB of locked memory rides out ~1 s of that.
+const EVENTS_BYTES: u32 = 8 << 20;
+
 impl Probes {
     /// Loads the object and both programs; attaches nothing yet.
     pub fn load() -> Result<Self, ProbeError> {
         let mut ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", EVENTS_BYTES)
             .load(OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         for name in PROGRAMS {

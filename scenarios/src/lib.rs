@@ -9,6 +9,7 @@
 //! - [`trainer`]: the PyTorch-like job each rank process runs.
 //! - [`layout`]: ranks, hosts and parallel groups.
 //! - [`score`]: a run's report against its truth.
+//! - [`scratch`]: test output directories that clean up after a pass.
 //! - [`flood`]: synthetic many-agent load into one coordinator.
 //! - [`eval`]: many runs scored into accuracy/latency tables, with [`baseline`]s.
 
@@ -23,6 +24,7 @@ pub mod netns;
 pub mod orchestrate;
 pub mod run;
 pub mod score;
+pub mod scratch;
 pub mod shaping;
 pub mod spec;
 pub mod steps;

@@ -12,7 +12,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slowrank_sim::{clock, control::Control, env, hub::Hub, report::Report};
+use slowrank_sim::{
+    clock,
+    control::{self, Control},
+    env,
+    hub::Hub,
+    report::Report,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -181,6 +187,11 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
         let local = layout.local_of(rank);
         let ctl = out.join("sim").join(format!("rank-{rank}.ctl"));
         Control::create(&ctl)?;
+        // Senders read their peer NIC's knobs through this link (nic.rs).
+        let peer_link = Control::peer_path(&ctl, control::lid_of(host, local));
+        let _ = fs::remove_file(&peer_link);
+        std::os::unix::fs::symlink(format!("rank-{rank}.ctl"), &peer_link)
+            .map_err(io("cannot link", &peer_link))?;
         let log_path = out.join("logs").join(format!("rank-{rank}.log"));
         let log = File::create(&log_path).map_err(io("cannot create", &log_path))?;
         let log2 = log.try_clone().map_err(io("cannot open", &log_path))?;

@@ -5,11 +5,15 @@
 
 use std::{path::Path, process::Command};
 
-use slowrank_scenarios::libs::{prepare, LibDir};
+use slowrank_scenarios::{
+    libs::{prepare, LibDir},
+    scratch::ScratchDir,
+};
 
-fn libs(name: &str) -> LibDir {
-    let dir = std::env::temp_dir().join(format!("slowrank-abi-{name}-{}", std::process::id()));
-    prepare(&dir).expect("stand-ins are built")
+/// The laid-out stand-ins, and the directory that holds them while in use.
+fn libs(name: &str) -> (LibDir, ScratchDir) {
+    let dir = ScratchDir::new(&format!("abi-{name}")).expect("scratch dir");
+    (prepare(&dir).expect("stand-ins are built"), dir)
 }
 
 fn tool(cmd: &str, args: &[&str], file: &Path) -> String {
@@ -49,7 +53,7 @@ fn soname(file: &Path) -> String {
 
 #[test]
 fn files_and_sonames_are_the_real_ones() {
-    let l = libs("soname");
+    let (l, _dir) = libs("soname");
     for (path, name) in [
         (&l.nccl, "libnccl.so.2"),
         (&l.cudart, "libcudart.so.12"),
@@ -63,7 +67,7 @@ fn files_and_sonames_are_the_real_ones() {
 
 #[test]
 fn nccl_exports_weak_aliases_of_pnccl() {
-    let l = libs("nccl");
+    let (l, _dir) = libs("nccl");
     let syms = dynsyms(&l.nccl);
     for name in [
         "ncclGetVersion",
@@ -99,7 +103,7 @@ fn nccl_exports_weak_aliases_of_pnccl() {
 
 #[test]
 fn cudart_symbols_carry_the_library_version() {
-    let l = libs("cudart");
+    let (l, _dir) = libs("cudart");
     let syms = dynsyms(&l.cudart);
     for name in [
         "cudaLaunchKernel",
@@ -126,7 +130,7 @@ fn cudart_symbols_carry_the_library_version() {
 
 #[test]
 fn verbs_data_path_is_only_reachable_through_the_ops_table() {
-    let l = libs("verbs");
+    let (l, _dir) = libs("verbs");
     let verbs = dynsyms(&l.verbs);
     for name in [
         "ibv_get_device_list",
@@ -160,8 +164,7 @@ fn verbs_structs_match_the_installed_header() {
     use slowrank_scenarios::sim::abi::verbs::OFFSETS;
     let header = Path::new("/usr/include/infiniband/verbs.h");
     assert!(header.exists(), "libibverbs-dev is not installed");
-    let dir = std::env::temp_dir().join(format!("slowrank-abi-c-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("abi-c").expect("scratch dir");
     let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
     for (expr, _) in OFFSETS {
         c.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));

@@ -58,7 +58,7 @@ int main(void) {
 
 #[test]
 fn a_c_program_sees_real_semantics_through_the_real_prototypes() {
-    let dir = std::env::temp_dir().join(format!("slowrank-cabi-{}", std::process::id()));
+    let dir = slowrank_scenarios::scratch::ScratchDir::new("cabi").expect("scratch dir");
     let libs = prepare(&dir.join("lib")).expect("stand-ins are built");
     let src = dir.join("prog.c");
     let exe = dir.join("prog");

@@ -132,6 +132,19 @@ impl Control {
         Self::map(path, false)
     }
 
+    /// Where the launcher links the block of the rank whose NIC has `lid`,
+    /// next to `own` (this rank's block file).
+    pub fn peer_path(own: &Path, lid: u16) -> std::path::PathBuf {
+        own.with_file_name(format!("lid-{lid}.ctl"))
+    }
+
+    /// The block of the rank whose NIC has `lid`, when the launcher linked
+    /// one next to this process's own block (`None` outside the harness).
+    pub fn peer(lid: u16) -> Option<&'static Control> {
+        let own = std::env::var_os(crate::env::CONTROL)?;
+        Self::open(&Self::peer_path(Path::new(&own), lid)).ok()
+    }
+
     /// This process's block: the file named by [`crate::env::CONTROL`], or a
     /// private healthy block when unset or unusable (a library used outside
     /// the harness behaves like healthy hardware).

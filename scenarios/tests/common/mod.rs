@@ -3,30 +3,38 @@
 
 #![allow(dead_code)]
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, ops::Deref, path::Path, path::PathBuf};
 
 use slowrank_scenarios::{
     run::{run, RunOptions, RunSummary},
+    scratch::ScratchDir,
     spec::Spec,
 };
 
-/// A fresh output directory for one test.
-pub fn out_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("slowrank-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A finished run; its output directory goes when this drops after a pass.
+pub struct Ran {
+    summary: RunSummary,
+    _dir: ScratchDir,
+}
+
+impl Deref for Ran {
+    type Target = RunSummary;
+    fn deref(&self) -> &RunSummary {
+        &self.summary
+    }
 }
 
 /// Runs `toml` with traces on.
-pub fn run_spec(name: &str, toml: &str) -> RunSummary {
+pub fn run_spec(name: &str, toml: &str) -> Ran {
     let spec = Spec::parse(toml).expect("test spec is valid");
-    let mut opts = RunOptions::job_only(out_dir(name));
+    let dir = ScratchDir::new(&format!("test-{name}")).expect("scratch dir");
+    let mut opts = RunOptions::job_only(dir.path());
     opts.trainer = Some(PathBuf::from(env!("CARGO_BIN_EXE_slowrank-trainer")));
     opts.trace = true;
-    run(&spec, &opts).expect("scenario runs")
+    Ran {
+        summary: run(&spec, &opts).expect("scenario runs"),
+        _dir: dir,
+    }
 }
 
 /// One line of `coll-rank-N.log`.
