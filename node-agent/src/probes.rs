@@ -134,7 +134,7 @@ pub struct Probes {
 /// attachment (up to seconds on a loaded VM) then lost events, and a lost
 /// `ncclGroupEnd` return once held a rank's records back for the rest of the
 /// run. 8 MiB of locked memory rides out ~1 s of that.
-const EVENTS_BYTES: u32 = 8 << 20;
+pub const EVENTS_BYTES: u32 = 8 << 20;
 
 impl Probes {
     /// Loads the object and both programs; attaches nothing yet.

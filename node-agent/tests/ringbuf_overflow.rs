@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slowrank_agent::probes::Probes;
+use slowrank_agent::probes::{Probes, EVENTS_BYTES};
 use slowrank_shared::probe::{CallEvent, CallKind};
 
 #[no_mangle]
@@ -45,9 +45,10 @@ fn storm_without_draining_counts_every_lost_event() {
     if !root_or_skip("storm_without_draining_counts_every_lost_event") {
         return;
     }
-    // 1 MiB of 88-byte records (80 + the ring's 8-byte header) holds about
-    // 11,900 events; 40,000 calls make 80,000.
-    const STORM: u64 = 40_000;
+    // Records are 8-byte aligned with an 8-byte header: 8 MiB of 88-byte
+    // records hold about 95,000 events; as many calls make twice that.
+    let capacity = u64::from(EVENTS_BYTES) / (slowrank_shared::probe::CALL_EVENT_SIZE as u64 + 8);
+    let storm: u64 = capacity;
     const AFTER: u64 = 1_000;
     let exe: PathBuf = std::fs::read_link("/proc/self/exe").expect("read /proc/self/exe");
     let mut probes = Probes::load().expect("load eBPF object");
@@ -61,19 +62,17 @@ fn storm_without_draining_counts_every_lost_event() {
     let tid = unsafe { libc::gettid() } as u32;
     let drops0 = probes.counters().expect("counters").ringbuf_drops;
 
-    for i in 0..STORM {
+    for i in 0..storm {
         slowrank_storm_target(i);
     }
     let got = drain_all(&mut probes, id, tid);
     let drops = probes.counters().expect("counters").ringbuf_drops - drops0;
     eprintln!(
         "storm: {} calls, {} events delivered, {drops} counted as dropped",
-        STORM,
+        storm,
         got.len()
     );
     assert!(drops > 0, "the storm did not overflow the ring buffer");
-    // Records are 8-byte aligned with an 8-byte header.
-    let capacity = (1u64 << 20) / (slowrank_shared::probe::CALL_EVENT_SIZE as u64 + 8);
     assert!(
         got.len() as u64 <= capacity,
         "the ring buffer held more than its {capacity} records: {} events",
@@ -81,7 +80,7 @@ fn storm_without_draining_counts_every_lost_event() {
     );
     assert_eq!(
         got.len() as u64 + drops,
-        2 * STORM,
+        2 * storm,
         "events neither delivered nor counted as dropped"
     );
     // What was delivered is intact and in order: the drops cut whole
@@ -91,7 +90,7 @@ fn storm_without_draining_counts_every_lost_event() {
         assert!(e.ts_ns >= last, "delivered events out of order");
         last = e.ts_ns;
         if e.kind == CallKind::Entry as u32 {
-            assert!(e.args[0] < STORM, "argument garbled: {}", e.args[0]);
+            assert!(e.args[0] < storm, "argument garbled: {}", e.args[0]);
         }
     }
 
