@@ -54,7 +54,7 @@ run_flood() {  # scale: 1,024 / 4,096 / 16,384 ranks at 100 collectives/s each
   cargo build --release -q -p slowrank-coordinator -p slowrank-scenarios || return 1
   for n in ${FLOOD_RANKS:-1024 4096 16384}; do
     SLOWRANK_COORDINATOR_BIN="$PWD/target/release/slowrank" \
-    ./target/release/slowrank-scenario flood --ranks "$n" --collectives-per-s 100 \
+    ./target/release/slowrank-scenario flood --ranks "$n" --collectives-per-s 100 --flush-ms 200 \
       --seconds "${FLOOD_S:-20}" --onset 3 \
       --slow-rank 13 --out "$B/flood-work" > "$B/flood-$n.json" 2> "$B/flood-$n.log"
     rm -rf "$B/flood-work"

@@ -36,7 +36,6 @@ use slowrank_shared::wire::{
 pub const PER_STEP: u64 = 4;
 pub const RANKS_PER_HOST: u32 = 8;
 const COMM_ID: u64 = 0x5107_f100d;
-const TICK: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FloodError {
@@ -75,6 +74,11 @@ pub struct FloodOptions {
     pub onset_s: f64,
     /// How late the slow rank's GPU reaches each collective (µs).
     pub delay_us: f64,
+    /// How often each simulated agent cuts and ships a batch (ms): the
+    /// agent's `--flush-ms`. Per-batch work (a QUIC stream, validation, an
+    /// acknowledgement) is what the coordinator pays per host, so this and
+    /// the host count set its batch rate.
+    pub flush_ms: u64,
     /// Working directory (certificate, report, coordinator log).
     pub out: PathBuf,
 }
@@ -405,7 +409,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
         let mut last_cpu = proc_usage(pid).map_or(0.0, |u| u.0);
         let mut next_sample = 1.0;
         let total = (o.seconds * o.collectives_per_s) as u64;
-        let mut tick = tokio::time::interval(TICK);
+        let mut tick = tokio::time::interval(Duration::from_millis(o.flush_ms.max(10)));
         loop {
             tick.tick().await;
             let now = mono_ns();
@@ -545,6 +549,7 @@ mod tests {
         FloodOptions {
             ranks: 16,
             collectives_per_s: 100.0,
+            flush_ms: 200,
             seconds: 2.0,
             slow_rank: Some(9),
             onset_s: 1.0,

@@ -12,6 +12,7 @@ fn flood_is_ingested_and_the_hidden_slow_rank_is_named() {
     let o = FloodOptions {
         ranks: 64,
         collectives_per_s: 100.0,
+        flush_ms: 200,
         seconds: 8.0,
         slow_rank: Some(13),
         onset_s: 2.0,

@@ -121,6 +121,12 @@ enum Cmd {
         /// Lateness of the slow rank per collective (µs).
         #[arg(long, default_value_t = 2000.0)]
         delay_us: f64,
+        /// How often each simulated agent ships a batch (the agent's
+        /// --flush-ms, whose default this is). The coordinator's cost per
+        /// batch sets how many hosts it can take at a given rate: raise it
+        /// with the host count.
+        #[arg(long, default_value_t = 200)]
+        flush_ms: u64,
         /// Working directory (certificate, coordinator log and report).
         #[arg(long, default_value = "/tmp/slowrank-flood")]
         out: PathBuf,
@@ -209,6 +215,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             slow_rank,
             onset,
             delay_us,
+            flush_ms,
             out,
         } => {
             let r = slowrank_scenarios::flood::flood(&slowrank_scenarios::flood::FloodOptions {
@@ -218,6 +225,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 slow_rank,
                 onset_s: onset,
                 delay_us,
+                flush_ms,
                 out,
             })?;
             println!("{}", serde_json::to_string_pretty(&r)?);
