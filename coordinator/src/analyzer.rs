@@ -1191,6 +1191,32 @@ impl Analyzer {
             })
             .collect();
         obs.retain(|k, _| !matches!(k, Subject::Rank(r) if on_slow_links.contains(r)));
+        // A pipeline neighbour of a rank that costs the job several times
+        // more (named now, or by an active verdict) waits for that rank's
+        // sends; receives never post, so the wait shows as lateness of its
+        // own. It is the other rank's, passed along the pipeline.
+        let mut costs: HashMap<u32, f64> = HashMap::new();
+        for (k, o) in &obs {
+            if let Subject::Rank(r) = *k {
+                costs.insert(r, cost_share(o));
+            }
+        }
+        for v in core.lifecycle.verdicts() {
+            if v.active && matches!(v.subject, Subject::Rank(_)) {
+                let c = costs.entry(v.rank).or_insert(0.0);
+                *c = c.max(v.cost_fraction);
+            }
+        }
+        obs.retain(|k, o| match *k {
+            Subject::Rank(r) => !passed_along(
+                cost_share(o),
+                core.stats
+                    .p2p_peers(r)
+                    .iter()
+                    .filter_map(|q| costs.get(q).copied()),
+            ),
+            _ => true,
+        });
         let events = core.lifecycle.step(k, obs);
         for e in &events {
             if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
@@ -1456,6 +1482,25 @@ fn push_recent(c: &mut IngestCounters, e: &RecordError) {
     }
 }
 
+/// Share of the job's GPU time an observation says its subject cost.
+fn cost_share(o: &Observation) -> f64 {
+    if o.exposure_ns > 0.0 {
+        o.lost_ns / o.exposure_ns
+    } else {
+        0.0
+    }
+}
+
+/// How many times more a pipeline neighbour must cost for a rank's own
+/// cost to count as passed along from it.
+const PASSED_ALONG_RATIO: f64 = 4.0;
+
+/// Whether a rank costing `mine` only relays the lateness of a pipeline
+/// neighbour costing one of `neighbours`.
+fn passed_along(mine: f64, mut neighbours: impl Iterator<Item = f64>) -> bool {
+    neighbours.any(|c| c > 0.0 && c >= PASSED_ALONG_RATIO * mine)
+}
+
 /// Sealed step durations kept for [`Analyzer::slowdown`].
 const STEP_HISTORY: usize = 64;
 /// Steps compared with the baseline (a median: one noisy step is not a trend).
@@ -1673,6 +1718,18 @@ impl Metrics {
 mod tests {
     use super::*;
     use crate::join::{InstanceKey, MissingMember};
+
+    #[test]
+    fn a_pipeline_neighbour_of_a_much_costlier_rank_only_relays_it() {
+        // pp4-dp2: rank 5 host-slow costing 40 % of the job; its next stage
+        // waits for its sends and looked "compute-slow" costing 3 %.
+        assert!(passed_along(0.03, [0.40].into_iter()));
+        // Two real faults of similar cost on neighbouring stages stay two.
+        assert!(!passed_along(0.15, [0.40].into_iter()));
+        // No neighbour named, or one that costs nothing: nothing to relay.
+        assert!(!passed_along(0.03, std::iter::empty()));
+        assert!(!passed_along(0.0, [0.0].into_iter()));
+    }
 
     fn hang(comm: u64, present: &[u32], missing: &[u32]) -> HangState {
         HangState {

@@ -314,6 +314,10 @@ impl Default for StatsConfig {
     }
 }
 
+/// Point-to-point peers remembered per rank (a pipeline stage talks to
+/// the stage before and after it).
+const MAX_P2P_PEERS: usize = 16;
+
 /// Iterations the smoothed test takes the median over.
 pub const SMOOTH_ITERATIONS: usize = 5;
 
@@ -331,6 +335,9 @@ pub struct Stats {
     /// rank → its unexplained lateness over the last iterations scored
     /// (iteration, ns), for the smoothed test.
     recent: HashMap<u32, VecDeque<(u64, f64)>>,
+    /// rank → the ranks it sends to or receives from point to point
+    /// (pipeline neighbours), at most [`MAX_P2P_PEERS`] each.
+    p2p_peers: HashMap<u32, Vec<u32>>,
     pub dropped_late: u64,
     pub dropped_overflow: u64,
     sealed_through: Option<u64>,
@@ -346,6 +353,7 @@ impl Stats {
             spearman: HashMap::new(),
             lateness_gauge: HashMap::new(),
             recent: HashMap::new(),
+            p2p_peers: HashMap::new(),
             dropped_late: 0,
             dropped_overflow: 0,
             sealed_through: None,
@@ -354,6 +362,11 @@ impl Stats {
 
     pub fn config(&self) -> &StatsConfig {
         &self.cfg
+    }
+
+    /// The rank's point-to-point peers seen so far (pipeline neighbours).
+    pub fn p2p_peers(&self, rank: u32) -> &[u32] {
+        self.p2p_peers.get(&rank).map_or(&[], |v| v.as_slice())
     }
 
     /// Members of the rank's reference communicator (itself included).
@@ -390,6 +403,16 @@ impl Stats {
             return;
         }
         let p2p = matches!(inst.key, InstanceKey::P2p { .. });
+        if p2p {
+            for a in &inst.members {
+                for b in inst.members.iter().filter(|b| b.rank != a.rank) {
+                    let v = self.p2p_peers.entry(a.rank).or_default();
+                    if !v.contains(&b.rank) && v.len() < MAX_P2P_PEERS {
+                        v.push(b.rank);
+                    }
+                }
+            }
+        }
         if !p2p {
             let n = inst.members.len() as u32;
             let ranks: Vec<u32> = inst.members.iter().map(|m| m.rank).collect();
