@@ -113,6 +113,14 @@ pub struct SplitPending {
     pub snapshot: Option<Vec<u8>>,
 }
 
+impl Proc {
+    /// Closes `tid`'s group: the operations it held, with their host entries.
+    fn end_group(&mut self, tid: u32) -> Vec<(CollectiveRecord, u64)> {
+        self.group_depth.remove(&tid);
+        self.grouped.remove(&tid).unwrap_or_default()
+    }
+}
+
 #[derive(Debug)]
 struct Proc {
     rank: u32,
@@ -679,8 +687,7 @@ impl Folder {
                     // Both ends of its GroupEnd were lost: launch what the
                     // group held (at its own host exit) and start afresh.
                     self.drops.lost_group_ends += 1;
-                    p.group_depth.remove(&tid);
-                    for (rec, entry) in p.grouped.remove(&tid).unwrap_or_default() {
+                    for (rec, entry) in p.end_group(tid) {
                         if let Some(rec) = p.gpu.issue(rec, entry, &self.local_members) {
                             push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
                         }
@@ -697,9 +704,8 @@ impl Folder {
                 let depth = p.group_depth.entry(tid).or_insert(0);
                 *depth = depth.saturating_sub(1);
                 if *depth == 0 {
-                    p.group_depth.remove(&tid);
                     // The group's operations are launched now.
-                    for (mut rec, entry) in p.grouped.remove(&tid).unwrap_or_default() {
+                    for (mut rec, entry) in p.end_group(tid) {
                         rec.host_exit_ns = clock.map(ret_ts);
                         if let Some(rec) = p.gpu.issue(rec, entry, &self.local_members) {
                             push_bounded(&mut self.out.collectives, rec, limits, &mut self.drops);
@@ -1129,8 +1135,8 @@ mod tests {
     }
 
     /// Init on comm 0xc0, then a grouped send whose GroupEnd lost its
-    /// return (`end_return`: false) or both its ends, then an all-reduce
-    /// `gap` ns later.
+    /// return (`end_entry`: its entry arrived) or both its ends, then an
+    /// all-reduce `gap` ns later.
     fn group_with_lost_end(end_entry: bool, gap: u64) -> (Folded, FoldDrops) {
         let (mut f, ids) = folder();
         let stack = |t: u64, name: &str, args: [u64; 6], words: [u64; STACK_WORDS]| {
