@@ -1503,8 +1503,10 @@ fn passed_along(mine: f64, mut neighbours: impl Iterator<Item = f64>) -> bool {
 
 /// Sealed step durations kept for [`Analyzer::slowdown`].
 const STEP_HISTORY: usize = 64;
-/// Steps compared with the baseline (a median: one noisy step is not a trend).
-const SLOWDOWN_RECENT: usize = 5;
+/// Steps compared with the baseline (a median: one noisy step is not a
+/// trend, two of three are enough to look closer; a false alarm costs one
+/// deep window and backs the next one off).
+const SLOWDOWN_RECENT: usize = 3;
 /// Baseline steps needed before a slowdown can be told.
 const SLOWDOWN_BASELINE_MIN: usize = 15;
 /// Relative rise of the recent median over the baseline median.

@@ -41,6 +41,9 @@ pub struct Classification {
     pub kind: Kind,
     pub confidence: f64,
     pub evidence: Vec<String>,
+    /// The class rests on GPU-side arrivals (the deep set), which a
+    /// descheduled host thread does not move: the lifecycle may open sooner.
+    pub gpu_side: bool,
 }
 
 /// Human duration: "3.21 ms", "412 µs", "1.20 s".
@@ -146,7 +149,8 @@ pub fn classify_straggler(
     } else {
         0.0
     };
-    let (kind, clarity) = if gpu_known && host_mean < 0.5 * gpu_mean {
+    let gpu_side = gpu_known && host_mean < 0.5 * gpu_mean;
+    let (kind, clarity) = if gpu_side {
         ev.push(format!(
             "GPU-side lateness {} per collective vs host-side {}",
             fmt_ns(gpu_mean),
@@ -222,6 +226,7 @@ pub fn classify_straggler(
         kind,
         confidence: confidence.clamp(0.0, 0.99),
         evidence: ev,
+        gpu_side,
     }
 }
 
@@ -248,6 +253,8 @@ pub fn classify_nic(n: &SlowNic, transfer_ratio: Option<f64>) -> Classification 
         kind: Kind::Communication,
         confidence: (0.5 + 0.25 * share + 0.2 * ((n.ratio - 1.0) / 2.0).clamp(0.0, 1.0)).min(0.97),
         evidence: ev,
+        // Completions are seen by polls, which a busy host delays.
+        gpu_side: false,
     }
 }
 
@@ -266,6 +273,7 @@ pub fn classify_link(l: &SlowLink) -> Classification {
             ),
             "both ends' other links are healthy: the pair (cable, port or path) is slow, not either NIC".into(),
         ],
+        gpu_side: false,
     }
 }
 

@@ -71,6 +71,11 @@ struct ServeArgs {
     /// Seconds between report rewrites.
     #[arg(long, default_value_t = 3.0, value_name = "S")]
     write_every: f64,
+    /// Milliseconds between analyzer passes (sealing iterations, judging
+    /// them, alerting). Each pass waits for this at most, so it adds up to
+    /// this much to every detection; a pass costs ms, not this much CPU.
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    tick_ms: u64,
     /// POST every verdict event (JSON) to this URL.
     #[arg(long, value_name = "URL")]
     webhook: Option<String>,
@@ -210,6 +215,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let mut cfg = ServeConfig::new(args.listen, args.token);
     cfg.out_dir = args.out.clone();
     cfg.write_every = Duration::from_secs_f64(args.write_every.max(0.1));
+    cfg.tick_every = Duration::from_millis(args.tick_ms.max(10));
     cfg.hooks.webhook = args.webhook;
     cfg.hooks.exec = args.exec;
     cfg.hooks.timeout = Duration::from_secs_f64(args.hook_timeout.max(0.1));

@@ -109,7 +109,7 @@ impl ServeConfig {
             token: token.into(),
             out_dir: None,
             write_every: Duration::from_secs(3),
-            tick_every: Duration::from_millis(500),
+            tick_every: Duration::from_millis(100),
             hooks: HookConfig {
                 webhook: None,
                 exec: None,

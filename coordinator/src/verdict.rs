@@ -4,7 +4,10 @@
 //! link) is either observed suspicious or not. A verdict opens when at least
 //! `open_min` of the last `open_window` iterations were suspicious, and
 //! closes only after `close_after` clean iterations in a row, so a noisy
-//! borderline rank cannot flap. Its first-seen iteration is the earliest
+//! borderline rank cannot flap. A costly compute straggler whose class rests
+//! on GPU-side arrivals opens sooner, after `fast_open_min` suspicious
+//! iterations in a row: host descheduling (what the 6-of-8 rule guards
+//! against) does not move a GPU's arrival. Its first-seen iteration is the earliest
 //! suspicious iteration of the run that opened it, not the iteration the
 //! decision was made in. A subject that turns bad again reopens its own
 //! verdict (episodes + 1) instead of adding a new one, which keeps an
@@ -50,6 +53,11 @@ pub enum Subject {
 pub struct LifecycleConfig {
     pub open_window: usize,
     pub open_min: usize,
+    /// Suspicious iterations in a row that open a verdict whose every
+    /// observation is GPU-side and costs at least `fast_open_cost`.
+    pub fast_open_min: usize,
+    /// Share of the job's GPU time each of those iterations must lose.
+    pub fast_open_cost: f64,
     pub close_after: u64,
     /// Iterations at the start of a job that never open a verdict.
     pub warmup_iterations: u64,
@@ -64,6 +72,9 @@ impl Default for LifecycleConfig {
             // a few iterations at a time, which 4 of 5 mistook for a fault.
             open_window: 8,
             open_min: 6,
+            fast_open_min: 3,
+            // A 1.3× GPU in a synchronous job costs ≈ 20%; 1.1× ≈ 8%.
+            fast_open_cost: 0.1,
             close_after: 8,
             warmup_iterations: 20,
             max_verdicts: 4096,
@@ -287,7 +298,7 @@ impl Lifecycle {
             return None;
         }
         let hits: Vec<&Observation> = t.hist.iter().filter_map(|h| h.1.as_ref()).collect();
-        if o.is_none() || hits.len() < self.cfg.open_min {
+        if o.is_none() || (hits.len() < self.cfg.open_min && !fast(&self.cfg, t)) {
             return None;
         }
         // Majority class over the window; the latest observation of it speaks.
@@ -384,6 +395,21 @@ impl Lifecycle {
     }
 }
 
+/// The last `fast_open_min` iterations were all suspicious, GPU-side and
+/// costly (see the module docs).
+fn fast(cfg: &LifecycleConfig, t: &Tracker) -> bool {
+    let n = cfg.fast_open_min;
+    n > 0
+            && t.hist.len() >= n
+            && t.hist.iter().rev().take(n).all(|(_, o)| {
+                o.as_ref().is_some_and(|o| {
+                    o.classification.gpu_side
+                        && o.exposure_ns > 0.0
+                        && o.lost_ns / o.exposure_ns >= cfg.fast_open_cost
+                })
+            })
+}
+
 fn who(v: &Verdict) -> String {
     match &v.link {
         Some(l) => format!("link {}↔{}", l.ranks[0], l.ranks[1]),
@@ -409,6 +435,7 @@ mod tests {
                 kind,
                 confidence: 0.9,
                 evidence: vec!["x".into()],
+                gpu_side: false,
             },
             rank: 5,
             host: "node-1".into(),
@@ -421,13 +448,20 @@ mod tests {
         }
     }
 
+    /// `x` a host-side observation, `g` a GPU-side one costing 10%, `c`
+    /// a GPU-side one costing 5%, anything else clean.
     fn run(l: &mut Lifecycle, pattern: &str, start: u64) -> Vec<(u64, EventKind)> {
         let mut ev = Vec::new();
         for (i, c) in pattern.chars().enumerate() {
             let it = start + i as u64;
             let mut m = BTreeMap::new();
-            if c == 'x' {
-                m.insert(Subject::Rank(5), obs(Kind::Compute));
+            let mut o = obs(Kind::Compute);
+            o.classification.gpu_side = matches!(c, 'g' | 'c');
+            if c == 'c' {
+                o.lost_ns /= 2.0;
+            }
+            if matches!(c, 'x' | 'g' | 'c') {
+                m.insert(Subject::Rank(5), o);
             }
             ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event)));
         }
@@ -448,6 +482,18 @@ mod tests {
         assert!(v
             .headline()
             .contains("rank 5 on node-1 is compute-slow, costing 10% of the job"));
+    }
+
+    #[test]
+    fn a_costly_gpu_side_straggler_opens_after_three_in_a_row() {
+        let mut l = Lifecycle::new(LifecycleConfig::default());
+        assert_eq!(run(&mut l, "..ggg", 100), vec![(104, EventKind::Opened)]);
+        assert_eq!(l.verdicts().next().unwrap().first_seen_iteration, 102);
+        // Not in a row, cheap, or host-side in between: the 6-of-8 rule.
+        for pattern in ["gg.gg.", "ccccc", "ggxgg", "xxxxx"] {
+            let mut l = Lifecycle::new(LifecycleConfig::default());
+            assert!(run(&mut l, pattern, 100).is_empty(), "{pattern}");
+        }
     }
 
     #[test]

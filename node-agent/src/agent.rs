@@ -361,6 +361,11 @@ impl Agent {
         self.set_deep(Deep::Until(std::time::Instant::now() + dur));
     }
 
+    /// A deep window the coordinator opened is running (not `--deep`).
+    pub fn in_deep_window(&self) -> bool {
+        matches!(self.deep, Deep::Until(t) if t > std::time::Instant::now())
+    }
+
     /// Deep targets found so far: (file, offset, function, attached probe).
     pub fn deep_targets(&self) -> Vec<(PathBuf, u64, DeepFn, Option<u32>)> {
         self.deep_targets

@@ -128,6 +128,11 @@ struct RunArgs {
     /// How often a batch is cut and shipped.
     #[arg(long, default_value_t = 200, value_name = "MS")]
     flush_ms: u64,
+    /// How often a batch is cut while a deep window the coordinator opened
+    /// runs: it is looking for a suspect, and every flush it waits for is
+    /// detection latency.
+    #[arg(long, default_value_t = 50, value_name = "MS")]
+    deep_flush_ms: u64,
     /// Length of the per-rank counter intervals.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     interval_ms: u64,
@@ -299,7 +304,10 @@ async fn run(cli: RunArgs) -> Result<i32> {
 
     // Deep-probe windows the coordinator asks for (a suspect and references).
     let mut control = uplink.as_mut().and_then(Uplink::take_control_requests);
-    let mut flush = tokio::time::interval(Duration::from_millis(cli.flush_ms.max(10)));
+    let flush_every = Duration::from_millis(cli.flush_ms.max(10));
+    let flush_tick = Duration::from_millis(cli.deep_flush_ms.max(10)).min(flush_every);
+    let mut flush = tokio::time::interval(flush_tick);
+    let mut last_flush = std::time::Instant::now();
     let mut scan = tokio::time::interval(Duration::from_millis(cli.scan_ms.max(5)));
     let mut poll = tokio::time::interval(Duration::from_millis(5));
     let interval = Duration::from_millis(cli.interval_ms.max(cli.flush_ms).max(10));
@@ -345,6 +353,11 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 false
             }
             _ = flush.tick() => {
+                // Half a tick early rather than a whole tick late.
+                if !agent.in_deep_window() && last_flush.elapsed() + flush_tick / 2 < flush_every {
+                    continue;
+                }
+                last_flush = std::time::Instant::now();
                 let close = last_interval.elapsed() >= interval;
                 if close {
                     last_interval = std::time::Instant::now();

@@ -466,6 +466,8 @@ pub struct EvalOptions {
     pub quick: bool,
     pub iterations: Option<u64>,
     pub sweep_factors: Vec<f64>,
+    /// Sweep with the GPU work of one step scaled to about this (ms).
+    pub sweep_step_ms: Option<f64>,
     /// Keep every run directory whole (default: keep only truth, report, steps, spec).
     pub keep_runs: bool,
     pub mode: Mode,
@@ -507,13 +509,22 @@ pub fn collect_specs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>, EvalError> {
     Ok(out)
 }
 
-/// Specs of a latency sweep: `base` with its first fault's factor replaced.
-pub fn sweep_specs(base: &Spec, factors: &[f64]) -> Vec<Spec> {
+/// Specs of a latency sweep: `base` with its first fault's factor replaced,
+/// and with `step_ms` its kernels stretched so that one step's GPU work
+/// takes about that long. The detection costs that are fixed in seconds (a
+/// batch flush, an analyzer pass, attaching the deep probes) cost fewer
+/// iterations the longer a step is; the sweep can show both.
+pub fn sweep_specs(base: &Spec, factors: &[f64], step_ms: Option<f64>) -> Vec<Spec> {
     factors
         .iter()
         .map(|f| {
             let mut s = base.clone();
             s.name = format!("{}-x{f}", base.name);
+            if let Some(ms) = step_ms {
+                let kernels = (s.step.forward_kernels + s.step.backward_kernels).max(1);
+                s.step.kernel_us = ms * 1e3 / f64::from(kernels);
+                s.name = format!("{}-step{ms}ms", s.name);
+            }
             if let Some(fault) = s.faults.first_mut() {
                 fault.factor = Some(*f);
             }
@@ -552,7 +563,7 @@ pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalE
             .find(|s| s.name == "dp8-compute-slow")
             .cloned()
             .ok_or_else(|| EvalError::NoSweepBase("dp8-compute-slow".into()))?;
-        specs = sweep_specs(&base, &opts.sweep_factors);
+        specs = sweep_specs(&base, &opts.sweep_factors, opts.sweep_step_ms);
     }
     std::fs::create_dir_all(&opts.out).map_err(|source| EvalError::Write {
         path: opts.out.clone(),
@@ -1009,9 +1020,10 @@ mod tests {
         let base =
             Spec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/dp8-compute-slow.toml"))
                 .expect("spec");
-        let v = sweep_specs(&base, &[1.05, 2.0]);
+        let v = sweep_specs(&base, &[1.05, 2.0], None);
         assert_eq!(v.len(), 2);
         assert_eq!(v[0].name, "dp8-compute-slow-x1.05");
+        assert_eq!(v[0].step.kernel_us, base.step.kernel_us);
         assert_eq!(v[0].faults[0].factor, Some(1.05));
         assert_eq!(v[1].faults[0].factor, Some(2.0));
         assert_eq!(
@@ -1019,5 +1031,10 @@ mod tests {
             base.faults[0].start_iteration
         );
         v[0].validate().expect("valid");
+        let long = sweep_specs(&base, &[1.3], Some(300.0));
+        assert_eq!(long[0].name, "dp8-compute-slow-x1.3-step300ms");
+        let k = long[0].step.forward_kernels + long[0].step.backward_kernels;
+        assert!((long[0].step.kernel_us * f64::from(k) - 300e3).abs() < 1.0);
+        long[0].validate().expect("valid");
     }
 }

@@ -27,7 +27,7 @@ use slowrank_sim::{
     report::Report,
 };
 
-use super::TrainerError;
+use super::{cpucap::CpuCap, TrainerError};
 use crate::{
     layout::Layout,
     spec::{Fault, FaultKind, HostMode, Spec},
@@ -37,6 +37,9 @@ use crate::{
 struct Hog {
     stop: Arc<AtomicBool>,
     saved_mask: libc::cpu_set_t,
+    /// The rank's share of the machine, which it and the busy threads share
+    /// (see [`super::cpucap`]); `None` where no cgroup could be made.
+    _cap: Option<super::cpucap::CpuCap>,
 }
 
 pub struct Injector {
@@ -187,18 +190,27 @@ impl Injector {
                 let cpu = self.rank as usize % cpus;
                 let saved_mask = set_affinity(cpu);
                 let stop = Arc::new(AtomicBool::new(false));
+                let (tx, rx) = std::sync::mpsc::channel();
                 for _ in 0..n {
-                    let stop = stop.clone();
+                    let (stop, tx) = (stop.clone(), tx.clone());
                     let _ = std::thread::Builder::new()
                         .name("noisy-neighbour".into())
                         .spawn(move || {
                             set_affinity(cpu);
+                            let _ = tx.send(CpuCap::current_thread());
                             while !stop.load(Ordering::Relaxed) {
                                 std::hint::spin_loop();
                             }
                         });
                 }
-                self.hog = Some(Hog { stop, saved_mask });
+                drop(tx);
+                let share = cpus as f64 / f64::from(self.layout.world().max(1));
+                let cap = self.cap_with(rx.iter().take(n as usize), share.max(0.1));
+                self.hog = Some(Hog {
+                    stop,
+                    saved_mask,
+                    _cap: cap,
+                });
             }
             (None, true) => {
                 if let Some(h) = self.hog.take() {
@@ -214,6 +226,28 @@ impl Injector {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// This thread and `neighbours` in one cgroup allowed `cpus` CPUs.
+    fn cap_with(&self, neighbours: impl Iterator<Item = i32>, cpus: f64) -> Option<CpuCap> {
+        let name = format!("slowrank-{}-rank{}", std::process::id(), self.rank);
+        let made = CpuCap::new(&name, cpus).and_then(|mut c| {
+            c.add(CpuCap::current_thread())?;
+            for tid in neighbours {
+                c.add(tid)?;
+            }
+            Ok(c)
+        });
+        match made {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!(
+                    "rank {}: contention without a CPU cap ({e}): the busy threads slow every rank on this machine",
+                    self.rank
+                );
+                None
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 //! `synchronize`.
 
 // Private: these wrap raw C handles and are only meaningful inside a rank.
+mod cpucap;
 mod cuda;
 mod groups;
 mod inject;
