@@ -687,6 +687,17 @@ impl Analyzer {
         Some(DateTime::<Utc>::from_timestamp_nanos(t.saturating_add(off)))
     }
 
+    /// The ranks of each host that have not exited.
+    fn live_ranks_by_host(&self) -> BTreeMap<String, Vec<u32>> {
+        let mut m: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for r in self.ranks.iter() {
+            if r.exited_at.is_none() {
+                m.entry(r.host.clone()).or_default().push(r.rank);
+            }
+        }
+        m
+    }
+
     fn host_of(&self, rank: u32) -> String {
         self.ranks
             .get(&rank)
@@ -1101,7 +1112,9 @@ impl Analyzer {
                     rank: s.rank,
                     host: self.host_of(s.rank),
                     link: None,
+                    ranks: Vec::new(),
                     clock_error_ns: s.err_ns,
+                    late_ns: s.unexplained_ns,
                     lost_ns: blame.get(&Node::Rank(s.rank)).copied().unwrap_or(0.0),
                     exposure_ns: exposure,
                     at,
@@ -1142,7 +1155,9 @@ impl Analyzer {
                         rank: n.rank,
                         host: self.host_of(n.rank),
                         link: None,
+                        ranks: Vec::new(),
                         clock_error_ns: max_err,
+                        late_ns: 0.0,
                         lost_ns: lost,
                         exposure_ns: exposure,
                         at: from,
@@ -1169,7 +1184,9 @@ impl Analyzer {
                         rank: l.a,
                         host: self.host_of(l.a),
                         link: Some([l.a, l.b]),
+                        ranks: Vec::new(),
                         clock_error_ns: max_err,
+                        late_ns: 0.0,
                         lost_ns: lost,
                         exposure_ns: exposure,
                         at: from,
@@ -1217,6 +1234,7 @@ impl Analyzer {
             ),
             _ => true,
         });
+        crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
         let events = core.lifecycle.step(k, obs);
         for e in &events {
             if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {

@@ -158,6 +158,17 @@ pub fn classify_straggler(
         ));
         ev.push("the host enqueued on time but the GPU reached the collectives late".into());
         (Kind::Compute, 1.0 - host_mean / gpu_mean.max(1.0))
+    } else if gpu_known && host_mean > 0.0 && gpu_mean < 0.5 * host_mean {
+        // A GPU with work queued reaches the collective on time or only a
+        // little late when its host is late; a slow GPU makes both late by
+        // about as much (the host waited for it at the step's sync).
+        ev.push(format!(
+            "host-side lateness {} per collective vs GPU-side {}: its GPU still had work queued",
+            fmt_ns(host_mean),
+            fmt_ns(gpu_mean)
+        ));
+        ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
+        (Kind::Host, 1.0 - gpu_mean.max(0.0) / host_mean)
     } else if host_mean > 0.0 && drained >= 0.5 {
         ev.push(format!(
             "host-side lateness {} per collective{}; its GPU had drained: sync waits {} shorter than its peers'",
@@ -318,6 +329,19 @@ mod tests {
     fn both_late_is_host() {
         let c = classify_straggler(&[score(4e6, Some(4e6), -1e6)], None, None, 0.04);
         assert_eq!(c.kind, Kind::Host);
+    }
+
+    #[test]
+    fn host_much_later_than_its_gpu_is_host_even_with_full_syncs() {
+        // Contention: the host is 4x later than its GPU, whose queue hid
+        // most of it; its sync waits did not shrink by half its lateness.
+        let c = classify_straggler(&[score(4e6, Some(1e6), -0.4e6)], None, None, 0.04);
+        assert_eq!(c.kind, Kind::Host, "{c:?}");
+        assert!(!c.gpu_side);
+        assert!(c
+            .evidence
+            .iter()
+            .any(|e| e.contains("GPU still had work queued")));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! Data flows one way: [`clock`] aligns agent times, [`join`] gathers the
 //! members of each collective instance, [`iteration`] counts training steps,
 //! [`stats`] turns instances into per-rank lateness and waits, [`graph`] finds
-//! where waiting starts and what it costs, [`classify`] says why, [`verdict`]
+//! where waiting starts and what it costs, [`classify`] says why, [`hostwide`] folds a whole
+//! late host into one finding, [`verdict`]
 //! opens and closes verdicts with hysteresis, and [`report`] / [`trace`]
 //! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
 //! generates synthetic jobs with ground truth.
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod control;
 pub mod flame;
 pub mod graph;
+pub mod hostwide;
 pub mod ingest;
 pub mod intervals;
 pub mod iteration;

@@ -209,7 +209,7 @@ pub fn render_human(r: &Report) -> String {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>10}  link",
+            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>10}  link / whole host",
             "rank", "host", "kind", "conf", "since iter", "active", "lost GPU-s"
         );
         for v in &r.verdicts {
@@ -223,14 +223,27 @@ pub fn render_human(r: &Report) -> String {
                 v.first_seen_iteration,
                 if v.active { "yes" } else { "no" },
                 v.lost_gpu_seconds,
-                v.link
-                    .as_ref()
-                    .map_or(String::new(), |l| format!("{}↔{}", l.ranks[0], l.ranks[1]))
+                match &v.link {
+                    Some(l) => format!("{}↔{}", l.ranks[0], l.ranks[1]),
+                    None if !v.ranks.is_empty() => crate::verdict::span(&v.ranks),
+                    None => String::new(),
+                }
             );
         }
         for v in &r.verdicts {
             let _ = writeln!(s);
-            let _ = writeln!(s, "rank {} ({}):", v.rank, v.kind.as_str());
+            if v.ranks.is_empty() {
+                let _ = writeln!(s, "rank {} ({}):", v.rank, v.kind.as_str());
+            } else {
+                let _ = writeln!(
+                    s,
+                    "host {}, {} ({}; rank {} costs the most):",
+                    v.host,
+                    crate::verdict::span(&v.ranks),
+                    v.kind.as_str(),
+                    v.rank
+                );
+            }
             for e in &v.evidence {
                 let _ = writeln!(s, "  - {e}");
             }

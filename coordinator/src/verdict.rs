@@ -47,6 +47,8 @@ pub enum Subject {
     Nic(u32),
     /// A pair of ranks whose link is slow (lower rank first).
     Link(u32, u32),
+    /// Every rank of one host (named by its lowest rank; see `hostwide`).
+    Host(u32),
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -89,7 +91,11 @@ pub struct Observation {
     pub rank: u32,
     pub host: String,
     pub link: Option<[u32; 2]>,
+    /// Every rank of a host-wide finding (empty otherwise).
+    pub ranks: Vec<u32>,
     pub clock_error_ns: f64,
+    /// Its own lateness in the iteration (ns; 0 for links and NICs).
+    pub late_ns: f64,
     /// GPU time lost to this subject in the iteration (ns).
     pub lost_ns: f64,
     /// GPU time the whole job had in the iteration (ns): world × step.
@@ -115,6 +121,9 @@ pub struct Verdict {
     pub active: bool,
     pub lost_gpu_seconds: f64,
     pub link: Option<LinkRef>,
+    /// A host-wide verdict: every rank of `host` (`rank` is the costliest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<u32>,
     pub evidence: Vec<String>,
     /// Share of the job's GPU time lost while the verdict was active.
     pub cost_fraction: f64,
@@ -144,6 +153,7 @@ impl Verdict {
     pub fn headline(&self) -> String {
         let who = match &self.link {
             Some(l) => format!("link {}↔{} (from {})", l.ranks[0], l.ranks[1], self.host),
+            None if !self.ranks.is_empty() => format!("host {} ({})", self.host, span(&self.ranks)),
             None => format!("rank {} on {}", self.rank, self.host),
         };
         format!(
@@ -350,6 +360,7 @@ impl Lifecycle {
                         active: true,
                         lost_gpu_seconds: lost,
                         link: latest.link.map(|r| LinkRef { ranks: r }),
+                        ranks: latest.ranks.clone(),
                         evidence: latest.classification.evidence.clone(),
                         cost_fraction: cost(lost, exposure),
                         clock_error_us: latest.clock_error_ns / 1e3,
@@ -400,20 +411,37 @@ impl Lifecycle {
 fn fast(cfg: &LifecycleConfig, t: &Tracker) -> bool {
     let n = cfg.fast_open_min;
     n > 0
-            && t.hist.len() >= n
-            && t.hist.iter().rev().take(n).all(|(_, o)| {
-                o.as_ref().is_some_and(|o| {
-                    o.classification.gpu_side
-                        && o.exposure_ns > 0.0
-                        && o.lost_ns / o.exposure_ns >= cfg.fast_open_cost
-                })
+        && t.hist.len() >= n
+        && t.hist.iter().rev().take(n).all(|(_, o)| {
+            o.as_ref().is_some_and(|o| {
+                o.classification.gpu_side
+                    && o.exposure_ns > 0.0
+                    && o.lost_ns / o.exposure_ns >= cfg.fast_open_cost
             })
+        })
 }
 
 fn who(v: &Verdict) -> String {
     match &v.link {
         Some(l) => format!("link {}↔{}", l.ranks[0], l.ranks[1]),
+        None if !v.ranks.is_empty() => format!("host {} ({})", v.host, span(&v.ranks)),
         None => format!("rank {} on {}", v.rank, v.host),
+    }
+}
+
+/// "ranks 8–15" for a contiguous set, else "ranks 1, 3, 4".
+pub fn span(ranks: &[u32]) -> String {
+    let contiguous = ranks.windows(2).all(|w| w[1] == w[0] + 1);
+    match (ranks.first(), ranks.last()) {
+        (Some(a), Some(b)) if contiguous && ranks.len() > 2 => format!("ranks {a}–{b}"),
+        _ => format!(
+            "ranks {}",
+            ranks
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -440,7 +468,9 @@ mod tests {
             rank: 5,
             host: "node-1".into(),
             link: None,
+            ranks: Vec::new(),
             clock_error_ns: 1e4,
+            late_ns: 1e8,
             lost_ns: 1e9,
             exposure_ns: 1e10,
             at: 0,

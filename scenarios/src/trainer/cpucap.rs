@@ -99,12 +99,6 @@ impl CpuCap {
         // SAFETY: gettid has no preconditions.
         unsafe { libc::gettid() }
     }
-
-    /// Whether `tid` is in this cgroup now.
-    pub fn contains(&self, tid: i32) -> bool {
-        std::fs::read_to_string(self.dir.join("tasks"))
-            .is_ok_and(|s| s.lines().any(|l| l.trim() == tid.to_string()))
-    }
 }
 
 impl Drop for CpuCap {
@@ -120,6 +114,11 @@ impl Drop for CpuCap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn contains(cap: &CpuCap, tid: i32) -> bool {
+        std::fs::read_to_string(cap.dir.join("tasks"))
+            .is_ok_and(|s| s.lines().any(|l| l.trim() == tid.to_string()))
+    }
 
     #[test]
     fn a_thread_goes_in_and_comes_back_out() {
@@ -144,7 +143,7 @@ mod tests {
         assert_eq!(quota.trim(), "5000");
         let tid = CpuCap::current_thread();
         cap.add(tid).expect("add");
-        assert!(cap.contains(tid));
+        assert!(contains(&cap, tid));
         let (dir, from) = (cap.dir.clone(), cap.threads[0].1.clone());
         drop(cap);
         assert!(!dir.exists());
