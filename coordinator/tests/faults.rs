@@ -413,3 +413,35 @@ fn job_slowed_without_a_named_rank_is_told_healthy_is_not() {
     let first = *slowed.first().expect("slowdown told");
     assert!((60..=72).contains(&first), "{slowed:?}");
 }
+
+#[test]
+fn every_rank_of_one_host_slow_is_one_host_verdict() {
+    // A node whose CPUs are shared or throttled: all four of its ranks load
+    // their batches 8 ms late. One finding for the node, not four.
+    let mut spec = SynthSpec::dp(4, 4);
+    spec.seed = 31;
+    for rank in 8..12 {
+        spec.faults.push(Fault::persistent(
+            FaultKind::Host {
+                rank,
+                phase: HostPhase::LoadBatch,
+                factor: 1.0,
+                delay_ns: 8_000_000,
+                contention: false,
+            },
+            30,
+        ));
+    }
+    let rep = common::run(spec, 70).report();
+    let v = only(&rep);
+    assert_eq!(v.ranks, vec![8, 9, 10, 11], "{v:#?}");
+    assert_eq!((v.host.as_str(), v.kind), ("node-2", Kind::Host), "{v:#?}");
+    assert!((8..12).contains(&v.rank));
+    within_10(v, 30);
+    assert!(
+        v.evidence[0].starts_with("all 4 ranks on node-2 (8, 9, 10, 11) arrive late together"),
+        "{:#?}",
+        v.evidence
+    );
+    assert!(v.headline().starts_with("host node-2 (ranks 8–11) is host-slow"));
+}
