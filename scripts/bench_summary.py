@@ -174,43 +174,54 @@ def flood_section():
               f"{fmt(f.get('wire_bytes_per_rank_s'), 0)} |")
 
 
-def svg_latency(sweep):
+def sweep_points(sweep):
+    """(factor, median, p90) of slowrank's latency per swept factor."""
     pts = []
     for spec, ms in sweep["per_spec"].items():
-        m = re.search(r"-x([0-9.]+)$", spec)
+        m = re.search(r"-x([0-9.]+)(-step[0-9.]+ms)?$", spec)
         if not m:
             continue
-        s = ms.get("slowrank", {})
-        li = s.get("latency_iterations", {})
+        li = ms.get("slowrank", {}).get("latency_iterations", {})
         pts.append((float(m.group(1)), li.get("median"), li.get("p90")))
-    pts.sort()
-    if not pts:
+    return sorted(pts)
+
+
+def svg_latency(series):
+    """series: [(label, eval.json of a sweep, colour)]."""
+    series = [(lab, sweep_points(sw), c) for lab, sw, c in series if sw]
+    factors = sorted({f for _, pts, _ in series for f, _, _ in pts})
+    if not factors:
         return
-    W, H, L, R, T, Bm = 480, 300, 60, 20, 30, 50
-    ymax = max([p for _, a, b in pts for p in (a, b) if p is not None] + [10]) * 1.2
-    xs = {f: L + i * (W - L - R) / max(1, len(pts) - 1) for i, (f, _, _) in enumerate(pts)}
+    W, H, L, R, T, Bm = 520, 320, 60, 20, 30, 50
+    vals = [v for _, pts, _ in series for _, a, b in pts for v in (a, b) if v is not None]
+    ymax = max(vals + [10]) * 1.2
+    xs = {f: L + 30 + i * (W - L - R - 60) / max(1, len(factors) - 1) for i, f in enumerate(factors)}
     y = lambda v: T + (H - T - Bm) * (1 - v / ymax)
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-         f'<text x="{W/2}" y="18" text-anchor="middle">slowrank detection latency vs slowdown (dp8-compute-slow)</text>',
+         f'<text x="{W/2}" y="18" text-anchor="middle">detection latency vs slowdown (dp8-compute-slow; dot median, square p90)</text>',
          f'<line x1="{L}" y1="{H-Bm}" x2="{W-R}" y2="{H-Bm}" stroke="black"/>',
          f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H-Bm}" stroke="black"/>',
          f'<text x="{W/2}" y="{H-12}" text-anchor="middle">slowdown factor</text>',
-         f'<text x="14" y="{H/2}" transform="rotate(-90 14 {H/2})" text-anchor="middle">iterations, onset → verdict</text>']
+         f'<text x="14" y="{H/2}" transform="rotate(-90 14 {H/2})" text-anchor="middle">iterations, onset → verdict</text>',
+         f'<line x1="{L}" y1="{y(10)}" x2="{W-R}" y2="{y(10)}" stroke="#2a2" stroke-dasharray="4 3"/>',
+         f'<text x="{W-R-4}" y="{y(10)-4}" text-anchor="end" fill="#2a2">goal: 10</text>']
     for k in range(0, 5):
         v = ymax * k / 4
         o.append(f'<text x="{L-6}" y="{y(v)+4}" text-anchor="end">{v:.0f}</text>')
-        o.append(f'<line x1="{L}" y1="{y(v)}" x2="{W-R}" y2="{y(v)}" stroke="#ddd"/>')
-    for f, med, p90 in pts:
-        x = xs[f]
-        o.append(f'<text x="{x}" y="{H-Bm+16}" text-anchor="middle">{f}×</text>')
-        if med is None:
-            o.append(f'<text x="{x}" y="{H-Bm-8}" text-anchor="middle" fill="#c00">not detected</text>')
-            continue
-        o.append(f'<circle cx="{x}" cy="{y(med)}" r="5" fill="#1f77b4"><title>median {med}</title></circle>')
-        if p90 is not None:
-            o.append(f'<rect x="{x-4}" y="{y(p90)-4}" width="8" height="8" fill="#ff7f0e"><title>p90 {p90}</title></rect>')
-    o.append(f'<circle cx="{W-150}" cy="{T+10}" r="5" fill="#1f77b4"/><text x="{W-140}" y="{T+14}">median</text>')
-    o.append(f'<rect x="{W-84}" y="{T+6}" width="8" height="8" fill="#ff7f0e"/><text x="{W-70}" y="{T+14}">p90</text>')
+        o.append(f'<line x1="{L}" y1="{y(v)}" x2="{W-R}" y2="{y(v)}" stroke="#eee"/>')
+    for f in factors:
+        o.append(f'<text x="{xs[f]}" y="{H-Bm+16}" text-anchor="middle">{f}×</text>')
+    for i, (label, pts, colour) in enumerate(series):
+        dx = (i - (len(series) - 1) / 2) * 12
+        for f, med, p90 in pts:
+            x = xs[f] + dx
+            if med is None:
+                o.append(f'<text x="{x}" y="{H-Bm-8-14*i}" text-anchor="middle" fill="{colour}">none</text>')
+                continue
+            o.append(f'<circle cx="{x}" cy="{y(med)}" r="5" fill="{colour}"><title>{label}: median {med}</title></circle>')
+            if p90 is not None:
+                o.append(f'<rect x="{x-4}" y="{y(p90)-4}" width="8" height="8" fill="none" stroke="{colour}" stroke-width="2"><title>{label}: p90 {p90}</title></rect>')
+        o.append(f'<circle cx="{L+20}" cy="{T+10+16*i}" r="5" fill="{colour}"/><text x="{L+30}" y="{T+14+16*i}">{label}</text>')
     o.append("</svg>")
     with open(os.path.join(REPO, "bench-latency.svg"), "w") as f:
         f.write("\n".join(o) + "\n")
@@ -244,10 +255,10 @@ def svg_overhead(oh):
 if __name__ == "__main__":
     eval_section("eval")
     sweep = eval_section("sweep")
+    sweep300 = eval_section("sweep-300ms")
     clock_section()
     oh = overhead_section()
     wire_section()
     flood_section()
-    if sweep:
-        svg_latency(sweep)
+    svg_latency([("≈ 60 ms steps", sweep, "#1f77b4"), ("≈ 330 ms steps", sweep300, "#d62728")])
     svg_overhead(oh)

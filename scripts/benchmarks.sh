@@ -19,6 +19,10 @@ run_eval() {   # full matrix: every spec × $SEEDS seeds
 run_sweep() {  # detection latency vs slowdown factor (dp8-compute-slow)
   rm -rf "$B/sweep"
   $S eval --sweep-factors 1.05,1.1,1.3,2 --seeds "${SWEEP_SEEDS:-1}" --out "$B/sweep" > "$B/sweep.txt" 2> "$B/sweep.log"
+  # The same with a 300 ms step: costs fixed in seconds, fewer iterations.
+  rm -rf "$B/sweep-300ms"
+  $S eval --sweep-factors 1.05,1.1,1.3,2 --sweep-step-ms 300 --iterations 150 --seeds "${SWEEP_SEEDS:-1}" \
+    --out "$B/sweep-300ms" > "$B/sweep-300ms.txt" 2> "$B/sweep-300ms.log"
 }
 run_overhead() {  # step time: no agent / default probes / deep probes, interleaved
   rm -rf "$B/overhead"; mkdir -p "$B/overhead"

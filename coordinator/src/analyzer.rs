@@ -1017,7 +1017,10 @@ impl Analyzer {
             .duration_of(k)
             .or_else(|| core.iteration.step_ns())
             .unwrap_or(f64::INFINITY);
-        if let Some(d) = core.iteration.duration_of(k) {
+        // Warm-up steps (allocators, autotuning) are no baseline: with them a
+        // healthy job looked 10% slower right after its warm-up.
+        let warm = k >= self.cfg.lifecycle.warmup_iterations;
+        if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
             core.steps.push_back(d);
             while core.steps.len() > STEP_HISTORY {
                 core.steps.pop_front();
@@ -1195,6 +1198,7 @@ impl Analyzer {
                 );
             }
         }
+        drop_passed_into_transfers(&mut obs, core.lifecycle.verdicts());
         // A rank on a slow link or NIC finishes its transfers late, so its
         // GPU reaches the next collectives late: that lateness is the
         // communication fault's, not a second (compute or host) one. (A rank
@@ -1509,6 +1513,43 @@ fn cost_share(o: &Observation) -> f64 {
     }
 }
 
+/// A compute-slow rank's GPU reaches each collective late, and its peers'
+/// transfers to it wait for it: its links look slow. A link or NIC costing
+/// [`PASSED_ALONG_RATIO`] times less than a compute-slow end of it (observed
+/// now, or by an active verdict) is that lateness passed into transfers.
+fn drop_passed_into_transfers<'a>(
+    obs: &mut BTreeMap<Subject, Observation>,
+    verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
+) {
+    let mut compute: HashMap<u32, f64> = HashMap::new();
+    for (k, o) in obs.iter() {
+        if let (Subject::Rank(r), classify::Kind::Compute) = (*k, o.classification.kind) {
+            compute.insert(r, cost_share(o));
+        }
+    }
+    for v in verdicts {
+        if v.active && v.kind == classify::Kind::Compute && matches!(v.subject, Subject::Rank(_)) {
+            let c = compute.entry(v.rank).or_insert(0.0);
+            *c = c.max(v.cost_fraction);
+        }
+    }
+    obs.retain(|k, o| {
+        let ends = match *k {
+            Subject::Nic(r) => vec![r],
+            Subject::Link(a, b) => vec![a, b],
+            _ => return true,
+        };
+        let keep = !passed_along(
+            cost_share(o),
+            ends.iter().filter_map(|r| compute.get(r).copied()),
+        );
+        if !keep {
+            tracing::debug!(subject = ?k, "slow transfers of a compute-slow rank: not a link finding");
+        }
+        keep
+    });
+}
+
 /// How many times more a pipeline neighbour must cost for a rank's own
 /// cost to count as passed along from it.
 const PASSED_ALONG_RATIO: f64 = 4.0;
@@ -1738,6 +1779,53 @@ impl Metrics {
 mod tests {
     use super::*;
     use crate::join::{InstanceKey, MissingMember};
+
+    fn observation(kind: classify::Kind, rank: u32, cost: f64) -> Observation {
+        Observation {
+            classification: classify::Classification {
+                kind,
+                confidence: 0.9,
+                evidence: Vec::new(),
+                gpu_side: false,
+            },
+            rank,
+            host: "h".into(),
+            link: None,
+            ranks: Vec::new(),
+            clock_error_ns: 0.0,
+            late_ns: 0.0,
+            lost_ns: cost * 1e9,
+            exposure_ns: 1e9,
+            at: 0,
+            wall: None,
+        }
+    }
+
+    #[test]
+    fn links_of_a_much_costlier_compute_straggler_are_its_lateness() {
+        use classify::Kind::{Communication, Compute, Host};
+        let mut obs = BTreeMap::from([
+            (Subject::Rank(5), observation(Compute, 5, 0.30)),
+            (Subject::Link(2, 5), observation(Communication, 2, 0.05)),
+            (Subject::Link(0, 7), observation(Communication, 0, 0.05)),
+            (Subject::Nic(5), observation(Communication, 5, 0.10)),
+        ]);
+        drop_passed_into_transfers(&mut obs, std::iter::empty());
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        // 2↔5 at 5% beside 30% goes; 0↔7 does not touch rank 5; the NIC
+        // at 10% is not 4× cheaper.
+        assert_eq!(
+            keys,
+            vec![Subject::Rank(5), Subject::Nic(5), Subject::Link(0, 7)]
+        );
+        // A host-slow end does not explain slow transfers.
+        let mut obs = BTreeMap::from([
+            (Subject::Rank(5), observation(Host, 5, 0.30)),
+            (Subject::Link(2, 5), observation(Communication, 2, 0.05)),
+        ]);
+        drop_passed_into_transfers(&mut obs, std::iter::empty());
+        assert_eq!(obs.len(), 2);
+    }
 
     #[test]
     fn a_pipeline_neighbour_of_a_much_costlier_rank_only_relays_it() {

@@ -169,7 +169,8 @@ pub fn classify_straggler(
         ));
         ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
         (Kind::Host, 1.0 - gpu_mean.max(0.0) / host_mean)
-    } else if host_mean > 0.0 && drained >= 0.5 {
+    } else if host_mean > 0.0 && drained >= 0.5 && (!gpu_known || gpu_mean <= 1.2 * host_mean) {
+        // (A GPU clearly later than its host was not drained: it was slow.)
         ev.push(format!(
             "host-side lateness {} per collective{}; its GPU had drained: sync waits {} shorter than its peers'",
             fmt_ns(host_mean),
@@ -342,6 +343,14 @@ mod tests {
             .evidence
             .iter()
             .any(|e| e.contains("GPU still had work queued")));
+    }
+
+    #[test]
+    fn shorter_syncs_with_a_gpu_later_than_its_host_is_compute() {
+        // Sync waits shrank, but the GPU reached the collectives later than
+        // the host did: a drained GPU cannot be later than its host.
+        let c = classify_straggler(&[score(4e6, Some(6e6), -4e6)], None, None, 0.04);
+        assert_eq!(c.kind, Kind::Compute, "{c:?}");
     }
 
     #[test]

@@ -443,5 +443,7 @@ fn every_rank_of_one_host_slow_is_one_host_verdict() {
         "{:#?}",
         v.evidence
     );
-    assert!(v.headline().starts_with("host node-2 (ranks 8–11) is host-slow"));
+    assert!(v
+        .headline()
+        .starts_with("host node-2 (ranks 8–11) is host-slow"));
 }
