@@ -322,11 +322,26 @@ async fn serve_names_compute_slow_rank_with_skewed_clocks() {
         .collect();
     assert_eq!(opened.len(), 1);
     assert_eq!(opened[0].verdict.as_ref().map(|v| v.rank), Some(5));
-    // The suspect's agent (and only it) was asked for a deep-probe window.
-    assert!(o.deep_requests[0].is_empty(), "{:?}", o.deep_requests);
-    assert_eq!(o.deep_requests[1].len(), 1, "{:?}", o.deep_requests);
-    let c = &o.deep_requests[1][0];
+    // The suspect's agent (and only it) was asked for a deep-probe window
+    // for the suspect. (The job-wide window of a `SLOWER` line, `ranks: []`,
+    // may come first on both, when the step grew before the rank was named.)
+    let suspect: Vec<Vec<_>> = o
+        .deep_requests
+        .iter()
+        .map(|r| r.iter().filter(|c| !c.ranks.is_empty()).collect())
+        .collect();
+    assert!(suspect[0].is_empty(), "{:?}", o.deep_requests);
+    assert_eq!(suspect[1].len(), 1, "{:?}", o.deep_requests);
+    let c = suspect[1][0];
     assert!(c.deep_enable && c.seconds > 0 && c.ranks == [5], "{c:?}");
+    assert!(
+        o.deep_requests
+            .iter()
+            .flatten()
+            .all(|c| c.deep_enable && (c.ranks.is_empty() || c.ranks == [5])),
+        "{:?}",
+        o.deep_requests
+    );
     // The scenario scorer reads the real report: the fault is matched.
     let s = score(
         &o,
