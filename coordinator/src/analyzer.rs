@@ -1216,18 +1216,7 @@ impl Analyzer {
         // more (named now, or by an active verdict) waits for that rank's
         // sends; receives never post, so the wait shows as lateness of its
         // own. It is the other rank's, passed along the pipeline.
-        let mut costs: HashMap<u32, f64> = HashMap::new();
-        for (k, o) in &obs {
-            if let Subject::Rank(r) = *k {
-                costs.insert(r, cost_share(o));
-            }
-        }
-        for v in core.lifecycle.verdicts() {
-            if v.active && matches!(v.subject, Subject::Rank(_)) {
-                let c = costs.entry(v.rank).or_insert(0.0);
-                *c = c.max(v.cost_fraction);
-            }
-        }
+        let costs = rank_costs(&obs, core.lifecycle.verdicts(), |_| true);
         obs.retain(|k, o| match *k {
             Subject::Rank(r) => !passed_along(
                 cost_share(o),
@@ -1513,6 +1502,28 @@ fn cost_share(o: &Observation) -> f64 {
     }
 }
 
+/// Each rank's share of the job lost, as observed in this iteration or by
+/// its active verdict (the larger), for ranks whose class passes `kind`.
+fn rank_costs<'a>(
+    obs: &BTreeMap<Subject, Observation>,
+    verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
+    kind: impl Fn(classify::Kind) -> bool,
+) -> HashMap<u32, f64> {
+    let mut costs: HashMap<u32, f64> = HashMap::new();
+    for (k, o) in obs {
+        if let (Subject::Rank(r), true) = (*k, kind(o.classification.kind)) {
+            costs.insert(r, cost_share(o));
+        }
+    }
+    for v in verdicts {
+        if v.active && kind(v.kind) && matches!(v.subject, Subject::Rank(_)) {
+            let c = costs.entry(v.rank).or_insert(0.0);
+            *c = c.max(v.cost_fraction);
+        }
+    }
+    costs
+}
+
 /// A compute-slow rank's GPU reaches each collective late, and its peers'
 /// transfers to it wait for it: its links look slow. A link or NIC costing
 /// [`PASSED_ALONG_RATIO`] times less than a compute-slow end of it (observed
@@ -1521,18 +1532,7 @@ fn drop_passed_into_transfers<'a>(
     obs: &mut BTreeMap<Subject, Observation>,
     verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
 ) {
-    let mut compute: HashMap<u32, f64> = HashMap::new();
-    for (k, o) in obs.iter() {
-        if let (Subject::Rank(r), classify::Kind::Compute) = (*k, o.classification.kind) {
-            compute.insert(r, cost_share(o));
-        }
-    }
-    for v in verdicts {
-        if v.active && v.kind == classify::Kind::Compute && matches!(v.subject, Subject::Rank(_)) {
-            let c = compute.entry(v.rank).or_insert(0.0);
-            *c = c.max(v.cost_fraction);
-        }
-    }
+    let compute = rank_costs(obs, verdicts, |k| k == classify::Kind::Compute);
     obs.retain(|k, o| {
         let ends = match *k {
             Subject::Nic(r) => vec![r],

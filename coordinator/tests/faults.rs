@@ -17,6 +17,20 @@ fn only(rep: &slowrank_coordinator::Report) -> &Verdict {
     &rep.verdicts[0]
 }
 
+/// `rank` loads each batch `delay_ns` late from `start` on.
+fn slow_loader(rank: u32, delay_ns: u64, start: u64) -> Fault {
+    Fault::persistent(
+        FaultKind::Host {
+            rank,
+            phase: HostPhase::LoadBatch,
+            factor: 1.0,
+            delay_ns,
+            contention: false,
+        },
+        start,
+    )
+}
+
 fn within_10(v: &Verdict, onset: u64) {
     assert!(
         v.first_seen_iteration >= onset.saturating_sub(1) && v.first_seen_iteration <= onset + 10,
@@ -84,16 +98,7 @@ fn dp8_compute_slow_host_times_only_is_not_misclassified() {
 fn dp8_host_slow_data_loader() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 21;
-    spec.faults.push(Fault::persistent(
-        FaultKind::Host {
-            rank: 2,
-            phase: HostPhase::LoadBatch,
-            factor: 1.0,
-            delay_ns: 8_000_000,
-            contention: false,
-        },
-        30,
-    ));
+    spec.faults.push(slow_loader(2, 8_000_000, 30));
     let rep = common::run(spec, 70).report();
     let v = only(&rep);
     assert_eq!((v.rank, v.kind), (2, Kind::Host), "{v:#?}");
@@ -421,16 +426,7 @@ fn every_rank_of_one_host_slow_is_one_host_verdict() {
     let mut spec = SynthSpec::dp(4, 4);
     spec.seed = 31;
     for rank in 8..12 {
-        spec.faults.push(Fault::persistent(
-            FaultKind::Host {
-                rank,
-                phase: HostPhase::LoadBatch,
-                factor: 1.0,
-                delay_ns: 8_000_000,
-                contention: false,
-            },
-            30,
-        ));
+        spec.faults.push(slow_loader(rank, 8_000_000, 30));
     }
     let rep = common::run(spec, 70).report();
     let v = only(&rep);
