@@ -572,9 +572,9 @@ impl Analyzer {
             }
         }
         if let Some(c) = self.clocks.get(&b.host) {
-            let err = c.error_bound_ns();
+            let (at, err) = c.value().map().coord_and_bound(b.mono_ns);
             if err.is_finite() {
-                let ahead = c.to_coord(b.mono_ns) as f64 - recv_ns as f64;
+                let ahead = at as f64 - recv_ns as f64;
                 if ahead > self.cfg.limits.future_slack_ns as f64 + err {
                     return Err(RecordError::BatchInFuture {
                         batch_ns: b.mono_ns,

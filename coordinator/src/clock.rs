@@ -48,6 +48,14 @@ pub struct ClockConfig {
     pub max_rtt_ns: u64,
     /// Error bound assumed when only batch arrival times are known.
     pub one_way_error_ns: u64,
+    /// How much a fitted drift may change unseen (ppm): oscillators wander
+    /// with temperature. Past the newest probe the bound grows at this rate
+    /// plus the slope's own uncertainty, so a host whose probes stop
+    /// arriving does not keep a bound it no longer has.
+    pub drift_wander_ppm: f64,
+    /// Drift assumed possible while none is fitted yet (ppm): the tolerance
+    /// of a cheap crystal.
+    pub max_drift_ppm: f64,
 }
 
 impl Default for ClockConfig {
@@ -57,6 +65,8 @@ impl Default for ClockConfig {
             max_buckets: 256,
             max_rtt_ns: 100_000_000,
             one_way_error_ns: 5_000_000,
+            drift_wander_ppm: 1.0,
+            max_drift_ppm: 200.0,
         }
     }
 }
@@ -97,14 +107,20 @@ impl ClockMap {
         (agent_ns as f64 + off).round() as CoordNs
     }
 
-    /// Bound on the error of [`Self::to_coord`] (ns).
+    /// Bound on the error of [`Self::to_coord`] at the newest agent time
+    /// seen (ns).
     pub fn error_bound_ns(&self) -> f64 {
         self.error_bound_ns
     }
 
-    /// [`Self::to_coord`] and the bound together.
+    /// [`Self::to_coord`] and its bound at that time: wider the further
+    /// `agent_ns` lies outside the probes that pinned the line.
     pub fn coord_and_bound(&self, agent_ns: u64) -> (CoordNs, f64) {
-        (self.to_coord(agent_ns), self.error_bound_ns)
+        let bound = match &self.fit {
+            Some(f) => f.bound_at(agent_ns),
+            None => self.error_bound_ns,
+        };
+        (self.to_coord(agent_ns), bound)
     }
 }
 
@@ -117,10 +133,26 @@ pub struct ClockFit {
     pub offset_ns: f64,
     /// d(offset)/d(agent), e.g. 30e-6 for 30 ppm.
     pub drift: f64,
-    /// Bound on |estimate - truth| (ns).
+    /// Bound on |estimate - truth| (ns) between the oldest and newest
+    /// kept probe.
     pub error_bound_ns: f64,
     /// Samples the fit used.
     pub samples_used: usize,
+    /// Agent ns of the oldest kept probe (the newest is `ref_agent_ns`).
+    pub first_agent_ns: u64,
+    /// Growth of the bound per ns outside the probed span: the slope's
+    /// uncertainty plus the wander allowed (or the assumed maximum drift
+    /// while none is fitted).
+    pub extrapolation_rate: f64,
+}
+
+impl ClockFit {
+    /// Bound on |estimate - truth| at `agent_ns` (ns).
+    pub fn bound_at(&self, agent_ns: u64) -> f64 {
+        let gap = agent_ns.saturating_sub(self.ref_agent_ns)
+            + self.first_agent_ns.saturating_sub(agent_ns);
+        self.error_bound_ns + self.extrapolation_rate * gap as f64
+    }
 }
 
 /// Per-host clock estimator. Not shared across threads by itself; the
@@ -133,6 +165,11 @@ pub struct ClockEstimator {
     /// Lowest `recv - agent` seen from batch arrivals: an upper bound on the
     /// offset, used only while no probe has been answered.
     one_way_min: Option<i128>,
+    /// Newest agent time seen (batch cut or probe): where the bound is
+    /// quoted, since that is where times are being mapped now.
+    newest_agent_ns: u64,
+    /// Agent time of the newest answered probe, kept or not.
+    newest_probe_agent_ns: Option<u64>,
     samples_seen: u64,
     samples_refused: u64,
     /// Completion-based shift (ns), already clamped to the probe bound.
@@ -149,6 +186,8 @@ impl ClockEstimator {
             buckets: BTreeMap::new(),
             fit: None,
             one_way_min: None,
+            newest_agent_ns: 0,
+            newest_probe_agent_ns: None,
             samples_seen: 0,
             samples_refused: 0,
             completion_shift_ns: 0.0,
@@ -182,6 +221,8 @@ impl ClockEstimator {
             } else {
                 0.0
             };
+        self.newest_agent_ns = self.newest_agent_ns.max(s.agent_mono_ns);
+        self.newest_probe_agent_ns = self.newest_probe_agent_ns.max(Some(s.agent_mono_ns));
         let kept = Kept {
             agent_ns: s.agent_mono_ns,
             theta,
@@ -205,13 +246,18 @@ impl ClockEstimator {
     /// A batch cut at agent `agent_ns` arrived at coordinator `coord_recv_ns`:
     /// the offset is at most `recv - agent`. Only used before any probe.
     pub fn observe_one_way(&mut self, agent_ns: u64, coord_recv_ns: u64) {
+        self.newest_agent_ns = self.newest_agent_ns.max(agent_ns);
         let d = coord_recv_ns as i128 - agent_ns as i128;
         self.one_way_min = Some(self.one_way_min.map_or(d, |m| m.min(d)));
     }
 
     fn refit(&mut self) {
         let pts: Vec<Kept> = self.buckets.values().copied().collect();
-        self.fit = fit_line(&pts).and_then(|first| {
+        let (wander, max_drift) = (
+            self.cfg.drift_wander_ppm * 1e-6,
+            self.cfg.max_drift_ppm * 1e-6,
+        );
+        self.fit = fit_line(&pts, wander, max_drift).and_then(|first| {
             // One pass of outlier rejection: a bucket whose best probe was
             // still queued (all probes of that second delayed) bends the line.
             let resid: Vec<f64> = pts
@@ -227,7 +273,7 @@ impl ClockEstimator {
                 .map(|(k, _)| *k)
                 .collect();
             if inliers.len() >= 2 && inliers.len() < pts.len() {
-                fit_line(&inliers)
+                fit_line(&inliers, wander, max_drift)
             } else {
                 Some(first)
             }
@@ -272,10 +318,11 @@ impl ClockEstimator {
         }
     }
 
-    /// Bound on the error of [`Self::to_coord`] (ns).
+    /// Bound on the error of [`Self::to_coord`] at the newest agent time
+    /// seen (ns): it grows while batches keep coming and probes do not.
     pub fn error_bound_ns(&self) -> f64 {
         match &self.fit {
-            Some(f) => f.error_bound_ns,
+            Some(f) => f.bound_at(self.newest_agent_ns),
             None if self.one_way_min.is_some() => self.cfg.one_way_error_ns as f64,
             None => f64::INFINITY,
         }
@@ -313,6 +360,9 @@ impl ClockEstimator {
             probe_samples_seen: self.samples_seen,
             probe_samples_refused: self.samples_refused,
             samples_used: fit.map_or(0, |f| f.samples_used),
+            probe_age_ms: self
+                .newest_probe_agent_ns
+                .map(|p| self.newest_agent_ns.saturating_sub(p) as f64 / 1e6),
             completion_residual_us: self.completion_residual_ns.map(|r| r / 1e3),
             completion_shift_us: self.completion_shift_ns / 1e3,
             completion_inconsistent: self.completion_inconsistent,
@@ -341,6 +391,10 @@ pub struct HostClock {
     pub probe_samples_seen: u64,
     pub probe_samples_refused: u64,
     pub samples_used: usize,
+    /// Agent time from the newest answered probe to the newest batch (ms): a
+    /// large value means probes stopped and the bound is extrapolated.
+    #[serde(default)]
+    pub probe_age_ms: Option<f64>,
     pub completion_residual_us: Option<f64>,
     pub completion_shift_us: f64,
     pub completion_inconsistent: u64,
@@ -351,7 +405,9 @@ fn eval(f: &ClockFit, agent_ns: u64) -> f64 {
     f.offset_ns + f.drift * (agent_ns as f64 - f.ref_agent_ns as f64)
 }
 
-fn fit_line(pts: &[Kept]) -> Option<ClockFit> {
+/// Weighted line through the kept probes. `wander` and `max_drift` (as
+/// fractions) set how fast the bound grows outside the probed span.
+fn fit_line(pts: &[Kept], wander: f64, max_drift: f64) -> Option<ClockFit> {
     let n = pts.len();
     if n == 0 {
         return None;
@@ -391,14 +447,28 @@ fn fit_line(pts: &[Kept]) -> Option<ClockFit> {
     } else {
         0.0
     };
+    let drift_fitted = drift != 0.0;
     let offset_ns = mean_y + drift * (0.0 - mean_x);
-    let f = ClockFit {
+    let mut f = ClockFit {
         ref_agent_ns,
         offset_ns,
         drift,
         error_bound_ns: 0.0,
         samples_used: n,
+        first_agent_ns: pts[0].agent_ns,
+        extrapolation_rate: max_drift,
     };
+    if drift_fitted {
+        // Standard error of a weighted slope: the weights are 1/rtt², so the
+        // residual variance is in units of round trips and sxx matches it.
+        let s2 = pts
+            .iter()
+            .zip(&w)
+            .map(|(k, w)| w * (k.theta - eval(&f, k.agent_ns)).powi(2))
+            .sum::<f64>()
+            / (n - 2).max(1) as f64;
+        f.extrapolation_rate = 2.0 * (s2 / sxx).sqrt() + wander;
+    }
     let resid_rms = (pts
         .iter()
         .map(|k| (k.theta - eval(&f, k.agent_ns)).powi(2))
@@ -531,6 +601,60 @@ mod tests {
         let after = est.to_coord(5_000_000_000);
         assert!(((before - after).abs() as f64) <= bound + 1.0);
         assert_eq!(est.summary("h").completion_inconsistent, 1);
+    }
+
+    /// Probes stop, batches keep coming: the quoted bound widens with the
+    /// gap and still covers the truth; a fresh probe brings it back.
+    #[test]
+    fn bound_grows_when_probes_stop() {
+        let truth = ClockTruth::new(2_000_000, 35.0, 7_000_000_000);
+        let mut rng = Rng::new(5);
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        for i in 0..300u64 {
+            est.add_sample(truth.probe(1_000_000_000 + i * 100_000_000, &mut rng))
+                .unwrap();
+        }
+        let fresh = est.error_bound_ns();
+        assert_eq!(est.summary("h").probe_age_ms, Some(0.0));
+        // Two minutes of batches, no probe answered.
+        let t = 151_000_000_000u64;
+        let agent = truth.agent_ns(t);
+        est.observe_one_way(agent, t + 300_000);
+        let stale = est.error_bound_ns();
+        assert!(
+            stale >= fresh + 119_000.0,
+            "bound {fresh} ns -> {stale} ns after two minutes without probes"
+        );
+        let err = (est.to_coord(agent) - t as i64).abs() as f64;
+        assert!(err <= stale, "error {err} ns above bound {stale}");
+        let (_, quoted) = est.map().coord_and_bound(agent);
+        assert_eq!(quoted, stale);
+        let age = est.summary("h").probe_age_ms.unwrap();
+        assert!((age - 120_000.0).abs() < 200.0, "probe age {age} ms");
+        // Inside the probed span the bound is the fit's own.
+        let (_, inside) = est.map().coord_and_bound(truth.agent_ns(10_000_000_000));
+        assert_eq!(inside, est.fit().unwrap().error_bound_ns);
+        est.add_sample(truth.probe(t, &mut rng)).unwrap();
+        assert!(est.error_bound_ns() < stale);
+    }
+
+    /// Before a drift is fitted, extrapolating assumes the worst drift.
+    #[test]
+    fn unfitted_drift_extrapolates_at_the_worst_rate() {
+        let truth = ClockTruth::new(0, 40.0, 0);
+        let mut rng = Rng::new(9);
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        for i in 0..10u64 {
+            est.add_sample(truth.probe(i * 100_000_000, &mut rng))
+                .unwrap();
+        }
+        assert_eq!(est.fit().unwrap().drift, 0.0);
+        let t = 10_000_000_000u64;
+        let agent = truth.agent_ns(t);
+        let (at, bound) = est.map().coord_and_bound(agent);
+        let err = (at - t as i64).abs() as f64;
+        assert!(err > 300_000.0, "40 ppm over 10 s moved only {err} ns");
+        assert!(err <= bound, "error {err} ns above bound {bound}");
     }
 
     #[test]

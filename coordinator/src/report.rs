@@ -5,6 +5,10 @@ use chrono::{DateTime, Utc};
 
 use crate::analyzer::IngestCounters;
 use crate::clock::HostClock;
+
+/// Probe silence (ms) worth a line in the human report: probes go out
+/// several times a second, so ten seconds means they stopped.
+const STALE_PROBE_MS: f64 = 10_000.0;
 use crate::join::MissingMember;
 use crate::verdict::Verdict;
 
@@ -300,6 +304,20 @@ pub fn render_human(r: &Report) -> String {
             .map_or("unknown".into(), |e| format!("{e:.0} µs")),
         r.clock.hosts.len()
     );
+    // A host whose probes stopped keeps being mapped on an extrapolated
+    // line; say so, since its bound (and every verdict near it) widens.
+    for h in &r.clock.hosts {
+        if let Some(age) = h.probe_age_ms.filter(|a| *a >= STALE_PROBE_MS) {
+            let _ = writeln!(
+                s,
+                "  - {}: no clock probe answered for {:.0} s; bound widened to {}",
+                h.host,
+                age / 1e3,
+                h.error_bound_us
+                    .map_or("unknown".into(), |e| format!("{e:.0} µs"))
+            );
+        }
+    }
     let rejected: u64 = r.ingest.counters.records_rejected.values().sum();
     let batches_rejected: u64 = r.ingest.transport_rejected.values().sum();
     if batches_rejected > 0 || r.ingest.agents_refused > 0 {

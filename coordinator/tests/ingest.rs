@@ -220,3 +220,46 @@ fn report_json_and_trace_have_the_stable_shape() {
         .iter()
         .any(|e| e["cat"] == "wait" && e["name"] == "wait for rank 5"));
 }
+
+/// An agent whose probes stop answering while its batches keep coming: the
+/// report says so and quotes a bound widened by the silence, not the stale one.
+#[test]
+fn silent_probes_widen_the_reported_clock_bound() {
+    let (a, batches, _) = first_batches();
+    let (recv, b0) = &batches[0];
+    a.ingest(b0, *recv);
+    let host_clock = |a: &Analyzer| {
+        a.report()
+            .clock
+            .hosts
+            .into_iter()
+            .find(|h| h.host == b0.host)
+            .expect("host has a clock")
+    };
+    let before = host_clock(&a);
+    let mut late = b0.clone();
+    late.seq += 1;
+    late.mono_ns += 30_000_000_000;
+    late.wall_ns += 30_000_000_000;
+    late.collectives.clear();
+    late.intervals.clear();
+    late.links.clear();
+    late.stacks.clear();
+    let sum = a.ingest(&late, recv + 30_000_000_000);
+    assert_eq!(sum.rejected, 0, "{:?}", a.report().ingest);
+    let after = host_clock(&a);
+    assert!(after.probe_age_ms.unwrap() >= 29_000.0, "{after:?}");
+    let (b, f) = (
+        before.error_bound_us.unwrap(),
+        after.error_bound_us.unwrap(),
+    );
+    assert!(
+        f >= b + 29.0,
+        "bound {b} µs -> {f} µs after 30 s of silence"
+    );
+    let human = slowrank_coordinator::report::render_human(&a.report());
+    assert!(
+        human.contains(&format!("{}: no clock probe answered for 30 s", b0.host)),
+        "{human}"
+    );
+}
