@@ -1214,8 +1214,9 @@ impl Analyzer {
         obs.retain(|k, _| !matches!(k, Subject::Rank(r) if on_slow_links.contains(r)));
         // A pipeline neighbour of a rank that costs the job several times
         // more (named now, or by an active verdict) waits for that rank's
-        // sends; receives never post, so the wait shows as lateness of its
-        // own. It is the other rank's, passed along the pipeline.
+        // sends. Outside a deep window (or across NVLink) a receive has no
+        // GPU time, so the wait shows as lateness of its own. It is the
+        // other rank's, passed along the pipeline.
         let costs = rank_costs(&obs, core.lifecycle.verdicts(), |_| true);
         obs.retain(|k, o| match *k {
             Subject::Rank(r) => !passed_along(

@@ -95,7 +95,8 @@ impl ClockTruth {
 pub enum GpuTiming {
     /// Every member of every instance.
     All,
-    /// Only instances whose members span hosts (verbs traffic), senders for p2p.
+    /// Only instances whose members span hosts (verbs traffic: a sender's
+    /// first chunk, a receiver's clear-to-send).
     InterHostOnly,
     /// Default probe set: host-side times only.
     None,
@@ -945,7 +946,7 @@ impl Generator {
                     .is_some_and(|c| c.spans_hosts);
                 let keep_gpu = match s.gpu_timing {
                     GpuTiming::All => true,
-                    GpuTiming::InterHostOnly => spans && rec.op != CollOp::Recv,
+                    GpuTiming::InterHostOnly => spans,
                     GpuTiming::None => false,
                 };
                 rec.host_entry_ns = clk.agent_ns(rec.host_entry_ns);

@@ -349,6 +349,7 @@ const QP_NUM_OFF: u64 = 52; // struct ibv_qp.qp_num
 const WR_SG_LIST_OFF: u64 = 16; // struct ibv_send_wr.sg_list
 const WR_NUM_SGE_OFF: u64 = 24; // .num_sge
 const WR_OPCODE_OFF: u64 = 28; // .opcode
+const WR_SEND_FLAGS_OFF: u64 = 32; // .send_flags
 const SGE_LENGTH_OFF: u64 = 8; // struct ibv_sge.length
 const WC_SIZE: u64 = 48; // sizeof(struct ibv_wc)
 const WC_STATUS_OFF: u64 = 8;
@@ -375,7 +376,7 @@ where
 
 /// The provider's `post_send(qp, wr, bad_wr)`, attached at its file offset
 /// (found through `ibv_context.ops`). Entry only: args = [qp, qp_num,
-/// bytes of the first sge, wr_id, opcode, num_sge].
+/// bytes of the first sge, wr_id, opcode, num_sge | send_flags << 32].
 #[uprobe]
 pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
     let Some(who) = followed() else { return 0 };
@@ -388,7 +389,7 @@ pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
         u64::from(user::<u32>(sg + SGE_LENGTH_OFF)),
         user::<u64>(wr),
         user::<u32>(wr + WR_OPCODE_OFF) as u64,
-        user::<u32>(wr + WR_NUM_SGE_OFF) as u64,
+        user::<u32>(wr + WR_NUM_SGE_OFF) as u64 | (user::<u32>(wr + WR_SEND_FLAGS_OFF) as u64) << 32,
     ];
     emit(ctx.as_ptr(), CallKind::Entry, args, 0, who);
     0

@@ -438,7 +438,9 @@ impl Folder {
                     self.drops.verbs += POSTED_MAX as u64;
                 }
                 p.posted.insert((qpn, c.args[3]), c.ts_ns);
-                p.gpu.post(qpn, c.args[3], c.ts_ns, &self.local_members);
+                let cts = crate::gpuside::is_clear_to_send(c.args[4], c.args[5] >> 32);
+                p.gpu
+                    .post(qpn, c.args[3], c.ts_ns, cts, &self.local_members);
                 return;
             }
             Role::PollCq => {

@@ -19,8 +19,11 @@
 //!   the host had issued by then and that can use `q`: a collective, or a
 //!   send to a member on another host (a QP that carried a send to `p`
 //!   only carries sends to `p` afterwards; one that carried collectives,
-//!   only collectives — NCCL keeps p2p and ring connections apart). Receives
-//!   never post here.
+//!   only collectives — NCCL keeps p2p and ring connections apart).
+//! - **Receives**: a receiver's GPU arrival is its clear-to-send, an inline
+//!   RDMA write into the sender's FIFO ([`is_clear_to_send`]); it matches
+//!   the first receive of `C` from the QP's peer, counted apart from the
+//!   QP's data ops. A receive's end is not seen (no post): done stays 0.
 //! - **Sync anchor**: counting only works from a known point. After the deep
 //!   probes are attached, the first `cudaDeviceSynchronize` that returns
 //!   proves every instance issued before the call is done; QPs count from
@@ -96,6 +99,12 @@ struct QpTrack {
     next_seq: u64,
     class: Class,
     cur: Option<Op>,
+    /// The member at the other end, once a send or a receive told it.
+    peer: Option<i32>,
+    /// Receives before this one already had their clear-to-send.
+    next_recv: u64,
+    /// A clear-to-send (raw time) whose receive the host had not issued yet.
+    pending_cts: Option<u64>,
 }
 
 /// Counters for `doctor` and tests.
@@ -152,6 +161,7 @@ impl GpuSide {
         for q in self.qps.values_mut() {
             q.synced = false;
             q.cur = None;
+            q.pending_cts = None;
         }
         self.release_all();
     }
@@ -171,6 +181,9 @@ impl GpuSide {
                     next_seq: 0,
                     class: Class::Unknown,
                     cur: None,
+                    peer: None,
+                    next_recv: 0,
+                    pending_cts: None,
                 },
             );
         }
@@ -215,22 +228,39 @@ impl GpuSide {
             .map(|c| c.qps.clone())
             .unwrap_or_default();
         for q in qps {
-            if self
-                .qps
-                .get(&q)
-                .is_some_and(|t| t.cur.is_some_and(|o| o.seq.is_none()))
-            {
+            let Some(t) = self.qps.get(&q) else { continue };
+            let (waiting_op, waiting_cts) = (
+                t.cur.is_some_and(|o| o.seq.is_none()),
+                t.pending_cts.is_some(),
+            );
+            if waiting_op {
                 self.try_match(q, local);
+            }
+            if waiting_cts {
+                self.try_match_cts(q, local);
             }
         }
         None
     }
 
-    /// The provider's post_send on `qpn` at raw `ts`.
-    pub fn post(&mut self, qpn: u32, wr_id: u64, ts: u64, local: &LocalMembers) {
+    /// The provider's post_send on `qpn` at raw `ts`; `cts`: it is a
+    /// receiver's clear-to-send (see [`is_clear_to_send`]), not data.
+    pub fn post(&mut self, qpn: u32, wr_id: u64, ts: u64, cts: bool, local: &LocalMembers) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
+        if cts {
+            if !q.synced {
+                self.stats.unsynced_ops += 1;
+                return;
+            }
+            if q.pending_cts.is_some() {
+                self.stats.unmatched_ops += 1;
+            }
+            q.pending_cts = Some(ts);
+            self.try_match_cts(qpn, local);
+            return;
+        }
         if wr_id & 0xffff == 0 {
             if let Some(old) = q.cur {
                 if old.seq.is_none() && q.synced {
@@ -310,7 +340,9 @@ impl GpuSide {
                         q.synced = true;
                     }
                     q.next_seq = q.next_seq.max(c.floor);
+                    q.next_recv = q.next_recv.max(c.floor);
                     q.cur = None;
+                    q.pending_cts = None;
                 }
             }
         }
@@ -394,16 +426,66 @@ impl GpuSide {
             h.last_wc = Some(h.last_wc.map_or(w, |x| x.max(w)));
         }
         q.class = match h.rec.op {
-            CollOp::Send => Class::Send(h.rec.peer),
+            CollOp::Send => {
+                q.peer = Some(h.rec.peer);
+                Class::Send(h.rec.peer)
+            }
             _ => Class::Coll,
         };
         q.next_seq = seq + 1;
         if let Some(o) = q.cur.as_mut() {
             o.seq = Some(seq);
         }
+        let comm = q.comm;
         self.stats.matched += 1;
+        self.matched_at(comm, seq);
+    }
+
+    /// Matches the pending clear-to-send of `qpn` to the first receive of
+    /// its communicator, from the last instance matched on any QP
+    /// (inclusive), from the QP's peer (once known), that the host had
+    /// issued by then. A receive's GPU arrival is its clear-to-send; its
+    /// end is not known here (the data lands without a post).
+    fn try_match_cts(&mut self, qpn: u32, local: &LocalMembers) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(ts) = q.pending_cts else { return };
+        let Some(c) = self.comms.get_mut(&q.comm) else {
+            return;
+        };
+        let start = q.next_recv.max(c.frontier.unwrap_or(0)).max(c.floor);
+        let local_members = local.get(&q.comm);
+        let mut found = None;
+        for (&seq, h) in c.held.range(start..) {
+            let remote = h.rec.peer >= 0
+                && !local_members.is_some_and(|l| l.contains(&(h.rec.peer as u32)));
+            if h.rec.op != CollOp::Recv || !remote || q.peer.is_some_and(|p| p != h.rec.peer) {
+                continue;
+            }
+            if h.entry_raw <= ts {
+                found = Some(seq);
+            }
+            break;
+        }
+        let Some(seq) = found else { return };
+        let h = c.held.get_mut(&seq).expect("found above");
+        h.arrive = Some(h.arrive.map_or(ts, |a| a.min(ts)));
+        q.peer = Some(h.rec.peer);
+        q.next_recv = seq + 1;
+        q.pending_cts = None;
+        self.stats.matched += 1;
+        let comm = q.comm;
+        self.matched_at(comm, seq);
+    }
+
+    /// Instance `seq` of `comm` reached the NIC: it is the frontier, and by
+    /// stream order every earlier instance of the communicator is over.
+    fn matched_at(&mut self, comm: u64, seq: u64) {
+        let Some(c) = self.comms.get_mut(&comm) else {
+            return;
+        };
         c.frontier = Some(c.frontier.map_or(seq, |f| f.max(seq)));
-        // Stream order: every earlier instance of the communicator is over.
         let before: Vec<u64> = c.held.range(..seq).map(|(s, _)| *s).collect();
         for s in before {
             if let Some(h) = c.held.remove(&s) {
@@ -412,6 +494,15 @@ impl GpuSide {
             }
         }
     }
+}
+
+/// Whether a post is a receiver's clear-to-send rather than data: NCCL's
+/// FIFO post (`ncclIbPostFifo`) is an inline RDMA write without immediate;
+/// data goes out non-inline (the last write of a send with immediate).
+pub fn is_clear_to_send(opcode: u64, send_flags: u64) -> bool {
+    const IBV_WR_RDMA_WRITE: u64 = 0;
+    const IBV_SEND_INLINE: u64 = 1 << 3;
+    opcode == IBV_WR_RDMA_WRITE && send_flags & IBV_SEND_INLINE != 0
 }
 
 /// Whether an instance can be the next op on a QP of class `class`.
@@ -479,7 +570,7 @@ mod tests {
     fn op(g: &mut GpuSide, qp: u32, id: u64, t: u64, chunks: u64) {
         for k in 0..chunks {
             let p = if k == 0 { t } else { t + 1000 + k * 100 };
-            g.post(qp, wr(id, k), p, &LocalMembers::new());
+            g.post(qp, wr(id, k), p, false, &LocalMembers::new());
             g.completion(qp, wr(id, k), p + 10);
         }
     }
@@ -545,7 +636,7 @@ mod tests {
         assert_eq!((r.len(), r[0].seq, r[0].gpu_arrive_ns), (1, 1, 0));
         // After the anchor: the GPU posts at 200 while the host is still in
         // the call (its return, hence the record, comes at 210).
-        g.post(100, wr(9, 0), 200, &LocalMembers::new());
+        g.post(100, wr(9, 0), 200, false, &LocalMembers::new());
         g.completion(100, wr(9, 0), 260);
         assert!(g
             .issue(rec(7, 2, CollOp::AllReduce, -1), 150, &LocalMembers::new())
@@ -580,13 +671,66 @@ mod tests {
                 .issue(rec(9, s as u64, *o, *p), 10 + s as u64, &local)
                 .is_none());
         }
-        g.post(100, wr(1, 0), 100, &local);
-        g.post(100, wr(2, 0), 500, &local);
+        g.post(100, wr(1, 0), 100, false, &local);
+        g.post(100, wr(2, 0), 500, false, &local);
         g.device_sync(600, 700);
         let mut r = g.take_released();
         r.sort_by_key(|r| r.seq);
         let arr: Vec<u64> = r.iter().map(|r| r.gpu_arrive_ns).collect();
         assert_eq!(arr, vec![0, 100, 0, 0, 0, 500]);
+    }
+
+    /// The same stage with clear-to-sends: a receive from the remote member
+    /// gets its GPU arrival from its clear-to-send, one from a local member
+    /// none; data and clear-to-sends on one QP keep their own counts, and a
+    /// clear-to-send posted before the host call returned waits for it.
+    #[test]
+    fn receives_from_remote_members_arrive_with_their_clear_to_send() {
+        let local: LocalMembers = [(9, [0, 1].into_iter().collect())].into_iter().collect();
+        let mut g = GpuSide::new(HostClock::real(), Some(0));
+        g.bind_qps(9, &[100]);
+        g.device_sync(1, 2);
+        let seqs = [
+            (CollOp::Recv, 2),
+            (CollOp::Send, 2),
+            (CollOp::Recv, 0),
+            (CollOp::Recv, 2),
+            (CollOp::Send, 2),
+        ];
+        for (s, (o, p)) in seqs.iter().enumerate() {
+            assert!(g
+                .issue(rec(9, s as u64, *o, *p), 10 + s as u64, &local)
+                .is_none());
+        }
+        // Receive 0's clear-to-send, send 1's data, receive 3's
+        // clear-to-send (receive 2 is from a local member: no post).
+        g.post(100, wr(1, 0), 100, true, &local);
+        g.post(100, wr(2, 0), 200, false, &local);
+        g.completion(100, wr(2, 0), 250);
+        g.post(100, wr(3, 0), 300, true, &local);
+        g.post(100, wr(4, 0), 400, false, &local);
+        // Receive 5 is issued after its clear-to-send went out.
+        g.post(100, wr(5, 0), 500, true, &local);
+        assert!(g
+            .issue(rec(9, 5, CollOp::Recv, 2), 490, &local)
+            .is_none());
+        g.device_sync(600, 700);
+        let mut r = g.take_released();
+        r.sort_by_key(|r| r.seq);
+        let arr: Vec<(u64, u64)> = r.iter().map(|r| (r.gpu_arrive_ns, r.gpu_done_ns)).collect();
+        assert_eq!(
+            arr,
+            vec![(100, 0), (200, 250), (0, 0), (300, 0), (400, 0), (500, 0)]
+        );
+        assert_eq!(g.stats.matched, 5);
+        assert_eq!(g.stats.unmatched_ops, 0);
+    }
+
+    #[test]
+    fn clear_to_send_is_an_inline_write_without_immediate() {
+        assert!(is_clear_to_send(0, 1 << 3 | 1 << 1));
+        assert!(!is_clear_to_send(0, 1 << 1));
+        assert!(!is_clear_to_send(1, 1 << 3));
     }
 
     #[test]

@@ -20,3 +20,4 @@ pub mod stack_collector;
 pub mod stackfeed;
 pub mod stacks;
 pub mod symbolize;
+pub mod tracefs;

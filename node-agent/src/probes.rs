@@ -496,11 +496,15 @@ fn is_not_found(e: &aya::maps::MapError) -> bool {
 /// unreadable, no tracefs) the agent only sees processes after its /proc
 /// scan found them; that is logged, not fatal.
 fn attach_fork_tracepoint(ebpf: &mut Ebpf) {
-    let offset = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .find_map(|root| {
-            std::fs::read_to_string(format!("{root}/events/sched/sched_process_fork/format")).ok()
-        })
+    let root = match crate::tracefs::ensure_mounted() {
+        Ok(root) => root,
+        Err(e) => {
+            tracing::warn!(error = %e, "no fork tracepoint: ranks are seen only once /proc shows them, and calls they make before that are missed");
+            return;
+        }
+    };
+    let offset = std::fs::read_to_string(root.join("events/sched/sched_process_fork/format"))
+        .ok()
         .and_then(|f| field_offset(&f, "child_pid"));
     let Some(offset) = offset else {
         tracing::warn!(

@@ -53,8 +53,8 @@ pub enum StackError {
     },
     #[error("cannot list online CPUs")]
     Cpus(#[source] std::io::Error),
-    #[error("tracefs is not mounted at /sys/kernel/tracing and mounting it failed")]
-    Tracefs(#[source] std::io::Error),
+    #[error(transparent)]
+    Tracefs(#[from] crate::tracefs::TracefsError),
     #[error("map operation on {map} failed")]
     Map {
         map: &'static str,
@@ -163,7 +163,7 @@ impl StackSampler {
                 .map_err(prog_err(SAMPLE_PROG))?;
         }
         if config.off_cpu {
-            ensure_tracefs()?;
+            crate::tracefs::ensure_mounted()?;
             let switch: &mut TracePoint = ebpf
                 .program_mut(SWITCH_PROG)
                 .ok_or(StackError::MissingProgram(SWITCH_PROG))?
@@ -337,23 +337,3 @@ impl StackSampler {
     }
 }
 
-/// The tracepoint attach reads event ids from tracefs; mount it when a
-/// minimal system (container, VM) has not.
-fn ensure_tracefs() -> Result<(), StackError> {
-    let dir = Path::new("/sys/kernel/tracing");
-    if dir.join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
-        return Ok(());
-    }
-    tracing::info!("mounting tracefs at /sys/kernel/tracing");
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
-        .status()
-        .map_err(StackError::Tracefs)?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(StackError::Tracefs(std::io::Error::other(format!(
-            "mount exited with {status}"
-        ))))
-    }
-}

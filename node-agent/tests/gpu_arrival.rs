@@ -260,9 +260,9 @@ fn deep_set_gpu_arrival_matches_the_stand_in() {
 
 /// A 3D-parallel job (tp=2 × pp=2 × dp=2 on 2 hosts): TP and DP groups stay
 /// inside a host (NVLink, no verbs), the two pipeline stages sit on
-/// different hosts, so the only NIC traffic is the pipeline's sends —
-/// interleaved with receives (which never post) on split communicators.
-/// Every send must get its GPU arrival, nothing else may get one.
+/// different hosts, so the only NIC traffic is the pipeline's sends and
+/// the receivers' clear-to-sends, on split communicators. Every send and
+/// receive must get its GPU arrival, nothing else may get one.
 #[test]
 fn deep_set_gpu_arrival_of_pipeline_sends() {
     if !root_or_skip("deep_set_gpu_arrival_of_pipeline_sends") {
@@ -300,22 +300,34 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
 
     let (mut sends, mut attributed, mut close, mut wild, mut stray) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut recvs, mut recvs_attributed) = (0u64, 0u64);
     let mut at_post = 0u64;
+    let p2p = |op: &str| op == "Send" || op == "Recv";
     for rt in &summary.truth.ranks {
         let off = spec.clock.offset_us(rt.host) * 1000;
         let text =
             std::fs::read_to_string(out.join(format!("agent-host-{}.jsonl", rt.host))).unwrap();
         // Agent records of this rank in host issue order.
-        let mut mine: Vec<(u64, String, u64)> = text
+        // (host entry, op, GPU arrival, "/<from>-<to>/" of a p2p op: the
+        // stand-in's trace names communicators by its own ids, not NCCL's).
+        let mut mine: Vec<(u64, String, u64, String)> = text
             .lines()
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
             .filter(|v| v["type"] == "collective" && v["pid"] == rt.pid)
             .map(|v| {
                 let a = v["gpu_arrive_ns"].as_u64().unwrap();
+                let op = v["op"].as_str().unwrap().to_owned();
+                let peer = v["peer"].as_i64().unwrap();
+                let me = 1 - peer; // two-member pipeline communicators
+                let pair = match op.as_str() {
+                    "Send" => format!("/{me}-{peer}/"),
+                    _ => format!("/{peer}-{me}/"),
+                };
                 (
                     v["host_entry_ns"].as_u64().unwrap(),
-                    v["op"].as_str().unwrap().to_owned(),
+                    op,
                     if a == 0 { 0 } else { (a as i64 - off) as u64 },
+                    pair,
                 )
             })
             .collect();
@@ -324,26 +336,24 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
         // posted_ns: just before the first chunk went out, 0 without NIC).
         let t =
             std::fs::read_to_string(out.join(format!("sim/coll-rank-{}.log", rt.rank))).unwrap();
-        let mut tr: Vec<(u64, u64, u64)> = t
-            .lines()
-            .map(|l| {
-                let f: Vec<u64> = l
-                    .split_whitespace()
-                    .skip(1)
-                    .map(|x| x.parse().unwrap())
-                    .collect();
-                (f[0], f[1], f[5])
-            })
-            .collect();
+        let mut tr: Vec<(u64, u64, u64)> = Vec::new();
+        let mut key_of: HashMap<u64, String> = HashMap::new();
+        for l in t.lines() {
+            let mut w = l.split_whitespace();
+            let key = w.next().unwrap();
+            let f: Vec<u64> = w.map(|x| x.parse().unwrap()).collect();
+            tr.push((f[0], f[1], f[5]));
+            key_of.insert(f[0], key.to_owned());
+        }
         tr.sort_unstable();
         // Pair each record with the traced operation the host issued at the
         // same moment (records lost on a starved agent do not shift the rest).
         // A thread preempted inside the call separates the two by more than
         // a millisecond on a loaded machine: such records are not compared.
-        // Sends pair with traced operations that posted (every pipeline
-        // send crosses hosts here), the rest with those that did not: a
-        // send and a receive issued together in one group are microseconds
-        // apart on the host.
+        // Sends and receives pair with traced operations that posted
+        // (every pipeline transfer crosses hosts here), the rest with those
+        // that did not. A send and a receive issued together in one group
+        // are microseconds apart on the host: they pair by kind.
         let (nic, other): (Vec<_>, Vec<_>) = tr.iter().partition(|t| t.2 != 0);
         let nearest = |list: &[(u64, u64, u64)], entry: u64| {
             let i = list.partition_point(|t| t.0 < entry);
@@ -357,7 +367,20 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
             .iter()
             .map(|m| {
                 let entry = (m.0 as i64 - off) as u64;
-                nearest(if m.1 == "Send" { &nic } else { &other }, entry)
+                if p2p(&m.1) {
+                    let same: Vec<(u64, u64, u64)> = nic
+                        .iter()
+                        .copied()
+                        .filter(|t: &(u64, u64, u64)| {
+                            key_of
+                                .get(&t.0)
+                                .is_some_and(|k| k.starts_with("p/") && k.contains(&m.3))
+                        })
+                        .collect();
+                    nearest(&same, entry)
+                } else {
+                    nearest(&other, entry)
+                }
             })
             .collect();
         let unpaired = paired.iter().filter(|p| p.is_none()).count();
@@ -387,7 +410,7 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
             rt.rank
         );
         for (i, (m, t)) in mine.iter().zip(&tr).enumerate() {
-            if m.1 != "Send" {
+            if !p2p(&m.1) {
                 if m.2 != 0 {
                     stray += 1;
                     eprintln!("rank {}: {} #{i} got a GPU arrival", rt.rank, m.1);
@@ -409,7 +432,7 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
                     .iter()
                     .zip(&mine)
                     .enumerate()
-                    .filter_map(|(j, (o, x))| o.filter(|o| j != i && x.1 == "Send" && o.2 != 0))
+                    .filter_map(|(j, (o, x))| o.filter(|o| j != i && p2p(&x.1) && o.2 != 0))
                     .map(|o| (m.2 as i64 - o.2 as i64).unsigned_abs())
                     .min()
                     .unwrap_or(u64::MAX);
@@ -419,8 +442,9 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
                 if own < -50_000 || (own > 100_000 && nearest_other < 100_000) {
                     wild += 1;
                     eprintln!(
-                        "rank {} send #{i}: {} µs from its own first post, {} µs from another send's",
+                        "rank {} {} #{i}: {} µs from its own first post, {} µs from another's",
                         rt.rank,
+                        m.1,
                         own / 1000,
                         nearest_other / 1000
                     );
@@ -429,9 +453,14 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
             if i < first + per_iter {
                 continue;
             }
-            sends += 1;
+            let (n, a) = if m.1 == "Send" {
+                (&mut sends, &mut attributed)
+            } else {
+                (&mut recvs, &mut recvs_attributed)
+            };
+            *n += 1;
             if m.2 != 0 {
-                attributed += 1;
+                *a += 1;
                 if (m.2 as i64 - t.1 as i64).unsigned_abs() <= 200_000 {
                     close += 1;
                 }
@@ -442,15 +471,20 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
     // poll_cq traps (a benchmark number, printed); which instance it lands
     // on does not: that is asserted.
     eprintln!(
-        "pipeline sends: {attributed}/{sends} attributed, {close} within 200 µs of the GPU's arrival, \
-         {at_post} within 50 µs of their first post, {wild} wrong, {stray} stray"
+        "pipeline sends: {attributed}/{sends} attributed, receives: {recvs_attributed}/{recvs}; \
+         {close} within 200 µs of the GPU's arrival, {at_post} within 50 µs of their first post, \
+         {wild} wrong, {stray} stray"
     );
-    assert!(sends > 0);
+    assert!(sends > 0 && recvs > 0);
     assert_eq!(stray, 0, "GPU arrivals on operations without NIC traffic");
     assert_eq!(wild, 0, "sends attributed to the wrong instance");
     assert!(
         attributed * 100 >= sends * 90,
         "only {attributed}/{sends} sends got a GPU-side arrival"
+    );
+    assert!(
+        recvs_attributed * 100 >= recvs * 90,
+        "only {recvs_attributed}/{recvs} receives got a GPU-side arrival"
     );
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -42,6 +42,7 @@ pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
 pub const IBV_WR_SEND: c_int = 2;
 // enum ibv_send_flags
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+pub const IBV_SEND_INLINE: c_uint = 1 << 3;
 // enum ibv_wc_status / ibv_wc_opcode
 pub const IBV_WC_SUCCESS: c_int = 0;
 pub const IBV_WC_SEND: c_int = 0;
@@ -641,6 +642,7 @@ pub const OFFSETS: &[(&str, usize)] = &[
         IBV_WR_RDMA_WRITE_WITH_IMM as usize,
     ),
     ("IBV_SEND_SIGNALED", IBV_SEND_SIGNALED as usize),
+    ("IBV_SEND_INLINE", IBV_SEND_INLINE as usize),
     ("IBV_WC_RDMA_WRITE", IBV_WC_RDMA_WRITE as usize),
     ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
     ("IBV_MTU_4096", IBV_MTU_4096 as usize),

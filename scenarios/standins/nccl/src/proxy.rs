@@ -22,7 +22,14 @@ use std::{
 
 use slowrank_sim::{abi::verbs::*, clock, model::Model};
 
-/// One member's network share of one collective or send.
+/// Op ids (the `wr_id` above the chunk index).
+static NEXT_OP: AtomicU64 = AtomicU64::new(1);
+
+/// Size of one clear-to-send FIFO entry (NCCL's `ncclIbSendFifo`).
+const CTS_BYTES: u32 = 64;
+
+/// One member's network share of one collective or send, or a receiver's
+/// clear-to-send.
 pub struct NetOp {
     id: u64,
     qp: usize,
@@ -31,6 +38,9 @@ pub struct NetOp {
     addr: u64,
     chunks: u32,
     chunk_bytes: u32,
+    /// Work request opcode and flags of every post.
+    opcode: std::ffi::c_int,
+    send_flags: std::ffi::c_uint,
     /// (all members arrived, transfer done), monotonic ns.
     plan: Mutex<Option<(u64, u64)>>,
     st: Mutex<(u32, u32, bool)>, // posted, completed, done
@@ -44,18 +54,43 @@ pub struct NetOp {
 
 impl NetOp {
     pub fn new(qp: usize, cq: usize, lkey: u32, addr: u64, bytes: u64, model: &Model) -> Arc<Self> {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
         let chunks = bytes
             .div_ceil(model.chunk_bytes.max(1))
             .clamp(1, u64::from(model.max_chunks.max(1))) as u32;
         Arc::new(Self {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            id: NEXT_OP.fetch_add(1, Ordering::Relaxed),
             qp,
             cq,
             lkey,
             addr,
             chunks,
             chunk_bytes: (bytes / u64::from(chunks)).clamp(1, u64::from(u32::MAX)) as u32,
+            opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
+            send_flags: IBV_SEND_SIGNALED,
+            plan: Mutex::new(None),
+            st: Mutex::new((0, 0, false)),
+            cv: Condvar::new(),
+            polled_all_ns: AtomicU64::new(0),
+            first_post_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// A receiver's clear-to-send: when its GPU reaches a receive from a
+    /// member on another host, NCCL's proxy writes a small inline RDMA write
+    /// into the sender's FIFO (`ncclIbPostFifo`) saying the buffer is ready.
+    /// One post, so it marks the receiver's GPU arrival the way a sender's
+    /// first chunk marks the sender's.
+    pub fn clear_to_send(qp: usize, cq: usize, lkey: u32, addr: u64) -> Arc<Self> {
+        Arc::new(Self {
+            id: NEXT_OP.fetch_add(1, Ordering::Relaxed),
+            qp,
+            cq,
+            lkey,
+            addr,
+            chunks: 1,
+            chunk_bytes: CTS_BYTES,
+            opcode: IBV_WR_RDMA_WRITE,
+            send_flags: IBV_SEND_SIGNALED | IBV_SEND_INLINE,
             plan: Mutex::new(None),
             st: Mutex::new((0, 0, false)),
             cv: Condvar::new(),
@@ -95,8 +130,8 @@ impl NetOp {
             wr_id: (self.id << 16) | u64::from(k),
             sg_list: &mut sge,
             num_sge: 1,
-            opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
-            send_flags: IBV_SEND_SIGNALED,
+            opcode: self.opcode,
+            send_flags: self.send_flags,
             ..Default::default()
         };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();

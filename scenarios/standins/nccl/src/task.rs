@@ -110,6 +110,31 @@ impl Part {
         }
     }
 
+    /// The proxy's first network work when the GPU gets here: data to the
+    /// ring or p2p peer, or a receiver's clear-to-send to its sender.
+    fn net_op(&self, net: &net::Net) -> Option<Arc<NetOp>> {
+        let c = &self.comm;
+        if let PartKind::Recv { peer } = self.kind {
+            let qp = c.qps.get(&peer)?;
+            return Some(NetOp::clear_to_send(
+                qp.qp,
+                net.cq,
+                net.lkey,
+                net::buffer_addr(),
+            ));
+        }
+        let (peer, bytes) = self.net_target()?;
+        let qp = c.qps.get(&peer)?;
+        Some(NetOp::new(
+            qp.qp,
+            net.cq,
+            net.lkey,
+            net::buffer_addr(),
+            bytes,
+            model(),
+        ))
+    }
+
     fn members(&self, arrivals: &[Arrival]) -> Vec<Member> {
         let c = &self.comm;
         let idx: Vec<u32> = match self.kind {
@@ -187,10 +212,7 @@ impl Task {
             .parts
             .iter()
             .map(|p| {
-                let (peer, bytes) = p.net_target()?;
-                let qp = p.comm.qps.get(&peer)?;
-                let net = net::net().ok()?;
-                let op = NetOp::new(qp.qp, net.cq, net.lkey, net::buffer_addr(), bytes, model());
+                let op = p.net_op(net::net().ok()?)?;
                 proxy::submit(op.clone());
                 Some(op)
             })
