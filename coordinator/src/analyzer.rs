@@ -170,6 +170,9 @@ struct Core {
     last_t: Option<CoordNs>,
     last_sealed: Option<u64>,
     lost_by_root: HashMap<u32, f64>,
+    /// Slow NIC rank → the verbs peers whose transfers with it were slow
+    /// (the last time it was seen), for its victims while its verdict lasts.
+    nic_peers: HashMap<u32, Vec<u32>>,
     /// Durations of the last sealed iterations (ns), oldest first.
     steps: VecDeque<f64>,
 }
@@ -230,6 +233,7 @@ impl Analyzer {
             last_t: None,
             last_sealed: None,
             lost_by_root: HashMap::new(),
+            nic_peers: HashMap::new(),
             steps: VecDeque::new(),
         };
         Self {
@@ -1151,6 +1155,7 @@ impl Analyzer {
                     continue;
                 }
                 let ratio = transfer_ratio(bucket, n.rank);
+                core.nic_peers.insert(n.rank, n.slow_peers.clone());
                 obs.insert(
                     Subject::Nic(n.rank),
                     Observation {
@@ -1199,24 +1204,14 @@ impl Analyzer {
             }
         }
         drop_passed_into_transfers(&mut obs, core.lifecycle.verdicts());
-        // A rank on a slow link or NIC finishes its transfers late, so its
-        // GPU reaches the next collectives late: that lateness is the
-        // communication fault's, not a second (compute or host) one. (A rank
-        // with both faults is named for its link until the link recovers.)
-        let on_slow_links: std::collections::HashSet<u32> = obs
-            .keys()
-            .flat_map(|k| match *k {
-                Subject::Nic(r) => vec![r],
-                Subject::Link(a, b) => vec![a, b],
-                _ => Vec::new(),
-            })
-            .collect();
-        obs.retain(|k, _| !matches!(k, Subject::Rank(r) if on_slow_links.contains(r)));
+        relay_transfer_lateness(&mut obs, core.lifecycle.verdicts(), &core.nic_peers);
         // A pipeline neighbour of a rank that costs the job several times
         // more (named now, or by an active verdict) waits for that rank's
         // sends. Outside a deep window (or across NVLink) a receive has no
         // GPU time, so the wait shows as lateness of its own. It is the
         // other rank's, passed along the pipeline.
+        // The neighbour's own one-host partners count too: a stage waits
+        // for its neighbour, which waited for its tensor-parallel partner.
         let costs = rank_costs(&obs, core.lifecycle.verdicts(), |_| true);
         obs.retain(|k, o| match *k {
             Subject::Rank(r) => !passed_along(
@@ -1224,10 +1219,13 @@ impl Analyzer {
                 core.stats
                     .p2p_peers(r)
                     .iter()
+                    .flat_map(|q| std::iter::once(q).chain(core.stats.blind_partners(*q)))
+                    .filter(|q| **q != r)
                     .filter_map(|q| costs.get(q).copied()),
             ),
             _ => true,
         });
+        relay_blind_waits(&mut obs, |r| core.stats.blind_partners(r));
         crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
         let events = core.lifecycle.step(k, obs);
         for e in &events {
@@ -1310,6 +1308,20 @@ impl Analyzer {
     /// Verdicts opened so far (active or not).
     pub fn verdicts_opened(&self) -> usize {
         lock(&self.core).lifecycle.verdicts().count()
+    }
+
+    /// Whether an active verdict rests on what only the deep set sees: a
+    /// GPU or a NIC falling behind (compute, communication). Host-side
+    /// times cannot show either, so without the deep set such a verdict
+    /// would close as if its fault had gone.
+    pub fn active_needs_deep(&self) -> bool {
+        lock(&self.core).lifecycle.verdicts().any(|v| {
+            v.active
+                && matches!(
+                    v.kind,
+                    classify::Kind::Compute | classify::Kind::Communication
+                )
+        })
     }
 
     fn max_error_ns(&self) -> f64 {
@@ -1559,6 +1571,105 @@ const PASSED_ALONG_RATIO: f64 = 4.0;
 /// neighbour costing one of `neighbours`.
 fn passed_along(mine: f64, mut neighbours: impl Iterator<Item = f64>) -> bool {
     neighbours.any(|c| c > 0.0 && c >= PASSED_ALONG_RATIO * mine)
+}
+
+/// A rank on a slow link or NIC finishes its transfers late, and so do the
+/// peers it transfers with (a slow NIC slows its ring neighbours' receives):
+/// their GPUs reach the next collectives late, and that lateness is the
+/// communication fault's, not a second (compute or host) one. Named links
+/// and NICs count whether seen in this iteration or by an active verdict
+/// (their verbs evidence comes and goes with the traffic). The GPU time
+/// lost to the dropped ranks goes to the NIC or link seen now (the largest
+/// one: the victims wait side by side, not one after another). A rank with
+/// both faults is named for its link until the link recovers.
+fn relay_transfer_lateness<'a>(
+    obs: &mut BTreeMap<Subject, Observation>,
+    verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
+    nic_peers: &HashMap<u32, Vec<u32>>,
+) {
+    let ends = |s: Subject| -> Vec<u32> {
+        match s {
+            Subject::Nic(r) => std::iter::once(r)
+                .chain(nic_peers.get(&r).into_iter().flatten().copied())
+                .collect(),
+            Subject::Link(a, b) => vec![a, b],
+            _ => Vec::new(),
+        }
+    };
+    let mut owner: HashMap<u32, Subject> = HashMap::new();
+    for v in verdicts.filter(|v| v.active) {
+        for r in ends(v.subject) {
+            owner.insert(r, v.subject);
+        }
+    }
+    for k in obs.keys() {
+        for r in ends(*k) {
+            owner.insert(r, *k);
+        }
+    }
+    let mut relayed: HashMap<Subject, f64> = HashMap::new();
+    obs.retain(|k, o| match *k {
+        Subject::Rank(r) => match owner.get(&r) {
+            Some(s) => {
+                let m = relayed.entry(*s).or_default();
+                *m = m.max(o.lost_ns);
+                false
+            }
+            None => true,
+        },
+        _ => true,
+    });
+    for (s, lost) in relayed {
+        if let Some(o) = obs.get_mut(&s) {
+            o.lost_ns += lost;
+        }
+    }
+}
+
+/// How much later than a rank its one-host partner must be for the rank's
+/// own lateness to count as waiting for that partner.
+const BLIND_WAIT_RATIO: f64 = 1.15;
+
+/// Tensor-parallel partners inside one host synchronise over NVLink, where
+/// no GPU-side time exists: a rank that waited there for a slow partner
+/// reaches the next inter-host collective late and looks like a straggler
+/// of its own. Both are late by about as much, but the slow one is later
+/// (it also runs slow between the syncs). A named rank whose one-host
+/// partner is named too and clearly later (`BLIND_WAIT_RATIO`) is dropped,
+/// and the GPU time lost to it goes to that partner. A host slow as a
+/// whole keeps its ranks within the ratio of each other, so they stay for
+/// the host-wide merge.
+fn relay_blind_waits<'a>(
+    obs: &mut BTreeMap<Subject, Observation>,
+    partners: impl Fn(u32) -> &'a [u32],
+) {
+    let late: HashMap<u32, f64> = obs
+        .iter()
+        .filter_map(|(k, o)| match *k {
+            Subject::Rank(r) => Some((r, o.late_ns)),
+            _ => None,
+        })
+        .collect();
+    let mut moved: Vec<(u32, u32, f64)> = Vec::new();
+    for (k, o) in obs.iter() {
+        let Subject::Rank(r) = *k else { continue };
+        let later = partners(r)
+            .iter()
+            .filter_map(|q| late.get(q).map(|l| (*q, *l)))
+            .filter(|(_, l)| *l > 0.0 && *l >= BLIND_WAIT_RATIO * o.late_ns.max(0.0))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((q, _)) = later {
+            moved.push((r, q, o.lost_ns));
+        }
+    }
+    // The latest of a group keeps its finding: it is later than each of the
+    // others, so it is never moved itself.
+    for (r, q, lost) in moved {
+        obs.remove(&Subject::Rank(r));
+        if let Some(t) = obs.get_mut(&Subject::Rank(q)) {
+            t.lost_ns += lost;
+        }
+    }
 }
 
 /// Sealed step durations kept for [`Analyzer::slowdown`].
@@ -1825,6 +1936,78 @@ mod tests {
             (Subject::Link(2, 5), observation(Communication, 2, 0.05)),
         ]);
         drop_passed_into_transfers(&mut obs, std::iter::empty());
+        assert_eq!(obs.len(), 2);
+    }
+
+    #[test]
+    fn ring_neighbours_of_a_slow_nic_are_its_victims() {
+        use classify::Kind::{Communication, Compute};
+        // tp4-dp4: rank 6's NIC at 30%; its ring neighbours 2 and 10 finish
+        // their all-reduces late and looked compute-slow.
+        let nic_peers = HashMap::from([(6, vec![2, 10])]);
+        let mut obs = BTreeMap::from([
+            (Subject::Nic(6), observation(Communication, 6, 0.04)),
+            (Subject::Rank(2), observation(Compute, 2, 0.16)),
+            (Subject::Rank(10), observation(Compute, 10, 0.14)),
+            (Subject::Rank(3), observation(Compute, 3, 0.05)),
+        ]);
+        relay_transfer_lateness(&mut obs, std::iter::empty(), &nic_peers);
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(3), Subject::Nic(6)]);
+        assert!((cost_share(&obs[&Subject::Nic(6)]) - 0.20).abs() < 1e-9);
+        // An iteration without verbs evidence: the active verdict still
+        // speaks for its NIC, so rank 6 itself is not a compute finding.
+        let mut lc = crate::verdict::Lifecycle::new(crate::verdict::LifecycleConfig {
+            warmup_iterations: 0,
+            ..Default::default()
+        });
+        for it in 0..10 {
+            let nic = observation(Communication, 6, 0.04);
+            lc.step(it, BTreeMap::from([(Subject::Nic(6), nic)]));
+        }
+        assert!(lc.verdicts().any(|v| v.active));
+        let mut obs = BTreeMap::from([
+            (Subject::Rank(6), observation(Compute, 6, 0.2)),
+            (Subject::Rank(10), observation(Compute, 10, 0.2)),
+        ]);
+        relay_transfer_lateness(&mut obs, lc.verdicts(), &nic_peers);
+        assert!(obs.is_empty());
+    }
+
+    #[test]
+    fn a_tensor_parallel_partner_of_a_later_rank_only_waited_for_it() {
+        use classify::Kind::Compute;
+        let late = |rank: u32, late_ms: f64, cost: f64| {
+            let mut o = observation(Compute, rank, cost);
+            o.late_ns = late_ms * 1e6;
+            (Subject::Rank(rank), o)
+        };
+        // tp2-pp2-dp4: rank 9's GPU is slow; its partner 8 waits for it in
+        // every tensor-parallel all-reduce and arrives 132 vs 163 ms late.
+        let mut obs = BTreeMap::from([
+            late(8, 132.0, 0.12),
+            late(9, 163.0, 0.22),
+            late(3, 40.0, 0.05),
+        ]);
+        let partners = |r: u32| -> &'static [u32] {
+            match r {
+                8 => &[9],
+                9 => &[8],
+                _ => &[],
+            }
+        };
+        relay_blind_waits(&mut obs, partners);
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(3), Subject::Rank(9)]);
+        let nine = &obs[&Subject::Rank(9)];
+        assert!(
+            (cost_share(nine) - 0.34).abs() < 1e-9,
+            "{}",
+            cost_share(nine)
+        );
+        // A host slow as a whole: partners within the ratio both stay.
+        let mut obs = BTreeMap::from([late(8, 150.0, 0.2), late(9, 160.0, 0.2)]);
+        relay_blind_waits(&mut obs, partners);
         assert_eq!(obs.len(), 2);
     }
 

@@ -474,10 +474,13 @@ impl Server {
         if self.cfg.deep_window_s == 0 {
             return;
         }
+        let window = Duration::from_secs(u64::from(self.cfg.deep_window_s));
+        if self.renew_deep_for_active(window) {
+            return;
+        }
         let Some(sd) = self.analyzer.slowdown() else {
             return;
         };
-        let window = Duration::from_secs(u64::from(self.cfg.deep_window_s));
         {
             let Ok(mut last) = self.last_deep_all.lock() else {
                 return;
@@ -498,16 +501,7 @@ impl Server {
             };
             *last = Some((std::time::Instant::now(), gap, named));
         }
-        let ids: Vec<String> = self
-            .agents
-            .lock()
-            .map(|a| {
-                a.values()
-                    .filter(|a| a.connected)
-                    .map(|a| a.agent_id.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let ids = self.connected_agent_ids();
         let line = format!(
             "{} SLOWER job step {:.1} ms vs {:.1} ms before (iteration {}) with no rank named: deep probes on {} agent(s) for {} s",
             Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -533,6 +527,61 @@ impl Server {
             );
             debug!(agent = %id, sent, "deep-probe window requested (job slowed)");
         }
+    }
+
+    /// Keeps the deep probes on everywhere while a verdict that only they
+    /// can confirm is active (a GPU-side comparison needs every member's
+    /// GPU times, so every host): renews the job-wide window shortly before
+    /// it ends. Returns whether it is keeping them on.
+    fn renew_deep_for_active(&self, window: Duration) -> bool {
+        if !self.analyzer.active_needs_deep() {
+            return false;
+        }
+        let Ok(mut last) = self.last_deep_all.lock() else {
+            return false;
+        };
+        let margin = Duration::from_secs(3).min(window / 2);
+        if let Some((t, _, _)) = *last {
+            if t.elapsed() + margin < window {
+                return true;
+            }
+        }
+        *last = Some((
+            std::time::Instant::now(),
+            window,
+            self.analyzer.verdicts_opened(),
+        ));
+        drop(last);
+        let ids = self.connected_agent_ids();
+        info!(
+            agents = ids.len(),
+            seconds = self.cfg.deep_window_s,
+            "deep probes kept on: an active verdict rests on GPU-side or verbs evidence"
+        );
+        for id in ids {
+            self.ingest.send_control(
+                &id,
+                Control {
+                    deep_enable: true,
+                    seconds: self.cfg.deep_window_s,
+                    ranks: Vec::new(),
+                    launch_sites: false,
+                },
+            );
+        }
+        true
+    }
+
+    fn connected_agent_ids(&self) -> Vec<String> {
+        self.agents
+            .lock()
+            .map(|a| {
+                a.values()
+                    .filter(|a| a.connected)
+                    .map(|a| a.agent_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Deep probes (verbs, per-launch timing) for the suspect's host.

@@ -338,6 +338,10 @@ pub struct Stats {
     /// rank → the ranks it sends to or receives from point to point
     /// (pipeline neighbours), at most [`MAX_P2P_PEERS`] each.
     p2p_peers: HashMap<u32, Vec<u32>>,
+    /// rank → the ranks it shares a collective communicator with inside one
+    /// host (tensor parallel over NVLink): waits there have no GPU-side
+    /// times, so they never explain its lateness.
+    blind_partners: HashMap<u32, Vec<u32>>,
     pub dropped_late: u64,
     pub dropped_overflow: u64,
     sealed_through: Option<u64>,
@@ -354,6 +358,7 @@ impl Stats {
             lateness_gauge: HashMap::new(),
             recent: HashMap::new(),
             p2p_peers: HashMap::new(),
+            blind_partners: HashMap::new(),
             dropped_late: 0,
             dropped_overflow: 0,
             sealed_through: None,
@@ -367,6 +372,11 @@ impl Stats {
     /// The rank's point-to-point peers seen so far (pipeline neighbours).
     pub fn p2p_peers(&self, rank: u32) -> &[u32] {
         self.p2p_peers.get(&rank).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Ranks sharing a one-host collective communicator with `rank`.
+    pub fn blind_partners(&self, rank: u32) -> &[u32] {
+        self.blind_partners.get(&rank).map_or(&[], |v| v.as_slice())
     }
 
     /// Members of the rank's reference communicator (itself included).
@@ -407,6 +417,20 @@ impl Stats {
             for a in &inst.members {
                 for b in inst.members.iter().filter(|b| b.rank != a.rank) {
                     let v = self.p2p_peers.entry(a.rank).or_default();
+                    if !v.contains(&b.rank) && v.len() < MAX_P2P_PEERS {
+                        v.push(b.rank);
+                    }
+                }
+            }
+        }
+        let one_host = inst
+            .members
+            .first()
+            .is_some_and(|f| inst.members.iter().all(|m| m.host == f.host));
+        if !p2p && one_host && inst.basis == Basis::Host {
+            for a in &inst.members {
+                for b in inst.members.iter().filter(|b| b.rank != a.rank) {
+                    let v = self.blind_partners.entry(a.rank).or_default();
                     if !v.contains(&b.rank) && v.len() < MAX_P2P_PEERS {
                         v.push(b.rank);
                     }

@@ -389,7 +389,8 @@ pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
         u64::from(user::<u32>(sg + SGE_LENGTH_OFF)),
         user::<u64>(wr),
         user::<u32>(wr + WR_OPCODE_OFF) as u64,
-        user::<u32>(wr + WR_NUM_SGE_OFF) as u64 | (user::<u32>(wr + WR_SEND_FLAGS_OFF) as u64) << 32,
+        user::<u32>(wr + WR_NUM_SGE_OFF) as u64
+            | (user::<u32>(wr + WR_SEND_FLAGS_OFF) as u64) << 32,
     ];
     emit(ctx.as_ptr(), CallKind::Entry, args, 0, who);
     0

@@ -458,8 +458,8 @@ impl GpuSide {
         let local_members = local.get(&q.comm);
         let mut found = None;
         for (&seq, h) in c.held.range(start..) {
-            let remote = h.rec.peer >= 0
-                && !local_members.is_some_and(|l| l.contains(&(h.rec.peer as u32)));
+            let remote =
+                h.rec.peer >= 0 && !local_members.is_some_and(|l| l.contains(&(h.rec.peer as u32)));
             if h.rec.op != CollOp::Recv || !remote || q.peer.is_some_and(|p| p != h.rec.peer) {
                 continue;
             }
@@ -711,9 +711,7 @@ mod tests {
         g.post(100, wr(4, 0), 400, false, &local);
         // Receive 5 is issued after its clear-to-send went out.
         g.post(100, wr(5, 0), 500, true, &local);
-        assert!(g
-            .issue(rec(9, 5, CollOp::Recv, 2), 490, &local)
-            .is_none());
+        assert!(g.issue(rec(9, 5, CollOp::Recv, 2), 490, &local).is_none());
         g.device_sync(600, 700);
         let mut r = g.take_released();
         r.sort_by_key(|r| r.seq);
