@@ -170,9 +170,13 @@ struct Core {
     last_t: Option<CoordNs>,
     last_sealed: Option<u64>,
     lost_by_root: HashMap<u32, f64>,
-    /// Slow NIC rank → the verbs peers whose transfers with it were slow
-    /// (the last time it was seen), for its victims while its verdict lasts.
+    /// Slow NIC rank → its verbs peers and the other members of its
+    /// collectives between hosts (the last time it was seen): its victims
+    /// while its verdict lasts.
     nic_peers: HashMap<u32, Vec<u32>>,
+    /// Last iteration a GPU-bound suspect was held for the deep set to
+    /// confirm (see [`Analyzer::confirmation_wanted`]).
+    held_for_deep: Option<u64>,
     /// Durations of the last sealed iterations (ns), oldest first.
     steps: VecDeque<f64>,
 }
@@ -234,6 +238,7 @@ impl Analyzer {
             last_sealed: None,
             lost_by_root: HashMap::new(),
             nic_peers: HashMap::new(),
+            held_for_deep: None,
             steps: VecDeque::new(),
         };
         Self {
@@ -1111,6 +1116,23 @@ impl Analyzer {
                 .reference_comm(s.rank)
                 .and_then(|c| core.stats.order_persistence(c));
             let c = classify::classify_straggler(&window, cpu.as_ref(), persistence, min_frac);
+            // Host-side times say only that this rank's GPU work ran long:
+            // kernels or transfers (a slow NIC drains the stream just the
+            // same). Where the deep set can tell the two apart, it is asked
+            // to, and the rank waits for its answer instead of being named
+            // compute-slow on a guess.
+            if c.kind == classify::Kind::Compute
+                && !c.gpu_side
+                && core.stats.gpu_time_missing(s.rank, k)
+            {
+                tracing::debug!(
+                    rank = s.rank,
+                    iteration = k,
+                    "GPU-bound suspect held for the deep set"
+                );
+                core.held_for_deep = Some(k);
+                continue;
+            }
             let at = s.first_t.unwrap_or(from);
             obs.insert(
                 Subject::Rank(s.rank),
@@ -1155,7 +1177,11 @@ impl Analyzer {
                     continue;
                 }
                 let ratio = transfer_ratio(bucket, n.rank);
-                core.nic_peers.insert(n.rank, n.slow_peers.clone());
+                let mut peers = n.slow_peers.clone();
+                peers.extend(core.stats.inter_host_peers(n.rank));
+                peers.sort_unstable();
+                peers.dedup();
+                core.nic_peers.insert(n.rank, peers);
                 obs.insert(
                     Subject::Nic(n.rank),
                     Observation {
@@ -1303,6 +1329,16 @@ impl Analyzer {
             baseline_ms: b / 1e6,
             recent_ms: r / 1e6,
         })
+    }
+
+    /// A GPU-bound suspect was held in the last iterations because only the
+    /// deep set can tell a slow GPU from a slow NIC: deep probes are wanted.
+    pub fn confirmation_wanted(&self) -> bool {
+        let core = lock(&self.core);
+        match (core.held_for_deep, core.last_sealed) {
+            (Some(h), Some(l)) => h + 3 >= l,
+            _ => false,
+        }
     }
 
     /// Verdicts opened so far (active or not).
@@ -1574,7 +1610,7 @@ fn passed_along(mine: f64, mut neighbours: impl Iterator<Item = f64>) -> bool {
 }
 
 /// A rank on a slow link or NIC finishes its transfers late, and so do the
-/// peers it transfers with (a slow NIC slows its ring neighbours' receives):
+/// peers it transfers with (a ring all-reduce runs at its slowest link):
 /// their GPUs reach the next collectives late, and that lateness is the
 /// communication fault's, not a second (compute or host) one. Named links
 /// and NICs count whether seen in this iteration or by an active verdict

@@ -478,9 +478,11 @@ impl Server {
         if self.renew_deep_for_active(window) {
             return;
         }
-        let Some(sd) = self.analyzer.slowdown() else {
+        let sd = self.analyzer.slowdown();
+        let confirm = self.analyzer.confirmation_wanted();
+        if sd.is_none() && !confirm {
             return;
-        };
+        }
         {
             let Ok(mut last) = self.last_deep_all.lock() else {
                 return;
@@ -502,12 +504,16 @@ impl Server {
             *last = Some((std::time::Instant::now(), gap, named));
         }
         let ids = self.connected_agent_ids();
+        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let why = match sd {
+            Some(sd) => format!(
+                "SLOWER job step {:.1} ms vs {:.1} ms before (iteration {}) with no rank named",
+                sd.recent_ms, sd.baseline_ms, sd.iteration
+            ),
+            None => "SUSPECT a rank's GPU work runs long; a slow GPU or a slow NIC, only GPU-side times tell".into(),
+        };
         let line = format!(
-            "{} SLOWER job step {:.1} ms vs {:.1} ms before (iteration {}) with no rank named: deep probes on {} agent(s) for {} s",
-            Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            sd.recent_ms,
-            sd.baseline_ms,
-            sd.iteration,
+            "{now} {why}: deep probes on {} agent(s) for {} s",
             ids.len(),
             self.cfg.deep_window_s
         );

@@ -239,6 +239,8 @@ pub struct RankIter {
     /// Transfer time × members over instances containing the rank.
     pub xfer_member_ns: f64,
     pub xfer_n: u32,
+    /// Its own time in transfers (GPU-side, deep set): last arrival to done.
+    pub xfer_ns: f64,
     pub err_max: f64,
     pub first_t: Option<CoordNs>,
     pub nccl_errors: u32,
@@ -342,6 +344,12 @@ pub struct Stats {
     /// host (tensor parallel over NVLink): waits there have no GPU-side
     /// times, so they never explain its lateness.
     blind_partners: HashMap<u32, Vec<u32>>,
+    /// Ranks in some instance spanning hosts: the deep set can time them.
+    crosses_hosts: std::collections::HashSet<u32>,
+    /// Collective communicators whose instances span hosts.
+    spanning_comms: std::collections::HashSet<u64>,
+    /// rank → the last iteration it was in an instance timed GPU-side.
+    gpu_timed: HashMap<u32, u64>,
     pub dropped_late: u64,
     pub dropped_overflow: u64,
     sealed_through: Option<u64>,
@@ -359,6 +367,9 @@ impl Stats {
             recent: HashMap::new(),
             p2p_peers: HashMap::new(),
             blind_partners: HashMap::new(),
+            crosses_hosts: std::collections::HashSet::new(),
+            spanning_comms: std::collections::HashSet::new(),
+            gpu_timed: HashMap::new(),
             dropped_late: 0,
             dropped_overflow: 0,
             sealed_through: None,
@@ -372,6 +383,30 @@ impl Stats {
     /// The rank's point-to-point peers seen so far (pipeline neighbours).
     pub fn p2p_peers(&self, rank: u32) -> &[u32] {
         self.p2p_peers.get(&rank).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Whether the deep set could time `rank` GPU-side (it takes part in
+    /// traffic between hosts) but has not around iteration `it`.
+    pub fn gpu_time_missing(&self, rank: u32, it: u64) -> bool {
+        self.crosses_hosts.contains(&rank) && self.gpu_timed.get(&rank).is_none_or(|t| t + 1 < it)
+    }
+
+    /// Every other member of the collective communicators spanning hosts
+    /// that `rank` is in: a ring all-reduce runs at its slowest link, so a
+    /// slow NIC holds all of them back.
+    pub fn inter_host_peers(&self, rank: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .spanning_comms
+            .iter()
+            .filter_map(|c| self.comm_members.get(c))
+            .filter(|m| m.contains(&rank))
+            .flatten()
+            .copied()
+            .filter(|r| *r != rank)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Ranks sharing a one-host collective communicator with `rank`.
@@ -427,6 +462,19 @@ impl Stats {
             .members
             .first()
             .is_some_and(|f| inst.members.iter().all(|m| m.host == f.host));
+        if !one_host {
+            self.crosses_hosts
+                .extend(inst.members.iter().map(|m| m.rank));
+            if !p2p {
+                self.spanning_comms.insert(inst.comm_id);
+            }
+        }
+        if inst.basis == Basis::Gpu {
+            for m in &inst.members {
+                let t = self.gpu_timed.entry(m.rank).or_insert(it);
+                *t = (*t).max(it);
+            }
+        }
         if !p2p && one_host && inst.basis == Basis::Host {
             for a in &inst.members {
                 for b in inst.members.iter().filter(|b| b.rank != a.rank) {
@@ -496,6 +544,7 @@ impl Stats {
             if let Some(x) = inst.transfer_ns {
                 acc.xfer_member_ns += x * n as f64;
                 acc.xfer_n += 1;
+                acc.xfer_ns += x;
             }
             if i == inst.last && inst.wait.iter().any(|w| *w > 0.0) {
                 acc.inflicted += inflicted;
@@ -640,16 +689,19 @@ impl Stats {
                     peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
                 let mut w: Vec<f64> = accs.iter().map(|a| a.wait_nonref).collect();
                 let mut s: Vec<f64> = accs.iter().map(|a| a.sync_wait).collect();
+                let mut x: Vec<f64> = accs.iter().map(|a| a.xfer_ns).collect();
                 let wm = median(&mut w).unwrap_or(0.0);
+                let xm = median(&mut x).unwrap_or(0.0);
                 let u: Vec<f64> = accs
                     .iter()
-                    .map(|a| a.late_sum - (a.wait_nonref - wm).max(0.0))
+                    .map(|a| a.late_sum - (a.wait_nonref - wm).max(0.0) - (a.xfer_ns - xm).max(0.0))
                     .collect();
                 let h: Vec<f64> = accs.iter().map(|a| a.host_late_sum).collect();
                 let (um, umad) = center_spread(&u);
                 let (hm, hmad) = center_spread(&h);
                 PeerCenter {
                     wait_med: wm,
+                    xfer_med: xm,
                     sync_med: median(&mut s).unwrap_or(0.0),
                     unexpl_med: um,
                     unexpl_mad: umad,
@@ -660,7 +712,11 @@ impl Stats {
             let (wait_med, sync_med, unexpl_med, unexpl_mad) =
                 (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
             let excess_wait = acc.wait_nonref - wait_med;
-            let unexplained = acc.late_sum - excess_wait.max(0.0);
+            // Time in transfers beyond its peers' (a slow NIC on its ring:
+            // the all-reduce ends late, so the rank reaches the next
+            // collective late) is the transfer's, not its own lateness.
+            let excess_xfer = (acc.xfer_ns - c.xfer_med).max(0.0);
+            let unexplained = acc.late_sum - excess_wait.max(0.0) - excess_xfer;
             let mad_floor = (0.005 * step_ns).max(10_000.0);
             let z = (unexplained - unexpl_med) / (1.4826 * unexpl_mad.max(mad_floor));
             let err_floor = acc.err_max * acc.ref_n as f64;
@@ -795,6 +851,7 @@ impl Stats {
 #[derive(Debug, Clone, Copy)]
 struct PeerCenter {
     wait_med: f64,
+    xfer_med: f64,
     sync_med: f64,
     unexpl_med: f64,
     unexpl_mad: f64,
