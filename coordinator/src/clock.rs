@@ -333,7 +333,12 @@ impl ClockEstimator {
     /// probe-only clock. A positive residual means this host reads late.
     pub fn apply_completion_residual(&mut self, residual_ns: f64) {
         self.completion_residual_ns = Some(residual_ns);
-        let bound = self.error_bound_ns();
+        // The probes' own bound, not the one widened past the last probe: a
+        // completion may refine the line only where the probes pin it.
+        let bound = match &self.fit {
+            Some(f) => f.error_bound_ns,
+            None => self.error_bound_ns(),
+        };
         if !bound.is_finite() {
             return;
         }
