@@ -462,12 +462,11 @@ impl Stats {
             .members
             .first()
             .is_some_and(|f| inst.members.iter().all(|m| m.host == f.host));
-        if !one_host {
+        // Once per communicator (a 4,096-rank all-reduce comes 100 times a
+        // second); a pair for each point-to-point instance.
+        if !one_host && (p2p || self.spanning_comms.insert(inst.comm_id)) {
             self.crosses_hosts
                 .extend(inst.members.iter().map(|m| m.rank));
-            if !p2p {
-                self.spanning_comms.insert(inst.comm_id);
-            }
         }
         if inst.basis == Basis::Gpu {
             for m in &inst.members {
