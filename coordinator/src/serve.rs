@@ -521,6 +521,11 @@ impl Server {
         if self.cfg.print_alerts {
             println!("{line}");
         }
+        self.deep_window_everywhere(ids);
+    }
+
+    /// A deep window of the configured length on every rank of each agent.
+    fn deep_window_everywhere(&self, ids: Vec<String>) {
         for id in ids {
             let sent = self.ingest.send_control(
                 &id,
@@ -531,7 +536,7 @@ impl Server {
                     launch_sites: false,
                 },
             );
-            debug!(agent = %id, sent, "deep-probe window requested (job slowed)");
+            debug!(agent = %id, sent, "deep-probe window requested (job-wide)");
         }
     }
 
@@ -564,17 +569,7 @@ impl Server {
             seconds = self.cfg.deep_window_s,
             "deep probes kept on: an active verdict rests on GPU-side or verbs evidence"
         );
-        for id in ids {
-            self.ingest.send_control(
-                &id,
-                Control {
-                    deep_enable: true,
-                    seconds: self.cfg.deep_window_s,
-                    ranks: Vec::new(),
-                    launch_sites: false,
-                },
-            );
-        }
+        self.deep_window_everywhere(ids);
         true
     }
 

@@ -57,6 +57,17 @@ impl NetOp {
         let chunks = bytes
             .div_ceil(model.chunk_bytes.max(1))
             .clamp(1, u64::from(model.max_chunks.max(1))) as u32;
+        let chunk_bytes = (bytes / u64::from(chunks)).clamp(1, u64::from(u32::MAX)) as u32;
+        let wr = (IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED);
+        Self::with((qp, cq, lkey, addr), chunks, chunk_bytes, wr)
+    }
+
+    fn with(
+        (qp, cq, lkey, addr): (usize, usize, u32, u64),
+        chunks: u32,
+        chunk_bytes: u32,
+        (opcode, send_flags): (std::ffi::c_int, std::ffi::c_uint),
+    ) -> Arc<Self> {
         Arc::new(Self {
             id: NEXT_OP.fetch_add(1, Ordering::Relaxed),
             qp,
@@ -64,9 +75,9 @@ impl NetOp {
             lkey,
             addr,
             chunks,
-            chunk_bytes: (bytes / u64::from(chunks)).clamp(1, u64::from(u32::MAX)) as u32,
-            opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
-            send_flags: IBV_SEND_SIGNALED,
+            chunk_bytes,
+            opcode,
+            send_flags,
             plan: Mutex::new(None),
             st: Mutex::new((0, 0, false)),
             cv: Condvar::new(),
@@ -81,22 +92,8 @@ impl NetOp {
     /// One post, so it marks the receiver's GPU arrival the way a sender's
     /// first chunk marks the sender's.
     pub fn clear_to_send(qp: usize, cq: usize, lkey: u32, addr: u64) -> Arc<Self> {
-        Arc::new(Self {
-            id: NEXT_OP.fetch_add(1, Ordering::Relaxed),
-            qp,
-            cq,
-            lkey,
-            addr,
-            chunks: 1,
-            chunk_bytes: CTS_BYTES,
-            opcode: IBV_WR_RDMA_WRITE,
-            send_flags: IBV_SEND_SIGNALED | IBV_SEND_INLINE,
-            plan: Mutex::new(None),
-            st: Mutex::new((0, 0, false)),
-            cv: Condvar::new(),
-            polled_all_ns: AtomicU64::new(0),
-            first_post_ns: AtomicU64::new(0),
-        })
+        let wr = (IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+        Self::with((qp, cq, lkey, addr), 1, CTS_BYTES, wr)
     }
 
     /// Lets the proxy post the rest of the data.
