@@ -441,39 +441,42 @@ fn fit_line(pts: &[Kept], wander: f64, max_drift: f64) -> Option<ClockFit> {
     let span = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
         - xs.iter().cloned().fold(f64::INFINITY, f64::min);
     // Drift needs a few seconds of baseline; before that a constant is safer.
-    let drift = if n >= 3 && span >= 2e9 && sxx > 0.0 {
+    let slope = (n >= 3 && span >= 2e9 && sxx > 0.0).then(|| {
         let sxy: f64 = xs
             .iter()
             .zip(pts)
             .zip(&w)
             .map(|((x, k), w)| w * (x - mean_x) * (k.theta - mean_y))
             .sum();
-        sxy / sxx
-    } else {
-        0.0
+        let d = sxy / sxx;
+        // Standard error of a weighted slope: the weights are 1/rtt², so the
+        // residual variance is in units of round trips and sxx matches it.
+        let s2 = xs
+            .iter()
+            .zip(pts)
+            .zip(&w)
+            .map(|((x, k), w)| w * (k.theta - mean_y - d * (x - mean_x)).powi(2))
+            .sum::<f64>()
+            / (n - 2).max(1) as f64;
+        (d, (s2 / sxx).sqrt())
+    });
+    // A slope within two standard errors of zero is noise: over a few
+    // seconds of jittery probes it tilted a drift-free host by 13 ppm,
+    // 50 µs at the line's end. Zero is then the better estimate.
+    let drift = match slope {
+        Some((d, se)) if d.abs() >= 2.0 * se => d,
+        _ => 0.0,
     };
-    let drift_fitted = drift != 0.0;
     let offset_ns = mean_y + drift * (0.0 - mean_x);
-    let mut f = ClockFit {
+    let f = ClockFit {
         ref_agent_ns,
         offset_ns,
         drift,
         error_bound_ns: 0.0,
         samples_used: n,
         first_agent_ns: pts[0].agent_ns,
-        extrapolation_rate: max_drift,
+        extrapolation_rate: slope.map_or(max_drift, |(_, se)| 2.0 * se + wander),
     };
-    if drift_fitted {
-        // Standard error of a weighted slope: the weights are 1/rtt², so the
-        // residual variance is in units of round trips and sxx matches it.
-        let s2 = pts
-            .iter()
-            .zip(&w)
-            .map(|(k, w)| w * (k.theta - eval(&f, k.agent_ns)).powi(2))
-            .sum::<f64>()
-            / (n - 2).max(1) as f64;
-        f.extrapolation_rate = 2.0 * (s2 / sxx).sqrt() + wander;
-    }
     let resid_rms = (pts
         .iter()
         .map(|k| (k.theta - eval(&f, k.agent_ns)).powi(2))
