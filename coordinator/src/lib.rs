@@ -34,6 +34,7 @@ pub mod tls;
 pub mod trace;
 pub mod validate;
 pub mod verdict;
+pub mod victims;
 
 pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics, Slowdown};
 pub use clock::{ClockSample, CoordNs};

@@ -1,0 +1,315 @@
+//! Victims, not roots: rules that hand a finding to its cause.
+//!
+//! The wait graph explains a rank's lateness by the waits it measured. Some
+//! waits have no GPU-side time at all (tensor parallel over NVLink, a
+//! pipeline receive outside the deep set, a transfer stretched by a slow
+//! NIC), so the rank waiting there looks late on its own. These rules run
+//! on one iteration's observations, before the verdict lifecycle, and drop
+//! such victims — handing their cost to the cause where it is named.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::classify;
+use crate::verdict::{Observation, Subject};
+
+/// Share of the job's GPU time an observation says its subject cost.
+pub(crate) fn cost_share(o: &Observation) -> f64 {
+    if o.exposure_ns > 0.0 {
+        o.lost_ns / o.exposure_ns
+    } else {
+        0.0
+    }
+}
+
+/// Each rank's share of the job lost, as observed in this iteration or by
+/// its active verdict (the larger), for ranks whose class passes `kind`.
+pub(crate) fn rank_costs<'a>(
+    obs: &BTreeMap<Subject, Observation>,
+    verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
+    kind: impl Fn(classify::Kind) -> bool,
+) -> HashMap<u32, f64> {
+    let mut costs: HashMap<u32, f64> = HashMap::new();
+    for (k, o) in obs {
+        if let (Subject::Rank(r), true) = (*k, kind(o.classification.kind)) {
+            costs.insert(r, cost_share(o));
+        }
+    }
+    for v in verdicts {
+        if v.active && kind(v.kind) && matches!(v.subject, Subject::Rank(_)) {
+            let c = costs.entry(v.rank).or_insert(0.0);
+            *c = c.max(v.cost_fraction);
+        }
+    }
+    costs
+}
+
+/// A compute-slow rank's GPU reaches each collective late, and its peers'
+/// transfers to it wait for it: its links look slow. A link or NIC costing
+/// [`PASSED_ALONG_RATIO`] times less than a compute-slow end of it (observed
+/// now, or by an active verdict) is that lateness passed into transfers.
+pub(crate) fn drop_passed_into_transfers<'a>(
+    obs: &mut BTreeMap<Subject, Observation>,
+    verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
+) {
+    let compute = rank_costs(obs, verdicts, |k| k == classify::Kind::Compute);
+    obs.retain(|k, o| {
+        let ends = match *k {
+            Subject::Nic(r) => vec![r],
+            Subject::Link(a, b) => vec![a, b],
+            _ => return true,
+        };
+        let keep = !passed_along(
+            cost_share(o),
+            ends.iter().filter_map(|r| compute.get(r).copied()),
+        );
+        if !keep {
+            tracing::debug!(subject = ?k, "slow transfers of a compute-slow rank: not a link finding");
+        }
+        keep
+    });
+}
+
+/// How many times more a pipeline neighbour must cost for a rank's own
+/// cost to count as passed along from it.
+const PASSED_ALONG_RATIO: f64 = 4.0;
+
+/// Whether a rank costing `mine` only relays the lateness of a pipeline
+/// neighbour costing one of `neighbours`.
+pub(crate) fn passed_along(mine: f64, mut neighbours: impl Iterator<Item = f64>) -> bool {
+    neighbours.any(|c| c > 0.0 && c >= PASSED_ALONG_RATIO * mine)
+}
+
+/// A rank on a slow link or NIC finishes its transfers late, and so do the
+/// peers it transfers with (a ring all-reduce runs at its slowest link):
+/// their GPUs reach the next collectives late, and that lateness is the
+/// communication fault's, not a second (compute or host) one. Named links
+/// and NICs count whether seen in this iteration or by an active verdict
+/// (their verbs evidence comes and goes with the traffic). The GPU time
+/// lost to the dropped ranks goes to the NIC or link seen now (the largest
+/// one: the victims wait side by side, not one after another). A rank with
+/// both faults is named for its link until the link recovers.
+pub(crate) fn relay_transfer_lateness<'a>(
+    obs: &mut BTreeMap<Subject, Observation>,
+    verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
+    nic_peers: &HashMap<u32, Vec<u32>>,
+) {
+    let ends = |s: Subject| -> Vec<u32> {
+        match s {
+            Subject::Nic(r) => std::iter::once(r)
+                .chain(nic_peers.get(&r).into_iter().flatten().copied())
+                .collect(),
+            Subject::Link(a, b) => vec![a, b],
+            _ => Vec::new(),
+        }
+    };
+    let mut owner: HashMap<u32, Subject> = HashMap::new();
+    for v in verdicts.filter(|v| v.active) {
+        for r in ends(v.subject) {
+            owner.insert(r, v.subject);
+        }
+    }
+    for k in obs.keys() {
+        for r in ends(*k) {
+            owner.insert(r, *k);
+        }
+    }
+    let mut relayed: HashMap<Subject, f64> = HashMap::new();
+    obs.retain(|k, o| match *k {
+        Subject::Rank(r) => match owner.get(&r) {
+            Some(s) => {
+                let m = relayed.entry(*s).or_default();
+                *m = m.max(o.lost_ns);
+                false
+            }
+            None => true,
+        },
+        _ => true,
+    });
+    for (s, lost) in relayed {
+        if let Some(o) = obs.get_mut(&s) {
+            o.lost_ns += lost;
+        }
+    }
+}
+
+/// How much later than a rank its one-host partner must be for the rank's
+/// own lateness to count as waiting for that partner.
+const BLIND_WAIT_RATIO: f64 = 1.15;
+
+/// Tensor-parallel partners inside one host synchronise over NVLink, where
+/// no GPU-side time exists: a rank that waited there for a slow partner
+/// reaches the next inter-host collective late and looks like a straggler
+/// of its own. Both are late by about as much, but the slow one is later
+/// (it also runs slow between the syncs). A named rank whose one-host
+/// partner is named too and clearly later (`BLIND_WAIT_RATIO`) is dropped,
+/// and the GPU time lost to it goes to that partner. A host slow as a
+/// whole keeps its ranks within the ratio of each other, so they stay for
+/// the host-wide merge.
+pub(crate) fn relay_blind_waits<'a>(
+    obs: &mut BTreeMap<Subject, Observation>,
+    partners: impl Fn(u32) -> &'a [u32],
+) {
+    let late: HashMap<u32, f64> = obs
+        .iter()
+        .filter_map(|(k, o)| match *k {
+            Subject::Rank(r) => Some((r, o.late_ns)),
+            _ => None,
+        })
+        .collect();
+    let mut moved: Vec<(u32, u32, f64)> = Vec::new();
+    for (k, o) in obs.iter() {
+        let Subject::Rank(r) = *k else { continue };
+        let later = partners(r)
+            .iter()
+            .filter_map(|q| late.get(q).map(|l| (*q, *l)))
+            .filter(|(_, l)| *l > 0.0 && *l >= BLIND_WAIT_RATIO * o.late_ns.max(0.0))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((q, _)) = later {
+            moved.push((r, q, o.lost_ns));
+        }
+    }
+    // The latest of a group keeps its finding: it is later than each of the
+    // others, so it is never moved itself.
+    for (r, q, lost) in moved {
+        obs.remove(&Subject::Rank(r));
+        if let Some(t) = obs.get_mut(&Subject::Rank(q)) {
+            t.lost_ns += lost;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observation(kind: classify::Kind, rank: u32, cost: f64) -> Observation {
+        Observation {
+            classification: classify::Classification {
+                kind,
+                confidence: 0.9,
+                evidence: Vec::new(),
+                gpu_side: false,
+            },
+            rank,
+            host: "h".into(),
+            link: None,
+            ranks: Vec::new(),
+            clock_error_ns: 0.0,
+            late_ns: 0.0,
+            lost_ns: cost * 1e9,
+            exposure_ns: 1e9,
+            at: 0,
+            wall: None,
+        }
+    }
+
+    #[test]
+    fn links_of_a_much_costlier_compute_straggler_are_its_lateness() {
+        use classify::Kind::{Communication, Compute, Host};
+        let mut obs = BTreeMap::from([
+            (Subject::Rank(5), observation(Compute, 5, 0.30)),
+            (Subject::Link(2, 5), observation(Communication, 2, 0.05)),
+            (Subject::Link(0, 7), observation(Communication, 0, 0.05)),
+            (Subject::Nic(5), observation(Communication, 5, 0.10)),
+        ]);
+        drop_passed_into_transfers(&mut obs, std::iter::empty());
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        // 2↔5 at 5% beside 30% goes; 0↔7 does not touch rank 5; the NIC
+        // at 10% is not 4× cheaper.
+        assert_eq!(
+            keys,
+            vec![Subject::Rank(5), Subject::Nic(5), Subject::Link(0, 7)]
+        );
+        // A host-slow end does not explain slow transfers.
+        let mut obs = BTreeMap::from([
+            (Subject::Rank(5), observation(Host, 5, 0.30)),
+            (Subject::Link(2, 5), observation(Communication, 2, 0.05)),
+        ]);
+        drop_passed_into_transfers(&mut obs, std::iter::empty());
+        assert_eq!(obs.len(), 2);
+    }
+
+    #[test]
+    fn ring_neighbours_of_a_slow_nic_are_its_victims() {
+        use classify::Kind::{Communication, Compute};
+        // tp4-dp4: rank 6's NIC at 30%; its ring neighbours 2 and 10 finish
+        // their all-reduces late and looked compute-slow.
+        let nic_peers = HashMap::from([(6, vec![2, 10])]);
+        let mut obs = BTreeMap::from([
+            (Subject::Nic(6), observation(Communication, 6, 0.04)),
+            (Subject::Rank(2), observation(Compute, 2, 0.16)),
+            (Subject::Rank(10), observation(Compute, 10, 0.14)),
+            (Subject::Rank(3), observation(Compute, 3, 0.05)),
+        ]);
+        relay_transfer_lateness(&mut obs, std::iter::empty(), &nic_peers);
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(3), Subject::Nic(6)]);
+        assert!((cost_share(&obs[&Subject::Nic(6)]) - 0.20).abs() < 1e-9);
+        // An iteration without verbs evidence: the active verdict still
+        // speaks for its NIC, so rank 6 itself is not a compute finding.
+        let mut lc = crate::verdict::Lifecycle::new(crate::verdict::LifecycleConfig {
+            warmup_iterations: 0,
+            ..Default::default()
+        });
+        for it in 0..10 {
+            let nic = observation(Communication, 6, 0.04);
+            lc.step(it, BTreeMap::from([(Subject::Nic(6), nic)]));
+        }
+        assert!(lc.verdicts().any(|v| v.active));
+        let mut obs = BTreeMap::from([
+            (Subject::Rank(6), observation(Compute, 6, 0.2)),
+            (Subject::Rank(10), observation(Compute, 10, 0.2)),
+        ]);
+        relay_transfer_lateness(&mut obs, lc.verdicts(), &nic_peers);
+        assert!(obs.is_empty());
+    }
+
+    #[test]
+    fn a_tensor_parallel_partner_of_a_later_rank_only_waited_for_it() {
+        use classify::Kind::Compute;
+        let late = |rank: u32, late_ms: f64, cost: f64| {
+            let mut o = observation(Compute, rank, cost);
+            o.late_ns = late_ms * 1e6;
+            (Subject::Rank(rank), o)
+        };
+        // tp2-pp2-dp4: rank 9's GPU is slow; its partner 8 waits for it in
+        // every tensor-parallel all-reduce and arrives 132 vs 163 ms late.
+        let mut obs = BTreeMap::from([
+            late(8, 132.0, 0.12),
+            late(9, 163.0, 0.22),
+            late(3, 40.0, 0.05),
+        ]);
+        let partners = |r: u32| -> &'static [u32] {
+            match r {
+                8 => &[9],
+                9 => &[8],
+                _ => &[],
+            }
+        };
+        relay_blind_waits(&mut obs, partners);
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(3), Subject::Rank(9)]);
+        let nine = &obs[&Subject::Rank(9)];
+        assert!(
+            (cost_share(nine) - 0.34).abs() < 1e-9,
+            "{}",
+            cost_share(nine)
+        );
+        // A host slow as a whole: partners within the ratio both stay.
+        let mut obs = BTreeMap::from([late(8, 150.0, 0.2), late(9, 160.0, 0.2)]);
+        relay_blind_waits(&mut obs, partners);
+        assert_eq!(obs.len(), 2);
+    }
+
+    #[test]
+    fn a_pipeline_neighbour_of_a_much_costlier_rank_only_relays_it() {
+        // pp4-dp2: rank 5 host-slow costing 40 % of the job; its next stage
+        // waits for its sends and looked "compute-slow" costing 3 %.
+        assert!(passed_along(0.03, [0.40].into_iter()));
+        // Two real faults of similar cost on neighbouring stages stay two.
+        assert!(!passed_along(0.15, [0.40].into_iter()));
+        // No neighbour named, or one that costs nothing: nothing to relay.
+        assert!(!passed_along(0.03, std::iter::empty()));
+        assert!(!passed_along(0.0, [0.0].into_iter()));
+    }
+}
