@@ -809,6 +809,7 @@ impl Analyzer {
                     end: clock(&host, i.end_ns).0,
                     launches: i.launches,
                     sync_wait_ns: i.sync_wait_ns,
+                    oncpu_ns: i.oncpu_ns,
                     runq_delay_ns: i.runq_delay_ns,
                     offcpu_ns: i.offcpu_ns,
                 },
@@ -1135,6 +1136,16 @@ impl Analyzer {
                     "GPU-bound suspect held for the deep set"
                 );
                 core.held_for_deep = Some(k);
+                continue;
+            }
+            // Two ranks: no majority says who is odd (see `stands_alone`).
+            if s.peers < 3 && !classify::stands_alone(&c, &window, cpu.as_ref()) {
+                tracing::debug!(
+                    rank = s.rank,
+                    iteration = k,
+                    kind = c.kind.as_str(),
+                    "suspect on a two-rank communicator without direct evidence of its class: not named"
+                );
                 continue;
             }
             let at = s.first_t.unwrap_or(from);

@@ -150,6 +150,11 @@ pub fn classify_straggler(
         0.0
     };
     let gpu_side = gpu_known && host_mean < 0.5 * gpu_mean;
+    // The scheduler's split over the same window: a host that is late
+    // because it works, waits for a CPU or sleeps longer spends that much
+    // more of its time outside GPU syncs. A slow GPU does the opposite (its
+    // host waits longer in syncs).
+    let cpu_host = cpu_corroborates_host(window, cpu);
     let (kind, clarity) = if gpu_side {
         ev.push(format!(
             "GPU-side lateness {} per collective vs host-side {}",
@@ -182,6 +187,15 @@ pub fn classify_straggler(
             Kind::Host,
             drained.min(1.0) * if gpu_known { 1.0 } else { 0.8 },
         )
+    } else if cpu_host && !gpu_known {
+        ev.push(format!(
+            "host-side lateness {} per collective; its sync waits did not shrink ({} vs peers) but its host spent {:.1}% more of its time outside GPU syncs than its peers'",
+            fmt_ns(host_mean),
+            fmt_ns(sync_excess),
+            100.0 * cpu.map_or(0.0, CpuEvidence::host_excess)
+        ));
+        ev.push("the host reached the collectives late; its GPU was not the bottleneck".into());
+        (Kind::Host, 0.6)
     } else {
         ev.push(format!(
             "host-side lateness {} per collective{} but its sync waits did not shrink ({} vs peers): its GPU is the bottleneck",
@@ -199,6 +213,13 @@ pub fn classify_straggler(
     };
     if kind == Kind::Host {
         if let Some(c) = cpu {
+            if c.measured && c.oncpu_frac > c.oncpu_frac_peers + 0.01 {
+                ev.push(format!(
+                    "on a CPU {:.1}% of wall time vs {:.1}% on peers: more host work",
+                    100.0 * c.oncpu_frac,
+                    100.0 * c.oncpu_frac_peers
+                ));
+            }
             if c.runq_frac > c.runq_frac_peers + 0.01 {
                 ev.push(format!(
                     "run-queue delay {:.1}% of wall time vs {:.1}% on peers: CPU contention",
@@ -239,6 +260,43 @@ pub fn classify_straggler(
         confidence: confidence.clamp(0.0, 0.99),
         evidence: ev,
         gpu_side,
+    }
+}
+
+/// Whether the scheduler's split of the rank's time (over the intervals
+/// covering `window`) shows the extra host time its lateness claims: at
+/// least half its lateness share of the step, and 2% of wall time, more
+/// outside GPU syncs than its peers. Run-queue delay counts half: on an
+/// oversubscribed host it moves from rank to rank between intervals, while
+/// work and sleep are the rank's own.
+pub fn cpu_corroborates_host(window: &[RankScore], cpu: Option<&CpuEvidence>) -> bool {
+    let Some(c) = cpu.filter(|c| c.measured) else {
+        return false;
+    };
+    let unexplained = mean(window.iter().map(|s| s.unexplained_ns));
+    let step = mean(window.iter().map(|s| s.step_ns)).max(1.0);
+    let excess = c.host_excess() - 0.5 * (c.runq_frac - c.runq_frac_peers);
+    excess >= (0.5 * unexplained / step).max(0.02)
+}
+
+/// Whether a class stands without a majority. On a two-rank reference
+/// communicator one rank is always last, and a host that ran behind by
+/// chance for a few steps looks like a straggler; only direct evidence of
+/// the class names it: GPU-side lateness, or a host that waited longer for
+/// its GPU (compute), or the scheduler's split (host).
+pub fn stands_alone(c: &Classification, window: &[RankScore], cpu: Option<&CpuEvidence>) -> bool {
+    match c.kind {
+        Kind::Host => cpu_corroborates_host(window, cpu),
+        Kind::Compute => {
+            let host_mean = mean(
+                window
+                    .iter()
+                    .map(|s| s.host_late_ns / s.ref_n.max(1) as f64),
+            );
+            let sync_excess = mean(window.iter().map(|s| s.sync_excess_ns));
+            c.gpu_side || (host_mean > 0.0 && sync_excess >= 0.5 * host_mean)
+        }
+        Kind::Communication | Kind::Hang => true,
     }
 }
 
@@ -366,5 +424,67 @@ mod tests {
         let h = classify_straggler(&[score(4e6, None, -2e6)], None, None, 0.04);
         assert_eq!(h.kind, Kind::Host);
         assert!(h.confidence <= 0.8);
+    }
+
+    fn cpu(on: f64, runq: f64, off: f64, peers: (f64, f64, f64)) -> CpuEvidence {
+        CpuEvidence {
+            measured: true,
+            oncpu_frac: on,
+            oncpu_frac_peers: peers.0,
+            runq_frac: runq,
+            runq_frac_peers: peers.1,
+            offcpu_frac: off,
+            offcpu_frac_peers: peers.2,
+            launches_per_s: 1000.0,
+            launches_per_s_peers: 1000.0,
+        }
+    }
+
+    #[test]
+    fn a_host_on_two_ranks_needs_the_scheduler_to_show_its_extra_time() {
+        // 4 ms late per 30 ms step (13%): half of that must show.
+        let w = [score(4e6, None, -3e6)];
+        let c = classify_straggler(&w, None, None, 0.04);
+        assert_eq!(c.kind, Kind::Host);
+        let peers = (0.06, 0.2, 0.24);
+        // Asleep outside syncs 15% more of the time: a slow data loader.
+        assert!(stands_alone(&c, &w, Some(&cpu(0.06, 0.2, 0.39, peers))));
+        // 10% more run-queue delay counts half: not enough alone.
+        assert!(!stands_alone(&c, &w, Some(&cpu(0.06, 0.3, 0.24, peers))));
+        // The same as its peer: it ran behind by chance.
+        assert!(!stands_alone(&c, &w, Some(&cpu(0.06, 0.2, 0.24, peers))));
+        // Not measured: no evidence.
+        let mut unmeasured = cpu(0.0, 0.0, 0.0, (0.0, 0.0, 0.0));
+        unmeasured.measured = false;
+        assert!(!stands_alone(&c, &w, Some(&unmeasured)));
+        assert!(!stands_alone(&c, &w, None));
+    }
+
+    #[test]
+    fn compute_on_two_ranks_needs_longer_syncs_or_gpu_times() {
+        // Host-side lateness 1 ms per collective; sync waits not shorter.
+        let flat = [score(4e6, None, 0.0)];
+        let c = classify_straggler(&flat, None, None, 0.04);
+        assert_eq!(c.kind, Kind::Compute);
+        assert!(!stands_alone(&c, &flat, None));
+        let waited = [score(4e6, None, 1e6)];
+        let c = classify_straggler(&waited, None, None, 0.04);
+        assert_eq!(c.kind, Kind::Compute);
+        assert!(stands_alone(&c, &waited, None));
+        let gpu = [score(1e4, Some(4e6), 0.0)];
+        let c = classify_straggler(&gpu, None, None, 0.04);
+        assert!(c.gpu_side && stands_alone(&c, &gpu, None));
+    }
+
+    #[test]
+    fn extra_host_time_makes_a_flat_sync_host_not_compute() {
+        let w = [score(4e6, None, 0.0)];
+        let c = classify_straggler(
+            &w,
+            Some(&cpu(0.3, 0.2, 0.24, (0.06, 0.2, 0.24))),
+            None,
+            0.04,
+        );
+        assert_eq!(c.kind, Kind::Host, "{c:?}");
     }
 }

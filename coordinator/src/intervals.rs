@@ -12,13 +12,26 @@ pub struct IntervalObs {
     pub end: CoordNs,
     pub launches: u64,
     pub sync_wait_ns: u64,
+    /// Scheduler split of the main thread's time (all 0: not measured).
+    pub oncpu_ns: u64,
     pub runq_delay_ns: u64,
     pub offcpu_ns: u64,
+}
+
+impl IntervalObs {
+    fn sched_measured(&self) -> bool {
+        self.oncpu_ns + self.runq_delay_ns + self.offcpu_ns > 0
+    }
 }
 
 /// A rank's CPU picture over a window next to its peers' medians.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CpuEvidence {
+    /// Whether the scheduler split below was measured (the agent reads it;
+    /// synthetic or old streams may not carry it).
+    pub measured: bool,
+    pub oncpu_frac: f64,
+    pub oncpu_frac_peers: f64,
     pub runq_frac: f64,
     pub runq_frac_peers: f64,
     /// Off-CPU time not spent blocked in a GPU sync, as a fraction of wall time.
@@ -28,12 +41,32 @@ pub struct CpuEvidence {
     pub launches_per_s_peers: f64,
 }
 
+impl CpuEvidence {
+    /// How much more of its wall time the rank's host spent outside GPU
+    /// syncs than its peers' (on a CPU, waiting for one, or asleep): the
+    /// time a slow host adds. Zero when not measured.
+    pub fn host_excess(&self) -> f64 {
+        if !self.measured {
+            return 0.0;
+        }
+        (self.oncpu_frac + self.runq_frac + self.offcpu_frac)
+            - (self.oncpu_frac_peers + self.runq_frac_peers + self.offcpu_frac_peers)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct IntervalStore {
     per_rank: HashMap<u32, VecDeque<IntervalObs>>,
 }
 
 const KEEP: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct Fractions {
+    /// (on-CPU, run queue, off-CPU outside syncs), when measured.
+    sched: Option<(f64, f64, f64)>,
+    launches_per_s: f64,
+}
 
 impl IntervalStore {
     pub fn add(&mut self, rank: u32, o: IntervalObs) {
@@ -44,17 +77,26 @@ impl IntervalStore {
         }
     }
 
-    /// (runq, offcpu outside syncs, launches/s) over `[from, to]`.
-    fn fractions(&self, rank: u32, from: CoordNs, to: CoordNs) -> Option<(f64, f64, f64)> {
+    /// Fractions of wall time over the intervals overlapping `[from, to]`.
+    fn fractions(&self, rank: u32, from: CoordNs, to: CoordNs) -> Option<Fractions> {
         let q = self.per_rank.get(&rank)?;
-        let (mut dur, mut runq, mut off, mut launches) = (0f64, 0f64, 0f64, 0f64);
+        let (mut dur, mut launches) = (0f64, 0f64);
+        let (mut sdur, mut on, mut runq, mut off) = (0f64, 0f64, 0f64, 0f64);
         for o in q.iter().filter(|o| o.end >= from && o.start <= to) {
-            dur += (o.end - o.start).max(1) as f64;
-            runq += o.runq_delay_ns as f64;
-            off += o.offcpu_ns.saturating_sub(o.sync_wait_ns) as f64;
+            let d = (o.end - o.start).max(1) as f64;
+            dur += d;
             launches += o.launches as f64;
+            if o.sched_measured() {
+                sdur += d;
+                on += o.oncpu_ns as f64;
+                runq += o.runq_delay_ns as f64;
+                off += o.offcpu_ns.saturating_sub(o.sync_wait_ns) as f64;
+            }
         }
-        (dur > 0.0).then(|| (runq / dur, off / dur, launches / dur * 1e9))
+        (dur > 0.0).then(|| Fractions {
+            sched: (sdur > 0.0).then(|| (on / sdur, runq / sdur, off / sdur)),
+            launches_per_s: launches / dur * 1e9,
+        })
     }
 
     pub fn evidence(
@@ -64,8 +106,8 @@ impl IntervalStore {
         from: CoordNs,
         to: CoordNs,
     ) -> Option<CpuEvidence> {
-        let (r, o, l) = self.fractions(rank, from, to)?;
-        let others: Vec<(f64, f64, f64)> = peers
+        let me = self.fractions(rank, from, to)?;
+        let others: Vec<Fractions> = peers
             .iter()
             .filter(|p| **p != rank)
             .filter_map(|p| self.fractions(*p, from, to))
@@ -73,16 +115,64 @@ impl IntervalStore {
         if others.is_empty() {
             return None;
         }
-        let m = |f: fn(&(f64, f64, f64)) -> f64| {
-            median(&mut others.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0)
-        };
+        let med = |mut v: Vec<f64>| median(&mut v).unwrap_or(0.0);
+        let sched: Vec<(f64, f64, f64)> = others.iter().filter_map(|f| f.sched).collect();
+        let (on, runq, off) = me.sched.unwrap_or_default();
+        let measured = me.sched.is_some() && !sched.is_empty();
         Some(CpuEvidence {
-            runq_frac: r,
-            runq_frac_peers: m(|x| x.0),
-            offcpu_frac: o,
-            offcpu_frac_peers: m(|x| x.1),
-            launches_per_s: l,
-            launches_per_s_peers: m(|x| x.2),
+            measured,
+            oncpu_frac: on,
+            oncpu_frac_peers: med(sched.iter().map(|x| x.0).collect()),
+            runq_frac: runq,
+            runq_frac_peers: med(sched.iter().map(|x| x.1).collect()),
+            offcpu_frac: off,
+            offcpu_frac_peers: med(sched.iter().map(|x| x.2).collect()),
+            launches_per_s: me.launches_per_s,
+            launches_per_s_peers: med(others.iter().map(|f| f.launches_per_s).collect()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(start: CoordNs, on: u64, runq: u64, off: u64, sync: u64) -> IntervalObs {
+        IntervalObs {
+            start,
+            end: start + 200_000_000,
+            launches: 100,
+            sync_wait_ns: sync,
+            oncpu_ns: on,
+            runq_delay_ns: runq,
+            offcpu_ns: off,
+        }
+    }
+
+    #[test]
+    fn off_cpu_outside_syncs_is_compared_with_the_peers_median() {
+        let mut s = IntervalStore::default();
+        // 200 ms intervals: the suspect sleeps 80 ms outside syncs, its
+        // peers 40 ms; everyone 40 ms on a CPU and 40 ms runnable.
+        s.add(1, obs(0, 40_000_000, 40_000_000, 120_000_000, 40_000_000));
+        for p in [2, 3] {
+            s.add(p, obs(0, 40_000_000, 40_000_000, 120_000_000, 80_000_000));
+        }
+        let e = s.evidence(1, &[1, 2, 3], 0, 100_000_000).unwrap();
+        assert!(e.measured);
+        assert!((e.offcpu_frac - 0.4).abs() < 1e-9, "{e:?}");
+        assert!((e.offcpu_frac_peers - 0.2).abs() < 1e-9, "{e:?}");
+        assert!((e.host_excess() - 0.2).abs() < 1e-9, "{e:?}");
+    }
+
+    #[test]
+    fn unmeasured_intervals_are_no_evidence() {
+        let mut s = IntervalStore::default();
+        s.add(1, obs(0, 0, 0, 0, 40_000_000));
+        s.add(2, obs(0, 40_000_000, 40_000_000, 120_000_000, 80_000_000));
+        let e = s.evidence(1, &[1, 2], 0, 100_000_000).unwrap();
+        assert!(!e.measured);
+        assert_eq!(e.host_excess(), 0.0);
+        assert!(s.evidence(1, &[1], 0, 100_000_000).is_none());
     }
 }

@@ -976,6 +976,8 @@ impl Generator {
                 );
                 if s.intervals {
                     let dur = b - a;
+                    let runq = st.iter_runq + dur / 500;
+                    let off = st.iter_offcpu + st.iter_sync_wait;
                     intervals.push(RankInterval {
                         pid: 1000 + r,
                         rank: r,
@@ -985,9 +987,9 @@ impl Generator {
                         launch_ns: st.iter_launches * 3_000,
                         sync_calls: st.iter_sync_calls,
                         sync_wait_ns: st.iter_sync_wait,
-                        cpu_samples: dur / 20_000_000,
-                        runq_delay_ns: st.iter_runq + dur / 500,
-                        offcpu_ns: st.iter_offcpu + st.iter_sync_wait,
+                        oncpu_ns: dur.saturating_sub(runq + off),
+                        runq_delay_ns: runq,
+                        offcpu_ns: off,
                     });
                 }
                 if s.links && !self.stalled {

@@ -107,7 +107,7 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
                 launch_ns: u.arbitrary()?,
                 sync_calls: u.arbitrary()?,
                 sync_wait_ns: u.arbitrary()?,
-                cpu_samples: u.arbitrary()?,
+                oncpu_ns: u.arbitrary()?,
                 runq_delay_ns: u.arbitrary()?,
                 offcpu_ns: u.arbitrary()?,
             })

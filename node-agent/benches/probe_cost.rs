@@ -244,7 +244,9 @@ fn main() {
                         last_counts = Instant::now();
                         let c = p.cuda_counts().unwrap();
                         folder.launch_counts(&c);
-                        folder.close_intervals(mono_ns());
+                        folder.close_intervals(mono_ns(), |pid| {
+                            slowrank_agent::sched::SchedStat::read(pid).ok()
+                        });
                     }
                 }
                 if fold {

@@ -20,6 +20,7 @@ use crate::{
     discover::{self, DiscoverError, LibKind, Scanner},
     fold::{FoldDrops, Folder, Limits},
     probes::{ProbeError, Probes, RawEvent},
+    sched::SchedStat,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -479,7 +480,8 @@ impl Agent {
         let counts = self.probes.cuda_counts()?;
         self.folder.launch_counts(&counts);
         if close_interval {
-            self.folder.close_intervals(clock::mono_ns());
+            self.folder
+                .close_intervals(clock::mono_ns(), |pid| SchedStat::read(pid).ok());
         }
         let folded = self.folder.take();
         if folded.is_empty() && self.calls.is_empty() {

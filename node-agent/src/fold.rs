@@ -23,6 +23,7 @@ use crate::{
     clock::HostClock,
     gpuside::{GpuSide, GpuSideStats, LocalMembers},
     probes::RawEvent,
+    sched::{SchedDelta, SchedStat},
 };
 
 /// Bounds on per-process state.
@@ -139,6 +140,9 @@ struct Proc {
     iv_sync_wait: u64,
     iv_launches_base: u64,
     last_launches: u64,
+    /// The main thread's scheduler times when the interval opened (None
+    /// until first read: that interval reports none).
+    iv_sched: Option<SchedStat>,
     /// Per QP number (deep set): peer and traffic this interval.
     qps: HashMap<u32, Qp>,
     /// Communicator objects as the kernel read them at init/split return
@@ -300,6 +304,7 @@ impl Folder {
                 iv_sync_wait: 0,
                 iv_launches_base: 0,
                 last_launches: 0,
+                iv_sched: None,
                 qps: HashMap::new(),
                 snapshots: HashMap::new(),
                 posted: HashMap::new(),
@@ -332,8 +337,9 @@ impl Folder {
     pub fn remove_rank(&mut self, pid: u32, now_raw: u64) {
         self.limbo.remove(&pid);
         if self.procs.contains_key(&pid) {
-            // The rank's last, partial interval.
-            self.close_interval(pid, now_raw);
+            // The rank's last, partial interval (its scheduler times went
+            // with it).
+            self.close_interval(pid, now_raw, None);
         }
         if let Some(p) = self.procs.get_mut(&pid) {
             p.gpu.release_all();
@@ -817,17 +823,27 @@ impl Folder {
     }
 
     /// Closes the current interval of every rank at raw time `now_raw`.
-    pub fn close_intervals(&mut self, now_raw: u64) {
+    /// Closes every rank's interval; `sched` reads a rank's scheduler
+    /// times now (None: gone or unreadable, the interval reports none).
+    pub fn close_intervals(&mut self, now_raw: u64, sched: impl Fn(u32) -> Option<SchedStat>) {
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
-            self.close_interval(pid, now_raw);
+            let s = sched(pid);
+            self.close_interval(pid, now_raw, s);
         }
     }
 
-    fn close_interval(&mut self, pid: u32, now_raw: u64) {
+    fn close_interval(&mut self, pid: u32, now_raw: u64, sched: Option<SchedStat>) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.gpu.expire(now_raw);
             let launches = p.last_launches.saturating_sub(p.iv_launches_base);
+            let split = match (p.iv_sched, sched) {
+                (Some(a), Some(b)) => {
+                    SchedDelta::over(now_raw.saturating_sub(p.iv_start), b.since(&a))
+                }
+                _ => SchedDelta::default(),
+            };
+            p.iv_sched = sched;
             self.out.intervals.push(RankInterval {
                 pid,
                 rank: p.rank,
@@ -837,9 +853,9 @@ impl Folder {
                 launch_ns: 0,
                 sync_calls: p.iv_sync_calls,
                 sync_wait_ns: p.iv_sync_wait,
-                cpu_samples: 0,
-                runq_delay_ns: 0,
-                offcpu_ns: 0,
+                oncpu_ns: split.oncpu_ns,
+                runq_delay_ns: split.runq_ns,
+                offcpu_ns: split.offcpu_ns,
             });
             for (&qp_num, q) in &mut p.qps {
                 let announce = !q.announced && q.dest_qp_num != 0;

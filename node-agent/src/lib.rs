@@ -14,6 +14,7 @@ pub mod gpuside;
 pub mod gputime;
 pub mod output;
 pub mod probes;
+pub mod sched;
 pub mod ship;
 pub mod spool;
 pub mod stack_collector;

@@ -133,8 +133,10 @@ struct RunArgs {
     /// detection latency.
     #[arg(long, default_value_t = 50, value_name = "MS")]
     deep_flush_ms: u64,
-    /// Length of the per-rank counter intervals.
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    /// Length of the per-rank counter intervals (scheduler split, syncs,
+    /// launches). They corroborate a host-slow suspect, so their length is
+    /// detection latency; at least --flush-ms.
+    #[arg(long, default_value_t = 200, value_name = "MS")]
     interval_ms: u64,
     /// How often /proc is scanned for rank processes and new libraries.
     #[arg(long, default_value_t = 50, value_name = "MS")]

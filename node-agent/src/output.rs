@@ -81,7 +81,8 @@ pub fn write_records(out: &mut impl Write, batch: &Batch) -> std::io::Result<()>
     for i in &batch.intervals {
         line(
             json!({"type": "interval", "host": host, "pid": i.pid, "rank": i.rank, "start_ns": i.start_ns,
-            "end_ns": i.end_ns, "launches": i.launches, "sync_calls": i.sync_calls, "sync_wait_ns": i.sync_wait_ns}),
+            "end_ns": i.end_ns, "launches": i.launches, "sync_calls": i.sync_calls, "sync_wait_ns": i.sync_wait_ns,
+            "oncpu_ns": i.oncpu_ns, "runq_delay_ns": i.runq_delay_ns, "offcpu_ns": i.offcpu_ns}),
         )?;
     }
     for l in &batch.links {

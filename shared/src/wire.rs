@@ -29,7 +29,7 @@ use rkyv::{
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below.
-pub const SCHEMA_VERSION: u16 = 2;
+pub const SCHEMA_VERSION: u16 = 3;
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.
@@ -265,8 +265,13 @@ pub struct RankInterval {
     pub sync_calls: u64,
     /// Host time blocked in stream/event/device synchronize.
     pub sync_wait_ns: u64,
-    pub cpu_samples: u64,
+    /// The main thread's time on a CPU (scheduler accounting); 0 with
+    /// `runq_delay_ns` and `offcpu_ns` when not measured.
+    pub oncpu_ns: u64,
+    /// Runnable but waiting for a CPU.
     pub runq_delay_ns: u64,
+    /// Neither on a CPU nor runnable: asleep or blocked, blocking GPU
+    /// syncs included (`sync_wait_ns` says how much of it they were).
     pub offcpu_ns: u64,
 }
 

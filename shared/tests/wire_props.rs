@@ -86,7 +86,7 @@ fn interval() -> impl Strategy<Value = RankInterval> {
         launch_ns: w[3],
         sync_calls: w[4],
         sync_wait_ns: w[5],
-        cpu_samples: w[6],
+        oncpu_ns: w[6],
         runq_delay_ns: w[7],
         offcpu_ns: w[8],
     })
