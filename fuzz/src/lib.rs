@@ -9,8 +9,8 @@ use slowrank_coordinator::synth::{Generator, SynthSpec};
 use slowrank_coordinator::ClockSample;
 use slowrank_shared::probe::MAX_ARGS;
 use slowrank_shared::wire::{
-    Batch, CallRecord, CollOp, CollectiveRecord, CommRecord, LinkRecord, ProbeDesc, RankExit,
-    RankIdentity, RankInterval,
+    Batch, CallRecord, CollOp, CollectiveRecord, CommRecord, FoldedStack, LinkRecord, ProbeDesc,
+    RankExit, RankIdentity, RankInterval, StackView, StackWindow,
 };
 
 /// Keeps vectors small so one input explores structure, not bulk.
@@ -148,6 +148,28 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
         })?,
         ringbuf_drops: u.arbitrary()?,
         spool_drops: u.arbitrary()?,
+        stacks: vec_of(u, |u| {
+            Ok(StackWindow {
+                rank: u.arbitrary()?,
+                view: if u.arbitrary()? {
+                    StackView::Cpu
+                } else {
+                    StackView::Launch
+                },
+                start_ns: u.arbitrary()?,
+                end_ns: u.arbitrary()?,
+                strings: u.arbitrary()?,
+                stacks: vec_of(u, |u| {
+                    Ok(FoldedStack {
+                        frames: u.arbitrary()?,
+                        weight: u.arbitrary()?,
+                    })
+                })?,
+                records: u.arbitrary()?,
+                truncated: u.arbitrary()?,
+                overflow_weight: u.arbitrary()?,
+            })
+        })?,
     })
 }
 
