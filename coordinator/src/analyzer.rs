@@ -1266,7 +1266,18 @@ impl Analyzer {
             ),
             _ => true,
         });
-        relay_blind_waits(&mut obs, |r| core.stats.blind_partners(r));
+        let compute_active: std::collections::HashSet<u32> = core
+            .lifecycle
+            .verdicts()
+            .filter(|v| v.active && v.kind == classify::Kind::Compute)
+            .filter(|v| matches!(v.subject, Subject::Rank(_)))
+            .map(|v| v.rank)
+            .collect();
+        relay_blind_waits(
+            &mut obs,
+            |r| core.stats.blind_partners(r),
+            |r| compute_active.contains(&r),
+        );
         crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
         let events = core.lifecycle.step(k, obs);
         for e in &events {

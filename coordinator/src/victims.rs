@@ -136,18 +136,28 @@ pub(crate) fn relay_transfer_lateness<'a>(
 /// own lateness to count as waiting for that partner.
 const BLIND_WAIT_RATIO: f64 = 1.15;
 
+/// How much later than a partner with an active compute verdict a rank
+/// must be to take the finding from it, or to be named beside it.
+const INCUMBENT_RATIO: f64 = 1.5;
+
 /// Tensor-parallel partners inside one host synchronise over NVLink, where
 /// no GPU-side time exists: a rank that waited there for a slow partner
 /// reaches the next inter-host collective late and looks like a straggler
-/// of its own. Both are late by about as much, but the slow one is later
-/// (it also runs slow between the syncs). A named rank whose one-host
+/// of its own. Both are late by about as much, but the slow one is usually
+/// later (it also runs slow between the syncs). A named rank whose one-host
 /// partner is named too and clearly later (`BLIND_WAIT_RATIO`) is dropped,
 /// and the GPU time lost to it goes to that partner. A host slow as a
 /// whole keeps its ranks within the ratio of each other, so they stay for
 /// the host-wide merge.
+///
+/// Where the two reach the next sync together, which of them is later is a
+/// coin toss, so a partner already named compute-slow by an active verdict
+/// keeps the finding unless the other is `INCUMBENT_RATIO` later.
+/// (`incumbent` says whether a rank has such a verdict.)
 pub(crate) fn relay_blind_waits<'a>(
     obs: &mut BTreeMap<Subject, Observation>,
     partners: impl Fn(u32) -> &'a [u32],
+    incumbent: impl Fn(u32) -> bool,
 ) {
     let late: HashMap<u32, f64> = obs
         .iter()
@@ -159,12 +169,28 @@ pub(crate) fn relay_blind_waits<'a>(
     let mut moved: Vec<(u32, u32, f64)> = Vec::new();
     for (k, o) in obs.iter() {
         let Subject::Rank(r) = *k else { continue };
+        let compute = o.classification.kind == classify::Kind::Compute;
+        let mine = o.late_ns.max(0.0);
+        let ratio = if compute && incumbent(r) {
+            INCUMBENT_RATIO
+        } else {
+            BLIND_WAIT_RATIO
+        };
         let later = partners(r)
             .iter()
             .filter_map(|q| late.get(q).map(|l| (*q, *l)))
-            .filter(|(_, l)| *l > 0.0 && *l >= BLIND_WAIT_RATIO * o.late_ns.max(0.0))
+            .filter(|(_, l)| *l > 0.0 && *l >= ratio * mine)
             .max_by(|a, b| a.1.total_cmp(&b.1));
-        if let Some((q, _)) = later {
+        let held = || {
+            if !compute || incumbent(r) {
+                return None;
+            }
+            partners(r)
+                .iter()
+                .copied()
+                .find(|q| incumbent(*q) && late.get(q).is_none_or(|l| mine < INCUMBENT_RATIO * l))
+        };
+        if let Some(q) = later.map(|(q, _)| q).or_else(held) {
             moved.push((r, q, o.lost_ns));
         }
     }
@@ -286,7 +312,7 @@ mod tests {
                 _ => &[],
             }
         };
-        relay_blind_waits(&mut obs, partners);
+        relay_blind_waits(&mut obs, partners, |_| false);
         let keys: Vec<Subject> = obs.keys().copied().collect();
         assert_eq!(keys, vec![Subject::Rank(3), Subject::Rank(9)]);
         let nine = &obs[&Subject::Rank(9)];
@@ -297,8 +323,24 @@ mod tests {
         );
         // A host slow as a whole: partners within the ratio both stay.
         let mut obs = BTreeMap::from([late(8, 150.0, 0.2), late(9, 160.0, 0.2)]);
-        relay_blind_waits(&mut obs, partners);
+        relay_blind_waits(&mut obs, partners, |_| false);
         assert_eq!(obs.len(), 2);
+        // Rank 9 already has an active compute verdict; later on its partner
+        // reaches the sync later by chance (139 vs 101 ms, seen in
+        // tp2-pp2-dp4): it stays the relay.
+        let mut obs = BTreeMap::from([late(8, 139.0, 0.15), late(9, 101.0, 0.25)]);
+        relay_blind_waits(&mut obs, partners, |r| r == 9);
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(9)]);
+        // Named alone while the incumbent is quiet this iteration: still held.
+        let mut obs = BTreeMap::from([late(8, 110.0, 0.15)]);
+        relay_blind_waits(&mut obs, partners, |r| r == 9);
+        assert!(obs.is_empty());
+        // Far later than the incumbent: the finding moves.
+        let mut obs = BTreeMap::from([late(8, 160.0, 0.15), late(9, 101.0, 0.25)]);
+        relay_blind_waits(&mut obs, partners, |r| r == 9);
+        assert_eq!(obs.len(), 1);
+        assert!(obs.contains_key(&Subject::Rank(8)));
     }
 
     #[test]
