@@ -1034,6 +1034,39 @@ mod tests {
     }
 
     #[test]
+    fn intervals_carry_the_scheduler_split_from_their_second_on() {
+        let (mut f, _) = folder();
+        let at = |on: u64, runq: u64| {
+            move |pid: u32| {
+                (pid == 10).then_some(SchedStat {
+                    oncpu_ns: on,
+                    runq_ns: runq,
+                })
+            }
+        };
+        // The first close only takes the baseline: nothing measured yet.
+        f.close_intervals(1_000_000_000, at(5_000_000, 1_000_000));
+        // 200 ms later: 30 ms on a CPU, 10 ms runnable, the rest asleep.
+        f.close_intervals(1_200_000_000, at(35_000_000, 11_000_000));
+        // Gone: its interval carries no split rather than a wrong one.
+        f.close_intervals(1_400_000_000, |_| None);
+        let iv = f.take().intervals;
+        assert_eq!(iv.len(), 3);
+        assert_eq!(
+            (iv[0].oncpu_ns, iv[0].runq_delay_ns, iv[0].offcpu_ns),
+            (0, 0, 0)
+        );
+        assert_eq!(
+            (iv[1].oncpu_ns, iv[1].runq_delay_ns, iv[1].offcpu_ns),
+            (30_000_000, 10_000_000, 160_000_000)
+        );
+        assert_eq!(
+            (iv[2].oncpu_ns, iv[2].runq_delay_ns, iv[2].offcpu_ns),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
     fn init_then_allreduces_get_sequence_numbers_bytes_and_waits() {
         let (mut f, ids) = folder();
         let uid = [7u64; STACK_WORDS];
