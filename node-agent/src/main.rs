@@ -138,6 +138,10 @@ struct RunArgs {
     /// detection latency; at least --flush-ms.
     #[arg(long, default_value_t = 200, value_name = "MS")]
     interval_ms: u64,
+    /// Length of a folded-stack window (the flame graphs' unit): each window
+    /// carries its own string table, so it is longer than the intervals.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    stack_window_ms: u64,
     /// How often /proc is scanned for rank processes and new libraries.
     #[arg(long, default_value_t = 50, value_name = "MS")]
     scan_ms: u64,
@@ -314,6 +318,8 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut poll = tokio::time::interval(Duration::from_millis(5));
     let interval = Duration::from_millis(cli.interval_ms.max(cli.flush_ms).max(10));
     let mut last_interval = std::time::Instant::now();
+    let stack_window = Duration::from_millis(cli.stack_window_ms.max(cli.flush_ms).max(10));
+    let mut last_stack_window = std::time::Instant::now();
     let mut exit_code = 0;
     let mut known = Announced::default();
     // Created once: a signal stream keeps deliveries that arrive while the
@@ -364,7 +370,8 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if close {
                     last_interval = std::time::Instant::now();
                 }
-                if close {
+                if last_stack_window.elapsed() >= stack_window {
+                    last_stack_window = std::time::Instant::now();
                     if let Some(s) = stacks.as_mut() { s.cut_window(false); }
                 }
                 cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
