@@ -10,6 +10,7 @@ use slowrank_agent::{
     discover::{LibKind, Scanner},
     fold::Limits,
     probes::{Attach, Probes},
+    sched::SchedStat,
 };
 use slowrank_shared::probe::cuda_count;
 
@@ -47,6 +48,21 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             "  none: no process has RANK (torchrun), SLURM_PROCID (Slurm) or OMPI_COMM_WORLD_RANK (Open MPI) in its environment{}",
             if args.only_env.is_empty() { "" } else { " matching --only-env" }
         );
+    }
+    // The host-slow evidence; without it a host-slow rank on a two-rank
+    // communicator is never named.
+    if let Some(r) = ranks.first() {
+        match SchedStat::read(r.identity.pid) {
+            Ok(s) => println!(
+                "  scheduler accounting: readable (pid {}: {} ms on a CPU, {} ms waiting for one)",
+                r.identity.pid,
+                s.oncpu_ns / 1_000_000,
+                s.runq_ns / 1_000_000
+            ),
+            Err(e) => {
+                println!("  scheduler accounting: NOT readable ({e}): no host-time split per rank")
+            }
+        }
     }
     for r in &ranks {
         let i = &r.identity;
