@@ -54,6 +54,20 @@ def eval_section(name):
     return e
 
 
+def agent_clock_epoch_mono_ns(run_dir, host):
+    """The simulated clock's drift epoch, as the agent logs it."""
+    p = os.path.join(run_dir, "logs", f"agent-host-{host}.log")
+    try:
+        with open(p, errors="replace") as f:
+            for line in f:
+                m = re.search(r"epoch_mono_ns(?:\x1b\[[0-9;]*m)*=(?:\x1b\[[0-9;]*m)*(\d+)", line)
+                if m:
+                    return int(m.group(1))
+    except OSError:
+        pass
+    return None
+
+
 def agent_start_wall_ns(run_dir, host):
     """Wall time of the agent's first log line: its simulated clock's epoch."""
     p = os.path.join(run_dir, "logs", f"agent-host-{host}.log")
@@ -83,10 +97,14 @@ def clock_section():
             est = next((h for h in r["clock"]["hosts"] if h["host"] == f"host-{hc['host']}"), None)
             if est is None or est.get("source") != "probes":
                 continue
-            start = agent_start_wall_ns(run, hc["host"])
-            if start is None:
-                continue
-            epoch_mono = t["started_mono_ns"] - (t["started_wall_ns"] - start)
+            epoch_mono = agent_clock_epoch_mono_ns(run, hc["host"])
+            if epoch_mono is None:
+                # Older agents did not log it: their first log line, a second
+                # or more after the epoch (probes load in between).
+                start = agent_start_wall_ns(run, hc["host"])
+                if start is None:
+                    continue
+                epoch_mono = t["started_mono_ns"] - (t["started_wall_ns"] - start)
             raw = est["reference_agent_ns"] - hc["offset_us"] * 1000
             true_us = -(hc["offset_us"] + hc["drift_ppm"] * 1e-6 * (raw - epoch_mono) / 1e3)
             err = est["offset_us"] - true_us
