@@ -54,35 +54,35 @@ def eval_section(name):
     return e
 
 
-def agent_clock_epoch_mono_ns(run_dir, host):
-    """The simulated clock's drift epoch, as the agent logs it."""
+def first_in_agent_log(run_dir, host, pattern):
+    """First match of `pattern` in the host's agent log, or None."""
     p = os.path.join(run_dir, "logs", f"agent-host-{host}.log")
     try:
         with open(p, errors="replace") as f:
             for line in f:
-                m = re.search(r"epoch_mono_ns(?:\x1b\[[0-9;]*m)*=(?:\x1b\[[0-9;]*m)*(\d+)", line)
+                m = re.search(pattern, line)
                 if m:
-                    return int(m.group(1))
+                    return m
     except OSError:
         pass
     return None
+
+
+def agent_clock_epoch_mono_ns(run_dir, host):
+    """The simulated clock's drift epoch, as the agent logs it."""
+    m = first_in_agent_log(run_dir, host, r"epoch_mono_ns(?:\x1b\[[0-9;]*m)*=(?:\x1b\[[0-9;]*m)*(\d+)")
+    return int(m.group(1)) if m else None
 
 
 def agent_start_wall_ns(run_dir, host):
-    """Wall time of the agent's first log line: its simulated clock's epoch."""
-    p = os.path.join(run_dir, "logs", f"agent-host-{host}.log")
-    try:
-        with open(p, errors="replace") as f:
-            for line in f:
-                m = re.search(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d+)Z", line)
-                if m:
-                    import calendar
-                    y, mo, d, h, mi, s, frac = m.groups()
-                    secs = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s)))
-                    return secs * 10**9 + int(frac.ljust(9, "0")[:9])
-    except OSError:
-        pass
-    return None
+    """Wall time of the agent's first log line (older agents' epoch proxy)."""
+    m = first_in_agent_log(run_dir, host, r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d+)Z")
+    if not m:
+        return None
+    import calendar
+    y, mo, d, h, mi, s, frac = m.groups()
+    secs = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s)))
+    return secs * 10**9 + int(frac.ljust(9, "0")[:9])
 
 
 def clock_section():
