@@ -235,7 +235,9 @@ fn main() -> Result<()> {
             let s = ClockSample {
                 coord_send_ns: t - 10_000,
                 agent_mono_ns: ag as u64,
+                agent_hold_ns: 0,
                 coord_recv_ns: t + 10_000,
+                udp: false,
             };
             let _ = a.add_clock_sample(host, s);
         }

@@ -1537,6 +1537,15 @@ impl Analyzer {
             .map(|c| (c.key().clone(), c.error_bound_ns()))
             .collect();
         clock.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut probes: Vec<(String, u64, u64)> = self
+            .clocks
+            .iter()
+            .map(|c| {
+                let (seen, udp) = c.probe_counts();
+                (c.key().clone(), udp, seen.saturating_sub(udp))
+            })
+            .collect();
+        probes.sort();
         let mut lost: Vec<(u32, f64)> = core
             .lost_by_root
             .iter()
@@ -1550,6 +1559,7 @@ impl Analyzer {
             verdicts_total: core.lifecycle.verdicts().count(),
             hangs_active: core.hangs.iter().filter(|h| h.active).count(),
             clock_error_ns: clock,
+            clock_probes: probes,
             ingest: lock(&self.counters).clone(),
             open_instances: self.joiner.open_instances(),
             evicted_instances: self.joiner.counters().evicted,
@@ -1683,6 +1693,8 @@ pub struct Metrics {
     pub verdicts_total: usize,
     pub hangs_active: usize,
     pub clock_error_ns: Vec<(String, f64)>,
+    /// Per host: probes answered on the clock port, and otherwise.
+    pub clock_probes: Vec<(String, u64, u64)>,
     pub ingest: IngestCounters,
     pub open_instances: usize,
     pub evicted_instances: u64,
@@ -1741,6 +1753,19 @@ impl Metrics {
                 .iter()
                 .filter(|(_, e)| e.is_finite())
                 .map(|(h, e)| (format!("{{host=\"{h}\"}}"), e / 1e9))
+                .collect(),
+        );
+        gauge(
+            "slowrank_clock_probes",
+            "Clock probes answered per host, by path: udp (kernel-stamped clock port) or quic (the fallback)",
+            self.clock_probes
+                .iter()
+                .flat_map(|(h, udp, quic)| {
+                    [
+                        (format!("{{host=\"{h}\",path=\"udp\"}}"), *udp as f64),
+                        (format!("{{host=\"{h}\",path=\"quic\"}}"), *quic as f64),
+                    ]
+                })
                 .collect(),
         );
         gauge(

@@ -11,7 +11,8 @@
 //! member) give a second, independent estimate. It is applied as a shift
 //! clamped to the probe error bound — a refinement inside what the probes
 //! allow, never a clock of its own (it would hide a rank slow on exit) — and
-//! as a check: a residual larger than the bound is counted as inconsistent.
+//! as a check: a residual larger than the bound is counted as inconsistent
+//! and not applied.
 
 use std::collections::BTreeMap;
 
@@ -23,16 +24,29 @@ pub type CoordNs = i64;
 pub struct ClockSample {
     /// Coordinator monotonic ns when the probe left.
     pub coord_send_ns: u64,
-    /// Agent monotonic ns read while answering.
+    /// Agent ns when the probe arrived: the kernel's stamp on the UDP clock
+    /// port, the one read while answering on the QUIC control stream.
     pub agent_mono_ns: u64,
+    /// Agent ns between the probe's arrival and its answer leaving (NTP's
+    /// t3 − t2), taken out of the round trip; 0 on the control stream,
+    /// where one read stands for both.
+    #[serde(default)]
+    pub agent_hold_ns: u64,
     /// Coordinator monotonic ns when the answer arrived.
     pub coord_recv_ns: u64,
+    /// Came through the kernel-stamped UDP clock port.
+    #[serde(default)]
+    pub udp: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ClockError {
     #[error("probe answered before it was sent (send {send} ns, recv {recv} ns)")]
     NegativeRtt { send: u64, recv: u64 },
+    #[error(
+        "agent says it held the probe {hold_ns} ns, longer than the whole {rtt_ns} ns round trip"
+    )]
+    HoldTooLong { hold_ns: u64, rtt_ns: u64 },
     #[error("probe round trip of {rtt_ns} ns exceeds the {max_ns} ns cap")]
     RttTooLarge { rtt_ns: u64, max_ns: u64 },
 }
@@ -172,6 +186,8 @@ pub struct ClockEstimator {
     newest_probe_agent_ns: Option<u64>,
     samples_seen: u64,
     samples_refused: u64,
+    /// Answered through the UDP clock port.
+    udp_samples: u64,
     /// Completion-based shift (ns), already clamped to the probe bound.
     completion_shift_ns: f64,
     /// Last completion residual measured against the probe-only clock.
@@ -190,6 +206,7 @@ impl ClockEstimator {
             newest_probe_agent_ns: None,
             samples_seen: 0,
             samples_refused: 0,
+            udp_samples: 0,
             completion_shift_ns: 0.0,
             completion_residual_ns: None,
             completion_inconsistent: 0,
@@ -206,7 +223,19 @@ impl ClockEstimator {
                 recv: s.coord_recv_ns,
             });
         }
-        let rtt_ns = s.coord_recv_ns - s.coord_send_ns;
+        // NTP's four timestamps: t1 send, t2 agent arrival, t3 = t2 + hold,
+        // t4 receipt. The truth lies in [t1 - t2, t4 - t3]; its midpoint is
+        // the estimate and its width the round trip.
+        let total = s.coord_recv_ns - s.coord_send_ns;
+        if s.agent_hold_ns > total {
+            self.samples_refused += 1;
+            return Err(ClockError::HoldTooLong {
+                hold_ns: s.agent_hold_ns,
+                rtt_ns: total,
+            });
+        }
+        let hold = s.agent_hold_ns;
+        let rtt_ns = total - hold;
         if rtt_ns > self.cfg.max_rtt_ns {
             self.samples_refused += 1;
             return Err(ClockError::RttTooLarge {
@@ -214,13 +243,12 @@ impl ClockEstimator {
                 max_ns: self.cfg.max_rtt_ns,
             });
         }
-        let mid = (s.coord_send_ns as i128 + s.coord_recv_ns as i128) / 2;
-        let theta = (mid - s.agent_mono_ns as i128) as f64
-            + if (s.coord_send_ns as i128 + s.coord_recv_ns as i128) % 2 == 1 {
-                0.5
-            } else {
-                0.0
-            };
+        if s.udp {
+            self.udp_samples += 1;
+        }
+        let sum = s.coord_send_ns as i128 + s.coord_recv_ns as i128
+            - (2 * s.agent_mono_ns as i128 + hold as i128);
+        let theta = sum as f64 / 2.0;
         self.newest_agent_ns = self.newest_agent_ns.max(s.agent_mono_ns);
         self.newest_probe_agent_ns = self.newest_probe_agent_ns.max(Some(s.agent_mono_ns));
         let kept = Kept {
@@ -278,6 +306,11 @@ impl ClockEstimator {
                 Some(first)
             }
         });
+    }
+
+    /// Probes seen, and how many of them came through the clock port.
+    pub fn probe_counts(&self) -> (u64, u64) {
+        (self.samples_seen, self.udp_samples)
     }
 
     /// The probe-only fit, if any probe was kept.
@@ -343,10 +376,16 @@ impl ClockEstimator {
             return;
         }
         // Allow a few µs for the true spread of completions across members.
+        // Beyond that the completions contradict the probes: they did not
+        // end together (a ring's tail, a stand-in's exits), so they refine
+        // nothing. With kernel-stamped probes (bounds of a few µs) that is
+        // the usual case, and shifting by the bound would only add error.
         if residual_ns.abs() > bound + 20_000.0 {
             self.completion_inconsistent += 1;
+            self.completion_shift_ns = 0.0;
+        } else {
+            self.completion_shift_ns = (-residual_ns).clamp(-bound, bound);
         }
-        self.completion_shift_ns = (-residual_ns).clamp(-bound, bound);
     }
 
     pub fn summary(&self, host: &str) -> HostClock {
@@ -364,6 +403,7 @@ impl ClockEstimator {
             },
             probe_samples_seen: self.samples_seen,
             probe_samples_refused: self.samples_refused,
+            udp_samples: self.udp_samples,
             samples_used: fit.map_or(0, |f| f.samples_used),
             probe_age_ms: self
                 .newest_probe_agent_ns
@@ -395,6 +435,10 @@ pub struct HostClock {
     pub error_bound_us: Option<f64>,
     pub probe_samples_seen: u64,
     pub probe_samples_refused: u64,
+    /// Of those, answered through the kernel-stamped UDP clock port (0: the
+    /// port is blocked or off, and the less exact control stream is used).
+    #[serde(default)]
+    pub udp_samples: u64,
     pub samples_used: usize,
     /// Agent time from the newest answered probe to the newest batch (ms): a
     /// large value means probes stopped and the bound is extrapolated.
@@ -577,7 +621,9 @@ mod tests {
             est.add_sample(ClockSample {
                 coord_send_ns: 10,
                 agent_mono_ns: 5,
-                coord_recv_ns: 9
+                agent_hold_ns: 0,
+                coord_recv_ns: 9,
+                udp: false,
             }),
             Err(ClockError::NegativeRtt { .. })
         ));
@@ -585,7 +631,9 @@ mod tests {
             est.add_sample(ClockSample {
                 coord_send_ns: 0,
                 agent_mono_ns: 5,
-                coord_recv_ns: 1_000_000_000
+                agent_hold_ns: 0,
+                coord_recv_ns: 1_000_000_000,
+                udp: false,
             }),
             Err(ClockError::RttTooLarge { .. })
         ));
@@ -604,10 +652,15 @@ mod tests {
         }
         let bound = est.error_bound_ns();
         let before = est.to_coord(5_000_000_000);
-        // A wildly wrong completion residual may move the clock only by the bound.
+        // A residual inside the bound refines the line…
+        est.apply_completion_residual(bound / 2.0);
+        let refined = est.to_coord(5_000_000_000);
+        assert!(((before - refined) as f64 - bound / 2.0).abs() <= 1.0);
+        assert_eq!(est.summary("h").completion_inconsistent, 0);
+        // …a wildly wrong one contradicts the probes: counted, not applied.
         est.apply_completion_residual(10_000_000.0);
         let after = est.to_coord(5_000_000_000);
-        assert!(((before - after).abs() as f64) <= bound + 1.0);
+        assert_eq!(before, after);
         assert_eq!(est.summary("h").completion_inconsistent, 1);
     }
 

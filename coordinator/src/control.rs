@@ -4,7 +4,10 @@
 //! Down it go [`ClockProbe`]s (a burst at connect so the clock is known before
 //! the first batch matters, then one every 50 ms, each followed by an
 //! immediate second probe once answered) and [`Control`] requests
-//! (deep-probe windows); up come [`ClockReply`]s. Each answered probe becomes
+//! (deep-probe windows); up come [`ClockReply`]s. First, though, it names
+//! the UDP clock port ([`crate::clockport`]): once the agent says hello
+//! there, probes go that way, kernel-stamped at both ends, and the control
+//! stream carries them again only while the port stays silent. Each answered probe becomes
 //! a [`ClockSample`] stamped on the coordinator's monotonic clock — the clock
 //! the analyzer reasons in — and is handed on as [`IngestEvent::Clock`].
 //! Replies are matched against the probes actually sent, so an agent cannot
@@ -19,10 +22,16 @@ use std::{
 use tokio::sync::Notify;
 
 use quinn::{Connection, RecvStream, SendStream};
-use slowrank_shared::wire::{self, ClockProbe, ClockReply, Control, MessageKind, HEADER_LEN};
+use slowrank_shared::wire::{
+    self, ClockPort, ClockProbe, ClockReply, Control, MessageKind, HEADER_LEN,
+};
 use tokio::sync::mpsc;
 
-use crate::{clock::ClockSample, ingest::IngestEvent};
+use crate::{
+    clock::ClockSample,
+    clockport::{self, Registration},
+    ingest::IngestEvent,
+};
 
 /// Largest message accepted on the control stream.
 const MAX_CONTROL: usize = 64 * 1024;
@@ -31,13 +40,7 @@ const MAX_OUTSTANDING: usize = 256;
 
 /// CLOCK_MONOTONIC in ns: the coordinator's clock for probes, batches and ticks.
 pub fn coord_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid clock id and a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    slowrank_shared::clock_udp::mono_ns()
 }
 
 /// When probes are sent.
@@ -63,6 +66,10 @@ pub struct ProbeSchedule {
     /// follow-up finds both ends awake, so its two legs match; the estimator's
     /// minimum-RTT filter then prefers it.
     pub follow_up: bool,
+    /// UDP port of the kernel-stamped clock port on the listen address
+    /// (0: any free port, told to each agent); `None` keeps every probe on
+    /// the control stream.
+    pub clock_port: Option<u16>,
 }
 
 impl Default for ProbeSchedule {
@@ -76,6 +83,7 @@ impl Default for ProbeSchedule {
             every: Duration::from_millis(50),
             max_total_per_s: 2_000,
             follow_up: true,
+            clock_port: Some(0),
         }
     }
 }
@@ -116,6 +124,14 @@ async fn read_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, ControlErr
     Ok(Some(frame))
 }
 
+/// How probes are sent to every agent.
+pub(crate) struct ProbePlan {
+    pub schedule: ProbeSchedule,
+    pub clock_port: Option<Arc<clockport::ClockPort>>,
+    /// Agents connected now (the probe rate is shared among them).
+    pub connected: Arc<dyn Fn() -> usize + Send + Sync>,
+}
+
 /// Probes `conn`'s agent and forwards `commands` to it until the connection
 /// ends or the coordinator stops listening.
 pub(crate) async fn run(
@@ -124,16 +140,33 @@ pub(crate) async fn run(
     host: String,
     events: mpsc::Sender<IngestEvent>,
     commands: mpsc::Receiver<Control>,
-    schedule: ProbeSchedule,
-    connected: Arc<dyn Fn() -> usize + Send + Sync>,
+    plan: ProbePlan,
 ) -> Result<(), ControlError> {
-    let (send, recv) = conn.open_bi().await?;
-    let probes = Probes {
-        outstanding: Mutex::new(BTreeMap::new()),
-        follow: Notify::new(),
-        follow_up: schedule.follow_up,
+    let ProbePlan {
+        schedule,
+        clock_port,
+        connected,
+    } = plan;
+    let (mut send, recv) = conn.open_bi().await?;
+    let probes = Arc::new(Probes::new(schedule.follow_up));
+    let udp = match &clock_port {
+        Some(port) => match port.register(&agent_id, &host, probes.clone(), events.clone()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(agent = %agent_id, "clock port not offered: {e}");
+                None
+            }
+        },
+        None => None,
     };
-    let writer = write_loop(send, commands, schedule, &probes, &*connected);
+    if let Some(r) = &udp {
+        let offer = ClockPort {
+            port: r.port(),
+            token: r.token(),
+        };
+        send.write_all(&wire::encode(&offer)?).await?;
+    }
+    let writer = write_loop(send, commands, schedule, &probes, udp.as_ref(), &*connected);
     let reader = read_loop(recv, &agent_id, &host, &events, &probes);
     tokio::select! {
         r = writer => r,
@@ -141,29 +174,77 @@ pub(crate) async fn run(
     }
 }
 
-/// Probe bookkeeping shared by the writer and the reader.
-struct Probes {
+/// Probe bookkeeping shared by the writer, the reader and the clock port.
+pub(crate) struct Probes {
     /// seq → (send time, whether a follow-up should answer it).
     outstanding: Mutex<BTreeMap<u64, (u64, bool)>>,
-    /// Raised by the reader when a scheduled probe's answer arrived.
+    /// Raised when a scheduled probe's answer arrived.
     follow: Notify,
     follow_up: bool,
 }
 
 impl Probes {
-    /// Records and sends probe `seq`.
-    async fn send(&self, send: &mut SendStream, seq: u64, lead: bool) -> Result<(), ControlError> {
+    pub(crate) fn new(follow_up: bool) -> Self {
+        Self {
+            outstanding: Mutex::new(BTreeMap::new()),
+            follow: Notify::new(),
+            follow_up,
+        }
+    }
+
+    /// Records probe `seq` as sent now, returning its send time.
+    pub(crate) fn record(&self, seq: u64, lead: bool) -> u64 {
         let coord_send_ns = coord_now_ns();
-        {
-            let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-            o.insert(seq, (coord_send_ns, lead && self.follow_up));
-            while o.len() > MAX_OUTSTANDING {
-                o.pop_first();
+        let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        o.insert(seq, (coord_send_ns, lead && self.follow_up));
+        while o.len() > MAX_OUTSTANDING {
+            o.pop_first();
+        }
+        coord_send_ns
+    }
+
+    /// Records and sends probe `seq`: on the clock port when the agent
+    /// answers there, else on the control stream.
+    async fn send(
+        &self,
+        send: &mut SendStream,
+        udp: Option<&Registration>,
+        seq: u64,
+        lead: bool,
+    ) -> Result<(), ControlError> {
+        let route = udp.and_then(|r| r.route(seq).map(|addr| (r, addr)));
+        let coord_send_ns = self.record(seq, lead);
+        match route {
+            Some((r, addr)) => {
+                if let Err(e) = r.send(addr, seq, coord_send_ns) {
+                    tracing::debug!(%addr, "clock probe not sent on the clock port: {e}");
+                }
+            }
+            None => {
+                send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
+                    .await?
             }
         }
-        send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
-            .await?;
         Ok(())
+    }
+
+    /// An answer to probe `seq` sent at `coord_send_ns` arrived: true if
+    /// that probe was sent and not answered yet (it is forgotten now).
+    pub(crate) fn answered(&self, seq: u64, coord_send_ns: u64) -> bool {
+        let sent = self
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&seq);
+        match sent {
+            Some((t, lead)) if t == coord_send_ns => {
+                if lead {
+                    self.follow.notify_one();
+                }
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -172,6 +253,7 @@ async fn write_loop(
     mut commands: mpsc::Receiver<Control>,
     schedule: ProbeSchedule,
     probes: &Probes,
+    udp: Option<&Registration>,
     connected: &(dyn Fn() -> usize + Send + Sync),
 ) -> Result<(), ControlError> {
     let mut seq = 0u64;
@@ -186,7 +268,7 @@ async fn write_loop(
             );
             schedule.every.max(share).min(Duration::from_secs(1))
         };
-        probes.send(&mut send, seq, true).await?;
+        probes.send(&mut send, udp, seq, true).await?;
         seq += 1;
         scheduled += 1;
         let sleep = tokio::time::sleep(gap);
@@ -195,7 +277,7 @@ async fn write_loop(
             tokio::select! {
                 _ = &mut sleep => break,
                 _ = probes.follow.notified() => {
-                    probes.send(&mut send, seq, false).await?;
+                    probes.send(&mut send, udp, seq, false).await?;
                     seq += 1;
                 }
                 c = commands.recv(), if commands_open => match c {
@@ -226,26 +308,16 @@ async fn read_loop(
         // probe: each half of the round trip then carries one encode and one
         // decode, and the midpoint is unbiased.
         let coord_recv_ns = coord_now_ns();
-        let sent = probes
-            .outstanding
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&reply.seq);
-        match sent {
-            Some((t, lead)) if t == reply.coord_send_ns => {
-                if lead {
-                    probes.follow.notify_one();
-                }
-            }
-            _ => {
-                tracing::warn!(agent = %agent_id, seq = reply.seq, "clock reply to a probe never sent; ignored");
-                continue;
-            }
+        if !probes.answered(reply.seq, reply.coord_send_ns) {
+            tracing::warn!(agent = %agent_id, seq = reply.seq, "clock reply to a probe never sent; ignored");
+            continue;
         }
         let sample = ClockSample {
             coord_send_ns: reply.coord_send_ns,
             agent_mono_ns: reply.agent_mono_ns,
+            agent_hold_ns: 0,
             coord_recv_ns,
+            udp: false,
         };
         let ev = IngestEvent::Clock {
             agent_id: agent_id.to_owned(),

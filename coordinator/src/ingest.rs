@@ -27,8 +27,11 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::clock::ClockSample;
-use crate::control::{self, ProbeSchedule};
 use crate::tls::{Identity, TlsError};
+use crate::{
+    clockport::ClockPort,
+    control::{self, ProbeSchedule},
+};
 
 /// Largest hello accepted.
 const MAX_HELLO: usize = 64 * 1024;
@@ -136,6 +139,7 @@ struct Shared {
     stats: Arc<IngestStats>,
     controls: Arc<Controls>,
     schedule: ProbeSchedule,
+    clock_port: Option<Arc<ClockPort>>,
 }
 
 /// The listening server.
@@ -166,6 +170,13 @@ impl Ingest {
             Arc::new(quinn::TokioRuntime),
         )
         .map_err(bind_err)?;
+        let clock_port = match schedule.clock_port {
+            Some(port) => {
+                let at = SocketAddr::new(endpoint.local_addr().map_err(bind_err)?.ip(), port);
+                Some(ClockPort::bind(at).map_err(|source| IngestError::Bind { addr: at, source })?)
+            }
+            None => None,
+        };
         Ok(Self {
             endpoint,
             shared: Arc::new(Shared {
@@ -173,6 +184,7 @@ impl Ingest {
                 stats: Arc::default(),
                 controls: Arc::new(DashMap::new()),
                 schedule,
+                clock_port,
             }),
         })
     }
@@ -190,6 +202,14 @@ impl Ingest {
         self.endpoint.local_addr()
     }
 
+    /// Where the UDP clock port listens, if it is on.
+    pub fn clock_port_addr(&self) -> Option<SocketAddr> {
+        self.shared
+            .clock_port
+            .as_ref()
+            .and_then(|p| p.local_addr().ok())
+    }
+
     pub fn stats(&self) -> Arc<IngestStats> {
         self.shared.stats.clone()
     }
@@ -198,6 +218,9 @@ impl Ingest {
     pub fn close(&self) {
         self.endpoint
             .close(0u32.into(), b"coordinator shutting down");
+        if let Some(p) = &self.shared.clock_port {
+            p.stop();
+        }
     }
 
     /// Accepts connections until the endpoint is closed, forwarding what they
@@ -373,12 +396,16 @@ async fn serve_connection(
             events.clone(),
         );
         let schedule = shared.schedule;
+        let clock_port = shared.clock_port.clone();
         let controls = shared.controls.clone();
         let connected: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new(move || controls.len());
         tokio::spawn(async move {
-            if let Err(e) =
-                control::run(conn, id.clone(), host, events, ctl_rx, schedule, connected).await
-            {
+            let plan = control::ProbePlan {
+                schedule,
+                clock_port,
+                connected,
+            };
+            if let Err(e) = control::run(conn, id.clone(), host, events, ctl_rx, plan).await {
                 warn!(agent = %id, "control stream ended: {e}");
             }
         })

@@ -14,6 +14,7 @@ pub mod alert;
 pub mod analyzer;
 pub mod classify;
 pub mod clock;
+pub mod clockport;
 pub mod control;
 pub mod flame;
 pub mod graph;

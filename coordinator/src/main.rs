@@ -50,6 +50,18 @@ struct ServeArgs {
     /// UDP address to listen on (QUIC).
     #[arg(long, default_value = "0.0.0.0:7700")]
     listen: SocketAddr,
+    /// UDP port for clock probes on the --listen address [default: the
+    /// --listen port + 1, i.e. 7701; 0: any free port]. Agents are told
+    /// which. Probes there are stamped by the kernel at both ends, which
+    /// keeps each host's clock within a few µs even on a busy host; if
+    /// agents cannot reach it, probes stay on the QUIC connection (less
+    /// exact: every stamp then waits for a task wake-up). Open it in
+    /// firewalls next to --listen.
+    #[arg(long, value_name = "PORT")]
+    clock_port: Option<u16>,
+    /// Keep every clock probe on the QUIC connection (no clock port).
+    #[arg(long)]
+    no_clock_port: bool,
     /// Directory for the coordinator's certificate and key; created on first
     /// use (give agents DIR/coordinator.crt as --ca). If `slowrank certs`
     /// made it (DIR/ca.crt exists), agents must also present a certificate
@@ -225,6 +237,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     cfg.launch_sites = args.launch_sites;
     cfg.print_calls = args.print_calls;
     cfg.exit_when_idle = args.exit_when_idle;
+    let clock_port = args.clock_port.unwrap_or(match args.listen.port() {
+        0 => 0,
+        p => p.saturating_add(1),
+    });
+    cfg.probes.clock_port = (!args.no_clock_port).then_some(clock_port);
     let server = Server::bind(cfg, &identity)?;
     eprintln!(
         "slowrank coordinator listening on {} (QUIC); agents need --ca {}",
@@ -234,6 +251,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .as_ref()
             .map_or("?".into(), |p| p.display().to_string())
     );
+    if let Some(c) = server.clock_port_addr() {
+        eprintln!("clock port on {c} (UDP)");
+    }
     if let Some(m) = server.metrics_addr() {
         eprintln!("metrics at http://{m}/metrics");
     }

@@ -307,6 +307,13 @@ pub fn render_human(r: &Report) -> String {
     // A host whose probes stopped keeps being mapped on an extrapolated
     // line; say so, since its bound (and every verdict near it) widens.
     for h in &r.clock.hosts {
+        if h.probe_samples_seen >= 100 && h.udp_samples == 0 {
+            let _ = writeln!(
+                s,
+                "  - {}: clock probes never answered on the clock port (UDP, `serve --clock-port`); the QUIC fallback is tens of µs less exact",
+                h.host
+            );
+        }
         if let Some(age) = h.probe_age_ms.filter(|a| *a >= STALE_PROBE_MS) {
             let _ = writeln!(
                 s,

@@ -298,6 +298,11 @@ impl Server {
         self.ingest.local_addr().map_err(ServeError::Addr)
     }
 
+    /// Where the UDP clock port listens, if it is on.
+    pub fn clock_port_addr(&self) -> Option<SocketAddr> {
+        self.ingest.clock_port_addr()
+    }
+
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(MetricsServer::local_addr)
     }

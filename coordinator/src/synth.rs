@@ -85,7 +85,9 @@ impl ClockTruth {
         ClockSample {
             coord_send_ns: t,
             agent_mono_ns: self.agent_ns(t + fwd),
+            agent_hold_ns: 0,
             coord_recv_ns: t + fwd + back,
+            udp: false,
         }
     }
 }

@@ -12,13 +12,7 @@ pub fn wall_ns() -> u64 {
 }
 
 fn read(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid clock id and a valid out-pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    slowrank_shared::clock_udp::clock_ns(clock)
 }
 
 /// This host's name (`/proc/sys/kernel/hostname`).

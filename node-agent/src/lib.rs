@@ -6,6 +6,7 @@ pub mod agent;
 pub mod announced;
 pub mod catalog;
 pub mod clock;
+pub mod clockport;
 pub mod commlayout;
 pub mod discover;
 pub mod fold;

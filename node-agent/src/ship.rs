@@ -14,20 +14,22 @@
 //! [`HostClock`] (the same clock every record is stamped with, so the
 //! coordinator learns exactly the mapping it must undo), and [`Control`]
 //! requests for deep-probe windows, handed to the agent's main loop through
-//! [`Uplink::take_control_requests`].
+//! [`Uplink::take_control_requests`]. It also names the coordinator's UDP
+//! clock port ([`ClockPort`]); probes there are answered by
+//! [`crate::clockport`] with kernel arrival stamps, the better clock source.
 
 use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
 use quinn::{crypto::rustls::QuicClientConfig, Connection, Endpoint, RecvStream, SendStream};
 use rustls::pki_types::{pem::PemObject, CertificateDer};
 use slowrank_shared::wire::{
-    self, Batch, ClockProbe, ClockReply, Control, Hello, HelloReply, MessageKind, WireError,
-    HEADER_LEN,
+    self, Batch, ClockPort, ClockProbe, ClockReply, Control, Hello, HelloReply, MessageKind,
+    WireError, HEADER_LEN,
 };
 use tokio::sync::mpsc;
 
-use crate::clock::HostClock;
 use crate::spool::SpoolId;
+use crate::{clock::HostClock, clockport::Responder};
 
 /// Largest reply the agent reads on the hello stream.
 const MAX_REPLY: usize = 64 * 1024;
@@ -225,7 +227,14 @@ impl Shipper {
         let conn = self.conn.clone();
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
-                tokio::spawn(control_stream(send, recv, clock, requests.clone()));
+                let coordinator = conn.remote_address();
+                tokio::spawn(control_stream(
+                    send,
+                    recv,
+                    coordinator,
+                    clock,
+                    requests.clone(),
+                ));
             }
         })
     }
@@ -295,10 +304,11 @@ async fn read_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, ShipError>
 async fn control_stream(
     mut send: SendStream,
     mut recv: RecvStream,
+    coordinator: SocketAddr,
     clock: HostClock,
     requests: mpsc::Sender<Control>,
 ) {
-    if let Err(e) = answer_control(&mut send, &mut recv, clock, &requests).await {
+    if let Err(e) = answer_control(&mut send, &mut recv, coordinator, clock, &requests).await {
         tracing::warn!("control stream ended: {e}");
     }
 }
@@ -306,9 +316,13 @@ async fn control_stream(
 async fn answer_control(
     send: &mut SendStream,
     recv: &mut RecvStream,
+    coordinator: SocketAddr,
     clock: HostClock,
     requests: &mpsc::Sender<Control>,
 ) -> Result<(), ShipError> {
+    // Lives as long as the control stream: the clock port's token is this
+    // connection's.
+    let mut _responder: Option<Responder> = None;
     while let Some(frame) = read_frame(recv).await? {
         let (kind, _) = wire::peek_header(frame[..HEADER_LEN].try_into().expect("header"))?;
         match kind {
@@ -325,6 +339,20 @@ async fn answer_control(
                     agent_mono_ns,
                 };
                 send.write_all(&wire::encode(&reply)?).await?;
+            }
+            MessageKind::ClockPort => {
+                let p: ClockPort = wire::decode(&frame)?;
+                let at = SocketAddr::new(coordinator.ip(), p.port);
+                _responder = None;
+                match Responder::spawn(at, p.token, clock) {
+                    Ok(r) => {
+                        tracing::info!(%at, "answering clock probes on the coordinator's clock port");
+                        _responder = Some(r);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%at, "clock port not used ({e}); clock probes stay on the control stream")
+                    }
+                }
             }
             MessageKind::Control => {
                 let c: Control = wire::decode(&frame)?;

@@ -303,6 +303,7 @@ fn start_coordinator(
         .arg("serve")
         .arg("--listen")
         .arg(listen.to_string())
+        .args(["--clock-port", "0"])
         .arg("--tls-dir")
         .arg(out.join("tls"))
         .arg("--out")

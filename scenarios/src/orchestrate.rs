@@ -262,6 +262,8 @@ fn start_agents(
     cmd.arg("serve")
         .arg("--listen")
         .arg(addr.to_string())
+        // The listen port was free; its neighbour (the default) may not be.
+        .args(["--clock-port", "0"])
         .arg("--tls-dir")
         .arg(&tls)
         .args(coordinator_extra_args(run_dir))

@@ -29,7 +29,7 @@ use rkyv::{
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below.
-pub const SCHEMA_VERSION: u16 = 3;
+pub const SCHEMA_VERSION: u16 = 4;
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.
@@ -94,6 +94,7 @@ pub enum MessageKind {
     ClockProbe = 4,
     ClockReply = 5,
     Control = 6,
+    ClockPort = 7,
 }
 
 impl MessageKind {
@@ -105,6 +106,7 @@ impl MessageKind {
             4 => Ok(Self::ClockProbe),
             5 => Ok(Self::ClockReply),
             6 => Ok(Self::Control),
+            7 => Ok(Self::ClockPort),
             other => Err(WireError::UnknownKind(other)),
         }
     }
@@ -348,6 +350,19 @@ pub struct ClockReply {
 }
 impl Message for ClockReply {
     const KIND: MessageKind = MessageKind::ClockReply;
+}
+
+/// Coordinator → agent on the control stream: where the UDP clock port
+/// listens (same address as the QUIC endpoint) and the token naming this
+/// connection there ([`crate::clock_udp`]). An agent that cannot reach it
+/// keeps answering probes on the control stream.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockPort {
+    pub port: u16,
+    pub token: [u8; 16],
+}
+impl Message for ClockPort {
+    const KIND: MessageKind = MessageKind::ClockPort;
 }
 
 /// Coordinator → agent on the control stream: open or close a deep-probe

@@ -1,10 +1,14 @@
 //! Agent → coordinator over a real QUIC connection on loopback: a batch
 //! arrives intact, bad bytes are rejected with a counted reason (and the
-//! connection keeps working), and a wrong token is refused.
+//! connection keeps working), a wrong token is refused, and clock probes
+//! take the kernel-stamped clock port when it is on and the control stream
+//! when it is off.
 
 use std::time::Duration;
 
+use slowrank_agent::clock::HostClock;
 use slowrank_agent::ship::{client_config, ShipError, Shipper};
+use slowrank_coordinator::control::ProbeSchedule;
 use slowrank_coordinator::ingest::{Ingest, IngestEvent};
 use slowrank_coordinator::tls::{Identity, SERVER_NAME};
 use slowrank_shared::wire::{self, Batch, CallRecord, Hello, ProbeDesc};
@@ -20,9 +24,14 @@ struct Server {
 }
 
 fn start_server() -> Server {
+    start_server_with(ProbeSchedule::default())
+}
+
+fn start_server_with(schedule: ProbeSchedule) -> Server {
     let identity = Identity::generate().expect("self-signed identity");
     let ingest = std::sync::Arc::new(
-        Ingest::bind("127.0.0.1:0".parse().unwrap(), &identity, TOKEN).expect("bind"),
+        Ingest::bind_with("127.0.0.1:0".parse().unwrap(), &identity, TOKEN, schedule)
+            .expect("bind"),
     );
     let addr = ingest.local_addr().unwrap();
     let (tx, events) = mpsc::channel(64);
@@ -192,4 +201,73 @@ async fn wrong_token_is_refused_and_counted() {
         1
     );
     server.ingest.close();
+}
+
+/// Clock samples from a real agent's answers, until `n` arrived; the true
+/// offset (coordinator − agent) is −1 ms.
+async fn clock_samples(
+    server: &mut Server,
+    n: usize,
+) -> Vec<slowrank_coordinator::clock::ClockSample> {
+    let shipper = connect(server, TOKEN).await.expect("accepted");
+    let (tx, _requests) = mpsc::channel(4);
+    let control = shipper.spawn_control(HostClock::simulated(1_000_000, 0.0), tx);
+    let mut got = Vec::new();
+    while got.len() < n {
+        match next_event(&mut server.events).await {
+            IngestEvent::Clock { sample, .. } => got.push(sample),
+            IngestEvent::AgentUp { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    control.abort();
+    shipper.close().await;
+    server.ingest.close();
+    got
+}
+
+/// The offset a sample implies lies within half its round trip of the truth.
+fn assert_brackets_truth(s: &slowrank_coordinator::clock::ClockSample) {
+    let rtt = (s.coord_recv_ns - s.coord_send_ns - s.agent_hold_ns) as f64;
+    let theta = (s.coord_send_ns as f64 + s.coord_recv_ns as f64
+        - 2.0 * s.agent_mono_ns as f64
+        - s.agent_hold_ns as f64)
+        / 2.0;
+    // Two clock reads apart in the simulated clock: allow a few µs.
+    assert!(
+        (theta + 1_000_000.0).abs() <= rtt / 2.0 + 5_000.0,
+        "offset {theta} ns outside ±{} ns of the truth: {s:?}",
+        rtt / 2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_probes_move_to_the_clock_port_and_stay_true() {
+    let mut server = start_server();
+    assert!(server.ingest.clock_port_addr().is_some());
+    let samples = clock_samples(&mut server, 60).await;
+    let udp: Vec<_> = samples.iter().filter(|s| s.udp).collect();
+    assert!(
+        udp.len() >= 20,
+        "only {} of {} samples through the clock port",
+        udp.len(),
+        samples.len()
+    );
+    for s in &samples {
+        assert_brackets_truth(s);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_clock_port_probes_use_the_control_stream() {
+    let mut server = start_server_with(ProbeSchedule {
+        clock_port: None,
+        ..ProbeSchedule::default()
+    });
+    assert!(server.ingest.clock_port_addr().is_none());
+    let samples = clock_samples(&mut server, 20).await;
+    assert!(samples.iter().all(|s| !s.udp && s.agent_hold_ns == 0));
+    for s in &samples {
+        assert_brackets_truth(s);
+    }
 }

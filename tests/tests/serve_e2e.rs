@@ -186,6 +186,18 @@ fn clock_errors(o: &Outcome) -> Vec<ClockErr> {
         let (Some(off_us), Some(at)) = (rep.offset_us, rep.reference_agent_ns) else {
             panic!("{host} has no probe fit: {rep:?}");
         };
+        assert!(
+            rep.udp_samples > 0,
+            "{host}: no probe answered on the clock port: {rep:?}"
+        );
+        let prom = o.analyzer.metrics().to_prometheus();
+        let udp_line = format!("slowrank_clock_probes{{host=\"{host}\",path=\"udp\"}} ");
+        let udp: f64 = prom
+            .lines()
+            .find_map(|l| l.strip_prefix(&udp_line))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{host}: no udp probe gauge in\n{prom}"));
+        assert!(udp > 0.0, "{host}: udp probe gauge {udp}");
         // Invert the simulated clock: agent = raw + offset + drift·(raw − epoch).
         let d = c.drift_ppm * 1e-6;
         let raw = (at as f64 - c.offset_ns as f64 + d * c.epoch_ns as f64) / (1.0 + d);

@@ -1,0 +1,326 @@
+//! The coordinator's UDP clock port ([`slowrank_shared::clock_udp`]).
+//!
+//! Each agent connection registers here with a random token, which the
+//! control stream hands to the agent ([`slowrank_shared::wire::ClockPort`]).
+//! The agent says hello from its own UDP socket; from then on the control
+//! stream's probes go out here instead, stamped just before `sendto`, and
+//! come back with the agent's kernel arrival stamp and hold time; the
+//! answer's own arrival is the kernel's stamp here. One plain thread reads
+//! the socket, so no task wake-up sits inside a measured interval.
+//!
+//! Answers are accepted only from the address that said hello with the
+//! token, only for probes actually sent (the control stream's bookkeeping),
+//! and are then handed on exactly like control-stream answers.
+
+use std::{
+    io,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread,
+    time::Duration,
+};
+
+use dashmap::DashMap;
+use slowrank_shared::clock_udp::{Datagram, StampedSocket, Token, MAX_DATAGRAM};
+use tokio::sync::mpsc;
+
+use crate::{clock::ClockSample, control::Probes, ingest::IngestEvent};
+
+/// Consecutive unanswered UDP probes after which the control stream takes
+/// over again (at 20 probes a second, two seconds of silence).
+const GIVE_UP_AFTER: u32 = 40;
+
+/// The bound socket and the connections registered on it.
+pub struct ClockPort {
+    sock: StampedSocket,
+    peers: DashMap<Token, Arc<Peer>>,
+    stop: AtomicBool,
+    /// Datagrams dropped: foreign, unknown token, wrong address, stale.
+    pub dropped: AtomicU64,
+}
+
+/// One agent connection as the clock port knows it.
+pub(crate) struct Peer {
+    agent_id: String,
+    host: String,
+    /// Where its hellos come from; unset until the first one.
+    addr: Mutex<Option<SocketAddr>>,
+    probes: Arc<Probes>,
+    events: mpsc::Sender<IngestEvent>,
+    unanswered: AtomicU32,
+}
+
+/// A connection's place on the port; dropping it forgets the token.
+pub(crate) struct Registration {
+    port: Arc<ClockPort>,
+    token: Token,
+    peer: Arc<Peer>,
+}
+
+impl ClockPort {
+    /// Binds `addr` (port 0: any free port) and starts the reader thread.
+    pub fn bind(addr: SocketAddr) -> io::Result<Arc<Self>> {
+        let sock = StampedSocket::bind(addr, Duration::from_millis(250))?;
+        let port = Arc::new(Self {
+            sock,
+            peers: DashMap::new(),
+            stop: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+        });
+        let reader = port.clone();
+        thread::Builder::new()
+            .name("clock-port".into())
+            .spawn(move || reader.read_loop())?;
+        Ok(port)
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// Stops the reader thread (within its read timeout).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        agent_id: &str,
+        host: &str,
+        probes: Arc<Probes>,
+        events: mpsc::Sender<IngestEvent>,
+    ) -> io::Result<Registration> {
+        let mut token = Token::default();
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| io::Read::read_exact(&mut f, &mut token))?;
+        let peer = Arc::new(Peer {
+            agent_id: agent_id.to_owned(),
+            host: host.to_owned(),
+            addr: Mutex::new(None),
+            probes,
+            events,
+            unanswered: AtomicU32::new(0),
+        });
+        self.peers.insert(token, peer.clone());
+        Ok(Registration {
+            port: self.clone(),
+            token,
+            peer,
+        })
+    }
+
+    fn read_loop(&self) {
+        let mut buf = [0u8; MAX_DATAGRAM + 1];
+        while !self.stop.load(Ordering::Relaxed) {
+            let got = match self.sock.recv(&mut buf) {
+                Ok(Some(g)) => g,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::debug!("clock port read failed: {e}");
+                    thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let d = match Datagram::decode(&buf[..got.len]) {
+                Ok(d) => d,
+                Err(_) => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let Some(peer) = self.peers.get(d.token()).map(|p| p.clone()) else {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            match d {
+                Datagram::Hello { .. } => {
+                    let mut addr = peer.addr.lock().unwrap_or_else(|e| e.into_inner());
+                    if *addr != Some(got.from) {
+                        tracing::info!(agent = %peer.agent_id, from = %got.from, kernel_stamped = got.kernel_stamped, "agent answers clock probes on the clock port");
+                        *addr = Some(got.from);
+                    }
+                }
+                Datagram::Answer {
+                    seq,
+                    coord_send_ns,
+                    agent_recv_ns,
+                    agent_send_ns,
+                    ..
+                } => {
+                    let from_peer =
+                        *peer.addr.lock().unwrap_or_else(|e| e.into_inner()) == Some(got.from);
+                    let known = from_peer && peer.probes.answered(seq, coord_send_ns);
+                    if !known || agent_send_ns < agent_recv_ns {
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    peer.unanswered.store(0, Ordering::Relaxed);
+                    let sample = ClockSample {
+                        coord_send_ns,
+                        agent_mono_ns: agent_recv_ns,
+                        agent_hold_ns: agent_send_ns - agent_recv_ns,
+                        coord_recv_ns: got.mono_ns,
+                        udp: true,
+                    };
+                    let ev = IngestEvent::Clock {
+                        agent_id: peer.agent_id.clone(),
+                        host: peer.host.clone(),
+                        sample,
+                    };
+                    // A plain thread: waiting for room is fine, and a
+                    // closed channel means the coordinator is stopping.
+                    if peer.events.blocking_send(ev).is_err() {
+                        return;
+                    }
+                }
+                Datagram::Probe { .. } => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl Registration {
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port.local_addr().map_or(0, |a| a.port())
+    }
+
+    /// Where probe `seq` should go: the clock port once the agent said
+    /// hello there and keeps answering (every tenth probe retries after it
+    /// went quiet), else `None` (the control stream).
+    pub fn route(&self, seq: u64) -> Option<SocketAddr> {
+        let addr = (*self.peer.addr.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let quiet = self.peer.unanswered.load(Ordering::Relaxed) >= GIVE_UP_AFTER;
+        (!quiet || seq.is_multiple_of(10)).then_some(addr)
+    }
+
+    /// Sends probe `seq`, stamped `coord_send_ns`, to `addr`.
+    pub fn send(&self, addr: SocketAddr, seq: u64, coord_send_ns: u64) -> io::Result<()> {
+        let d = Datagram::Probe {
+            token: self.token,
+            seq,
+            coord_send_ns,
+        };
+        self.peer.unanswered.fetch_add(1, Ordering::Relaxed);
+        self.port.sock.send_to(&d.encode(), addr).map(|_| ())
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.port.peers.remove(&self.token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(token: Token, seq: u64, coord_send_ns: u64, hold: u64) -> Vec<u8> {
+        let agent_recv_ns = 7_000_000_000;
+        Datagram::Answer {
+            token,
+            seq,
+            coord_send_ns,
+            agent_recv_ns,
+            agent_send_ns: agent_recv_ns + hold,
+        }
+        .encode()
+    }
+
+    /// The real port and reader thread against a stand-in agent socket:
+    /// probes go out only after a hello, answers become UDP samples with
+    /// the hold taken out, strangers and replays are dropped, and a port
+    /// that stops answering hands probes back to the control stream.
+    #[tokio::test]
+    async fn answers_become_samples_and_silence_falls_back() {
+        let port = ClockPort::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let probes = Arc::new(Probes::new(false));
+        let (tx, mut rx) = mpsc::channel(16);
+        let reg = port
+            .register("agent-0", "node-0", probes.clone(), tx)
+            .unwrap();
+        let at = port.local_addr().unwrap();
+        assert_eq!(reg.route(0), None, "no hello yet: control stream");
+
+        let agent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        agent
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        agent
+            .send_to(&Datagram::Hello { token: reg.token() }.encode(), at)
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while reg.route(1).is_none() {
+            assert!(std::time::Instant::now() < deadline, "hello not seen");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let to = reg.route(1).unwrap();
+        assert_eq!(to, agent.local_addr().unwrap());
+
+        let sent = probes.record(1, false);
+        reg.send(to, 1, sent).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, _) = agent.recv_from(&mut buf).unwrap();
+        assert_eq!(
+            Datagram::decode(&buf[..n]).unwrap(),
+            Datagram::Probe {
+                token: reg.token(),
+                seq: 1,
+                coord_send_ns: sent
+            }
+        );
+        // A stranger with the right token, then a made-up probe: dropped.
+        stranger
+            .send_to(&answer(reg.token(), 1, sent, 0), at)
+            .unwrap();
+        agent
+            .send_to(&answer(reg.token(), 99, sent, 0), at)
+            .unwrap();
+        agent
+            .send_to(&answer(reg.token(), 1, sent, 40_000), at)
+            .unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+            .await
+            .expect("a sample")
+            .expect("open");
+        let IngestEvent::Clock { sample, host, .. } = ev else {
+            panic!("not a clock event: {ev:?}")
+        };
+        assert_eq!(host, "node-0");
+        assert!(sample.udp);
+        assert_eq!(sample.agent_hold_ns, 40_000);
+        assert_eq!(sample.coord_send_ns, sent);
+        assert!(sample.coord_recv_ns > sent);
+        // The replay of an answered probe is dropped too.
+        agent.send_to(&answer(reg.token(), 1, sent, 0), at).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "stranger, made-up or replayed answer accepted"
+        );
+        assert_eq!(port.dropped.load(Ordering::Relaxed), 3);
+
+        // Forty probes unanswered: only every tenth still tries the port.
+        for seq in 2..42 {
+            reg.send(to, seq, probes.record(seq, false)).unwrap();
+        }
+        assert_eq!(reg.route(41), None);
+        assert_eq!(reg.route(50), Some(to));
+        drop(reg);
+        assert!(
+            port.peers.is_empty(),
+            "token kept after the connection ended"
+        );
+        port.stop();
+    }
+}
