@@ -238,6 +238,15 @@ impl Ingest {
     }
 }
 
+impl Drop for Ingest {
+    /// The clock port's reader is a plain thread: tell it to go.
+    fn drop(&mut self) {
+        if let Some(p) = &self.shared.clock_port {
+            p.stop();
+        }
+    }
+}
+
 /// Tells the agent a batch will never be ingested (no point resending).
 /// Receive buffer asked for on the UDP socket. Every agent's packets land
 /// in this one socket: at 4,096 ranks (≈ 43 MB/s) the kernel's default

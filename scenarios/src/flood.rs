@@ -310,6 +310,12 @@ fn start_coordinator(
         .arg(out)
         .arg("--metrics-listen")
         .arg(metrics.to_string())
+        // Extra `serve` flags to compare settings, as `run` takes them.
+        .args(
+            std::env::var("SLOWRANK_COORDINATOR_ARGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
         .env("SLOWRANK_TOKEN", token)
         .stdout(Stdio::piped())
         .stderr(Stdio::from(err))
