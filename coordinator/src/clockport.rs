@@ -1,16 +1,18 @@
 //! The coordinator's UDP clock port ([`slowrank_shared::clock_udp`]).
 //!
-//! Each agent connection registers here with a random token, which the
-//! control stream hands to the agent ([`slowrank_shared::wire::ClockPort`]).
+//! Each agent connection registers here with a random token and MAC key,
+//! which the control stream hands to the agent
+//! ([`slowrank_shared::wire::ClockPort`]).
 //! The agent says hello from its own UDP socket; from then on the control
 //! stream's probes go out here instead, stamped just before `sendto`, and
 //! come back with the agent's kernel arrival stamp and hold time; the
 //! answer's own arrival is the kernel's stamp here. One plain thread reads
 //! the socket, so no task wake-up sits inside a measured interval.
 //!
-//! Answers are accepted only from the address that said hello with the
-//! token, only for probes actually sent (the control stream's bookkeeping),
-//! and are then handed on exactly like control-stream answers.
+//! Answers are accepted only with a valid MAC, from the address that said
+//! hello, and only for probes actually sent and not yet answered (the
+//! control stream's bookkeeping); they are then handed on exactly like
+//! control-stream answers.
 
 use std::{
     io,
@@ -24,7 +26,7 @@ use std::{
 };
 
 use dashmap::DashMap;
-use slowrank_shared::clock_udp::{Datagram, StampedSocket, Token, MAX_DATAGRAM};
+use slowrank_shared::clock_udp::{Datagram, Key, StampedSocket, Token, MAX_DATAGRAM};
 use tokio::sync::mpsc;
 
 use crate::{clock::ClockSample, control::Probes, ingest::IngestEvent};
@@ -44,6 +46,7 @@ pub struct ClockPort {
 
 /// One agent connection as the clock port knows it.
 pub(crate) struct Peer {
+    key: Key,
     agent_id: String,
     host: String,
     /// Where its hellos come from; unset until the first one.
@@ -93,10 +96,13 @@ impl ClockPort {
         probes: Arc<Probes>,
         events: mpsc::Sender<IngestEvent>,
     ) -> io::Result<Registration> {
-        let mut token = Token::default();
+        let mut secret = [0u8; 48];
         std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| io::Read::read_exact(&mut f, &mut token))?;
+            .and_then(|mut f| io::Read::read_exact(&mut f, &mut secret))?;
+        let token: Token = secret[..16].try_into().expect("16 bytes");
+        let key: Key = secret[16..].try_into().expect("32 bytes");
         let peer = Arc::new(Peer {
+            key,
             agent_id: agent_id.to_owned(),
             host: host.to_owned(),
             addr: Mutex::new(None),
@@ -124,14 +130,13 @@ impl ClockPort {
                     continue;
                 }
             };
-            let d = match Datagram::decode(&buf[..got.len]) {
-                Ok(d) => d,
-                Err(_) => {
-                    self.dropped.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            };
-            let Some(peer) = self.peers.get(d.token()).map(|p| p.clone()) else {
+            let b = &buf[..got.len];
+            let peer = Datagram::token_of(b)
+                .ok()
+                .and_then(|t| self.peers.get(&t).map(|p| p.clone()));
+            let Some((peer, d)) =
+                peer.and_then(|p| Datagram::decode(b, &p.key).ok().map(|d| (p, d)))
+            else {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -189,6 +194,10 @@ impl Registration {
         self.token
     }
 
+    pub fn key(&self) -> Key {
+        self.peer.key
+    }
+
     pub fn port(&self) -> u16 {
         self.port.local_addr().map_or(0, |a| a.port())
     }
@@ -210,7 +219,10 @@ impl Registration {
             coord_send_ns,
         };
         self.peer.unanswered.fetch_add(1, Ordering::Relaxed);
-        self.port.sock.send_to(&d.encode(), addr).map(|_| ())
+        self.port
+            .sock
+            .send_to(&d.encode(&self.peer.key), addr)
+            .map(|_| ())
     }
 }
 
@@ -224,7 +236,11 @@ impl Drop for Registration {
 mod tests {
     use super::*;
 
-    fn answer(token: Token, seq: u64, coord_send_ns: u64, hold: u64) -> Vec<u8> {
+    fn answer(reg: &Registration, seq: u64, coord_send_ns: u64, hold: u64) -> Vec<u8> {
+        answer_under(reg.token(), &reg.key(), seq, coord_send_ns, hold)
+    }
+
+    fn answer_under(token: Token, key: &Key, seq: u64, coord_send_ns: u64, hold: u64) -> Vec<u8> {
         let agent_recv_ns = 7_000_000_000;
         Datagram::Answer {
             token,
@@ -233,12 +249,12 @@ mod tests {
             agent_recv_ns,
             agent_send_ns: agent_recv_ns + hold,
         }
-        .encode()
+        .encode(key)
     }
 
     /// The real port and reader thread against a stand-in agent socket:
     /// probes go out only after a hello, answers become UDP samples with
-    /// the hold taken out, strangers and replays are dropped, and a port
+    /// the hold taken out, strangers, forgeries and replays are dropped, and a port
     /// that stops answering hands probes back to the control stream.
     #[tokio::test]
     async fn answers_become_samples_and_silence_falls_back() {
@@ -257,7 +273,10 @@ mod tests {
             .unwrap();
         let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         agent
-            .send_to(&Datagram::Hello { token: reg.token() }.encode(), at)
+            .send_to(
+                &Datagram::Hello { token: reg.token() }.encode(&reg.key()),
+                at,
+            )
             .unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(3);
         while reg.route(1).is_none() {
@@ -272,23 +291,20 @@ mod tests {
         let mut buf = [0u8; 64];
         let (n, _) = agent.recv_from(&mut buf).unwrap();
         assert_eq!(
-            Datagram::decode(&buf[..n]).unwrap(),
+            Datagram::decode(&buf[..n], &reg.key()).unwrap(),
             Datagram::Probe {
                 token: reg.token(),
                 seq: 1,
                 coord_send_ns: sent
             }
         );
-        // A stranger with the right token, then a made-up probe: dropped.
-        stranger
-            .send_to(&answer(reg.token(), 1, sent, 0), at)
-            .unwrap();
-        agent
-            .send_to(&answer(reg.token(), 99, sent, 0), at)
-            .unwrap();
-        agent
-            .send_to(&answer(reg.token(), 1, sent, 40_000), at)
-            .unwrap();
+        // A stranger with the right key, a forgery under another key, then
+        // a made-up probe: dropped.
+        stranger.send_to(&answer(&reg, 1, sent, 0), at).unwrap();
+        let forged = answer_under(reg.token(), &[1u8; 32], 1, sent, 0);
+        agent.send_to(&forged, at).unwrap();
+        agent.send_to(&answer(&reg, 99, sent, 0), at).unwrap();
+        agent.send_to(&answer(&reg, 1, sent, 40_000), at).unwrap();
         let ev = tokio::time::timeout(Duration::from_secs(3), rx.recv())
             .await
             .expect("a sample")
@@ -302,13 +318,13 @@ mod tests {
         assert_eq!(sample.coord_send_ns, sent);
         assert!(sample.coord_recv_ns > sent);
         // The replay of an answered probe is dropped too.
-        agent.send_to(&answer(reg.token(), 1, sent, 0), at).unwrap();
+        agent.send_to(&answer(&reg, 1, sent, 0), at).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
             rx.try_recv().is_err(),
-            "stranger, made-up or replayed answer accepted"
+            "stranger, forged, made-up or replayed answer accepted"
         );
-        assert_eq!(port.dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(port.dropped.load(Ordering::Relaxed), 4);
 
         // Forty probes unanswered: only every tenth still tries the port.
         for seq in 2..42 {

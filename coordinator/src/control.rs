@@ -163,6 +163,7 @@ pub(crate) async fn run(
         let offer = ClockPort {
             port: r.port(),
             token: r.token(),
+            key: r.key(),
         };
         send.write_all(&wire::encode(&offer)?).await?;
     }

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slowrank_shared::clock_udp::{Datagram, StampedSocket, Token, MAX_DATAGRAM};
+use slowrank_shared::clock_udp::{Datagram, Key, StampedSocket, Token, MAX_DATAGRAM};
 
 use crate::clock::HostClock;
 
@@ -33,9 +33,14 @@ pub struct Responder {
 }
 
 impl Responder {
-    /// Binds an ephemeral UDP port and answers probes from `coordinator`
-    /// carrying `token`, on `clock`.
-    pub fn spawn(coordinator: SocketAddr, token: Token, clock: HostClock) -> io::Result<Self> {
+    /// Binds an ephemeral UDP port and answers probes sent to `token` and
+    /// MAC'd with `key`, on `clock`.
+    pub fn spawn(
+        coordinator: SocketAddr,
+        token: Token,
+        key: Key,
+        clock: HostClock,
+    ) -> io::Result<Self> {
         let any: SocketAddr = if coordinator.is_ipv4() {
             "0.0.0.0:0".parse().expect("addr")
         } else {
@@ -47,7 +52,7 @@ impl Responder {
         let (s, a) = (stop.clone(), answered.clone());
         thread::Builder::new()
             .name("clock-port".into())
-            .spawn(move || serve(sock, coordinator, token, clock, &s, &a))?;
+            .spawn(move || serve(sock, coordinator, (token, key), clock, &s, &a))?;
         Ok(Self { stop, answered })
     }
 
@@ -66,12 +71,12 @@ impl Drop for Responder {
 fn serve(
     sock: StampedSocket,
     coordinator: SocketAddr,
-    token: Token,
+    (token, key): (Token, Key),
     clock: HostClock,
     stop: &AtomicBool,
     answered: &AtomicU64,
 ) {
-    let hello = Datagram::Hello { token }.encode();
+    let hello = Datagram::Hello { token }.encode(&key);
     let mut last_hello: Option<Instant> = None;
     let mut buf = [0u8; MAX_DATAGRAM + 1];
     let mut warned = false;
@@ -94,15 +99,14 @@ fn serve(
                 continue;
             }
         };
-        // Only the token is checked, not the source: a multi-homed
-        // coordinator may answer from another of its addresses. Answers go
-        // to `coordinator` whatever the source, and it drops what it never
-        // asked for.
+        // The MAC is checked, not the source: a multi-homed coordinator
+        // may answer from another of its addresses. Answers go to
+        // `coordinator` whatever the source.
         let Ok(Datagram::Probe {
             token: t,
             seq,
             coord_send_ns,
-        }) = Datagram::decode(&buf[..got.len])
+        }) = Datagram::decode(&buf[..got.len], &key)
         else {
             continue;
         };
@@ -117,7 +121,7 @@ fn serve(
             agent_recv_ns,
             agent_send_ns: clock.now(),
         };
-        if sock.send_to(&answer.encode(), coordinator).is_ok() {
+        if sock.send_to(&answer.encode(&key), coordinator).is_ok() {
             answered.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -129,18 +133,19 @@ mod tests {
 
     /// A stand-in coordinator: the responder says hello, answers a probe
     /// with the echo, the kernel arrival on its clock and how long it held
-    /// it; a probe with another token is not answered.
+    /// it; a probe under another token or key is not answered.
     #[test]
     fn answers_probes_with_arrival_and_hold() {
         let coord =
             StampedSocket::bind("127.0.0.1:0".parse().unwrap(), Duration::from_secs(3)).unwrap();
         let token = [3u8; 16];
+        let key = [5u8; 32];
         let clock = HostClock::simulated(5_000_000, 0.0);
-        let r = Responder::spawn(coord.local_addr().unwrap(), token, clock).unwrap();
-        let mut buf = [0u8; 64];
+        let r = Responder::spawn(coord.local_addr().unwrap(), token, key, clock).unwrap();
+        let mut buf = [0u8; 128];
         let hello = coord.recv(&mut buf).unwrap().expect("hello");
         assert_eq!(
-            Datagram::decode(&buf[..hello.len]),
+            Datagram::decode(&buf[..hello.len], &key),
             Ok(Datagram::Hello { token })
         );
         let agent = hello.from;
@@ -149,17 +154,23 @@ mod tests {
             seq: 1,
             coord_send_ns: 1,
         };
-        coord.send_to(&wrong.encode(), agent).unwrap();
+        coord.send_to(&wrong.encode(&key), agent).unwrap();
+        let forged = Datagram::Probe {
+            token,
+            seq: 1,
+            coord_send_ns: 1,
+        };
+        coord.send_to(&forged.encode(&[6u8; 32]), agent).unwrap();
         let sent = crate::clock::mono_ns();
         let probe = Datagram::Probe {
             token,
             seq: 2,
             coord_send_ns: sent,
         };
-        coord.send_to(&probe.encode(), agent).unwrap();
+        coord.send_to(&probe.encode(&key), agent).unwrap();
         let ans = loop {
             let got = coord.recv(&mut buf).unwrap().expect("an answer");
-            match Datagram::decode(&buf[..got.len]).unwrap() {
+            match Datagram::decode(&buf[..got.len], &key).unwrap() {
                 Datagram::Hello { .. } => continue,
                 a => break (a, got),
             }
@@ -189,6 +200,6 @@ mod tests {
             "answer {back} after arrival {}",
             got.mono_ns
         );
-        assert_eq!(r.answered(), 1, "the wrong token was answered");
+        assert_eq!(r.answered(), 1, "a wrong token or key was answered");
     }
 }

@@ -344,7 +344,7 @@ async fn answer_control(
                 let p: ClockPort = wire::decode(&frame)?;
                 let at = SocketAddr::new(coordinator.ip(), p.port);
                 _responder = None;
-                match Responder::spawn(at, p.token, clock) {
+                match Responder::spawn(at, p.token, p.key, clock) {
                     Ok(r) => {
                         tracing::info!(%at, "answering clock probes on the coordinator's clock port");
                         _responder = Some(r);

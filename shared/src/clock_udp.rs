@@ -10,17 +10,20 @@
 //! long it held the probe (NTP's four timestamps), so neither side's
 //! scheduling enters the estimate; what is left is the network path.
 //!
-//! Datagrams are fixed-size, little-endian, and carry the per-connection
-//! token the coordinator handed out on the authenticated QUIC control stream
-//! ([`crate::wire::ClockPort`]); anything else is dropped.
+//! Datagrams are fixed-size and little-endian. Each names its connection by
+//! a token and ends in a MAC (HMAC-SHA-256, first 16 bytes) under a key;
+//! both were handed out on the authenticated QUIC control stream
+//! ([`crate::wire::ClockPort`]), and only the token is ever sent in clear.
+//! Without the MAC anyone on the path could rewrite an answer's agent
+//! times and move the host's clock; with it, such a datagram is dropped.
 //!
 //! ```text
 //!  0  4  magic "SRCK"      5  u8 kind      8  [u8; 16] token
-//!  4  u8 version (1)       6  2 zero bytes
-//! kind 1 hello  (agent → coordinator): nothing more                24 bytes
-//! kind 2 probe  (coordinator → agent): seq, coord_send_ns           40 bytes
+//!  4  u8 version (2)       6  2 zero bytes
+//! kind 1 hello  (agent → coordinator): MAC                          40 bytes
+//! kind 2 probe  (coordinator → agent): seq, coord_send_ns, MAC      56 bytes
 //! kind 3 answer (agent → coordinator): seq, coord_send_ns,
-//!                                      agent_recv_ns, agent_send_ns 56 bytes
+//!                                      agent_recv_ns, agent_send_ns, MAC 72 bytes
 //! ```
 
 use std::{
@@ -31,12 +34,15 @@ use std::{
 };
 
 const MAGIC: [u8; 4] = *b"SRCK";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+const MAC_LEN: usize = 16;
 /// Longest datagram (the answer).
-pub const MAX_DATAGRAM: usize = 56;
+pub const MAX_DATAGRAM: usize = 72;
 
-/// Per-connection secret naming the agent on the clock port.
+/// Names a connection on the clock port (sent in clear).
 pub type Token = [u8; 16];
+/// Authenticates its datagrams (never sent outside TLS).
+pub type Key = [u8; 32];
 
 /// One clock-port datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +74,14 @@ pub enum DatagramError {
     Foreign,
     #[error("unknown clock datagram kind {0}")]
     Kind(u8),
+    #[error("clock datagram fails its MAC (forged, altered or another connection's)")]
+    Mac,
+}
+
+fn mac(key: &Key, body: &[u8]) -> [u8; MAC_LEN] {
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let tag = ring::hmac::sign(&k, body);
+    tag.as_ref()[..MAC_LEN].try_into().expect("16 bytes")
 }
 
 impl Datagram {
@@ -77,7 +91,8 @@ impl Datagram {
         }
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    /// The datagram's bytes, MAC'd under `key`.
+    pub fn encode(&self, key: &Key) -> Vec<u8> {
         let (kind, words): (u8, &[u64]) = match self {
             Self::Hello { .. } => (1, &[]),
             Self::Probe {
@@ -98,27 +113,43 @@ impl Datagram {
         for w in words {
             out.extend_from_slice(&w.to_le_bytes());
         }
+        let tag = mac(key, &out);
+        out.extend_from_slice(&tag);
         out
     }
 
-    pub fn decode(b: &[u8]) -> Result<Self, DatagramError> {
-        if b.len() < 24 {
+    /// The token a datagram claims, to find its key: checks only the
+    /// header and the size for its kind.
+    pub fn token_of(b: &[u8]) -> Result<Token, DatagramError> {
+        if b.len() < 24 + MAC_LEN {
             return Err(DatagramError::Size(b.len()));
         }
         if b[0..4] != MAGIC || b[4] != VERSION {
             return Err(DatagramError::Foreign);
         }
-        let token: Token = b[8..24].try_into().expect("16 bytes");
-        let word = |i: usize| u64::from_le_bytes(b[24 + 8 * i..32 + 8 * i].try_into().expect("8"));
         let want = match b[5] {
             1 => 24,
             2 => 40,
             3 => 56,
             k => return Err(DatagramError::Kind(k)),
-        };
+        } + MAC_LEN;
         if b.len() != want {
             return Err(DatagramError::Size(b.len()));
         }
+        Ok(b[8..24].try_into().expect("16 bytes"))
+    }
+
+    /// Checks the datagram against `key` and reads it.
+    pub fn decode(b: &[u8], key: &Key) -> Result<Self, DatagramError> {
+        let token = Self::token_of(b)?;
+        let (body, tag) = b.split_at(b.len() - MAC_LEN);
+        let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+        // Constant-time check of the truncated tag.
+        let full = ring::hmac::sign(&k, body);
+        if !constant_eq(&full.as_ref()[..MAC_LEN], tag) {
+            return Err(DatagramError::Mac);
+        }
+        let word = |i: usize| u64::from_le_bytes(b[24 + 8 * i..32 + 8 * i].try_into().expect("8"));
         Ok(match b[5] {
             1 => Self::Hello { token },
             2 => Self::Probe {
@@ -135,6 +166,10 @@ impl Datagram {
             },
         })
     }
+}
+
+fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// CLOCK_MONOTONIC in ns.
@@ -252,8 +287,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn datagrams_round_trip_and_reject_garbage() {
+    fn datagrams_round_trip_and_reject_garbage_and_forgeries() {
         let token = [7u8; 16];
+        let key = [9u8; 32];
         for d in [
             Datagram::Hello { token },
             Datagram::Probe {
@@ -269,20 +305,26 @@ mod tests {
                 agent_send_ns: 6,
             },
         ] {
-            let b = d.encode();
-            assert_eq!(Datagram::decode(&b), Ok(d));
+            let b = d.encode(&key);
+            assert_eq!(Datagram::token_of(&b), Ok(token));
+            assert_eq!(Datagram::decode(&b, &key), Ok(d));
             assert_eq!(
-                Datagram::decode(&b[..b.len() - 1]),
+                Datagram::decode(&b[..b.len() - 1], &key),
                 Err(DatagramError::Size(b.len() - 1))
             );
+            // Another connection's key, or one flipped bit of a time.
+            assert_eq!(Datagram::decode(&b, &[8u8; 32]), Err(DatagramError::Mac));
+            let mut altered = b.clone();
+            altered[b.len() - MAC_LEN - 1] ^= 1;
+            assert_eq!(Datagram::decode(&altered, &key), Err(DatagramError::Mac));
         }
-        let mut b = Datagram::Hello { token }.encode();
+        let mut b = Datagram::Hello { token }.encode(&key);
         b[0] = b'X';
-        assert_eq!(Datagram::decode(&b), Err(DatagramError::Foreign));
+        assert_eq!(Datagram::decode(&b, &key), Err(DatagramError::Foreign));
         b[0] = b'S';
         b[5] = 9;
-        assert_eq!(Datagram::decode(&b), Err(DatagramError::Kind(9)));
-        assert_eq!(Datagram::decode(&[0; 3]), Err(DatagramError::Size(3)));
+        assert_eq!(Datagram::decode(&b, &key), Err(DatagramError::Kind(9)));
+        assert_eq!(Datagram::decode(&[0; 3], &key), Err(DatagramError::Size(3)));
     }
 
     /// The kernel stamps arrivals: a datagram read 30 ms after it was sent

@@ -353,13 +353,15 @@ impl Message for ClockReply {
 }
 
 /// Coordinator → agent on the control stream: where the UDP clock port
-/// listens (same address as the QUIC endpoint) and the token naming this
-/// connection there ([`crate::clock_udp`]). An agent that cannot reach it
-/// keeps answering probes on the control stream.
+/// listens (same address as the QUIC endpoint), the token naming this
+/// connection there and the key its datagrams are MAC'd with
+/// ([`crate::clock_udp`]). An agent that cannot reach it keeps answering
+/// probes on the control stream.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClockPort {
     pub port: u16,
     pub token: [u8; 16],
+    pub key: [u8; 32],
 }
 impl Message for ClockPort {
     const KIND: MessageKind = MessageKind::ClockPort;
