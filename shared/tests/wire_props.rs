@@ -1,9 +1,11 @@
 //! Properties of the wire format over arbitrary batches: encode → decode
 //! gives the batch back, and no single corrupted byte of an encoding makes
-//! `decode` panic (it answers Ok or an error with a reason).
+//! `decode` panic (it answers Ok or an error with a reason); clock-port
+//! datagrams refuse any change.
 
 use proptest::collection::vec;
 use proptest::prelude::*;
+use slowrank_shared::clock_udp::Datagram;
 use slowrank_shared::probe::MAX_ARGS;
 use slowrank_shared::wire::{
     self, Batch, CallRecord, CollOp, CollectiveRecord, CommRecord, FoldedStack, LinkRecord,
@@ -229,5 +231,44 @@ proptest! {
         let bytes = wire::encode(&b).unwrap();
         let cut = at.index(bytes.len());
         prop_assert!(wire::decode::<Batch>(&bytes[..cut]).is_err());
+    }
+}
+
+fn datagram() -> impl Strategy<Value = Datagram> {
+    (any::<[u8; 16]>(), any::<[u64; 4]>(), 0u8..3).prop_map(|(token, w, k)| match k {
+        0 => Datagram::Hello { token },
+        1 => Datagram::Probe {
+            token,
+            seq: w[0],
+            coord_send_ns: w[1],
+        },
+        _ => Datagram::Answer {
+            token,
+            seq: w[0],
+            coord_send_ns: w[1],
+            agent_recv_ns: w[2],
+            agent_send_ns: w[3],
+        },
+    })
+}
+
+proptest! {
+    /// Clock-port datagrams: any byte changed anywhere, or any bytes at
+    /// all, are refused (the MAC covers everything before it), never a panic.
+    #[test]
+    fn clock_datagrams_refuse_every_change(
+        d in datagram(),
+        key in any::<[u8; 32]>(),
+        at in any::<prop::sample::Index>(),
+        xor in 1u8..,
+        junk in vec(any::<u8>(), 0..100),
+    ) {
+        let mut bytes = d.encode(&key);
+        prop_assert_eq!(Datagram::decode(&bytes, &key), Ok(d));
+        let i = at.index(bytes.len());
+        bytes[i] ^= xor;
+        // Byte 6–7 are reserved, yet MAC'd: a change there fails too.
+        prop_assert!(Datagram::decode(&bytes, &key).is_err(), "byte {} changed, accepted", i);
+        prop_assert!(Datagram::decode(&junk, &key).is_err());
     }
 }
