@@ -121,14 +121,8 @@ impl ClockPort {
     fn read_loop(&self) {
         let mut buf = [0u8; MAX_DATAGRAM + 1];
         while !self.stop.load(Ordering::Relaxed) {
-            let got = match self.sock.recv(&mut buf) {
-                Ok(Some(g)) => g,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::debug!("clock port read failed: {e}");
-                    thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
+            let Some(got) = self.sock.next(&mut buf) else {
+                continue;
             };
             let b = &buf[..got.len];
             let peer = Datagram::token_of(b)

@@ -90,14 +90,8 @@ fn serve(
             }
             last_hello = Some(Instant::now());
         }
-        let got = match sock.recv(&mut buf) {
-            Ok(Some(g)) => g,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::debug!("clock port read failed: {e}");
-                thread::sleep(Duration::from_millis(100));
-                continue;
-            }
+        let Some(got) = sock.next(&mut buf) else {
+            continue;
         };
         // The MAC is checked, not the source: a multi-homed coordinator
         // may answer from another of its addresses. Answers go to
@@ -200,6 +194,12 @@ mod tests {
             "answer {back} after arrival {}",
             got.mono_ns
         );
+        // The count follows the send: wait for it. The wrong probes went
+        // first, so by then they were read (and not answered).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while r.answered() < 1 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(r.answered(), 1, "a wrong token or key was answered");
     }
 }
