@@ -40,8 +40,9 @@ pub struct ClockPort {
     sock: StampedSocket,
     peers: DashMap<Token, Arc<Peer>>,
     stop: AtomicBool,
-    /// Datagrams dropped: foreign, unknown token, wrong address, stale.
-    pub dropped: AtomicU64,
+    /// Datagrams dropped: foreign, unknown token, bad MAC, wrong address,
+    /// stale (shared with [`crate::ingest::IngestStats`] for `/metrics`).
+    pub dropped: Arc<AtomicU64>,
 }
 
 /// One agent connection as the clock port knows it.
@@ -64,14 +65,15 @@ pub(crate) struct Registration {
 }
 
 impl ClockPort {
-    /// Binds `addr` (port 0: any free port) and starts the reader thread.
-    pub fn bind(addr: SocketAddr) -> io::Result<Arc<Self>> {
+    /// Binds `addr` (port 0: any free port) and starts the reader thread;
+    /// dropped datagrams are counted in `dropped`.
+    pub fn bind(addr: SocketAddr, dropped: Arc<AtomicU64>) -> io::Result<Arc<Self>> {
         let sock = StampedSocket::bind(addr, Duration::from_millis(250))?;
         let port = Arc::new(Self {
             sock,
             peers: DashMap::new(),
             stop: AtomicBool::new(false),
-            dropped: AtomicU64::new(0),
+            dropped,
         });
         let reader = port.clone();
         thread::Builder::new()
@@ -252,7 +254,7 @@ mod tests {
     /// that stops answering hands probes back to the control stream.
     #[tokio::test]
     async fn answers_become_samples_and_silence_falls_back() {
-        let port = ClockPort::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = ClockPort::bind("127.0.0.1:0".parse().unwrap(), Arc::default()).unwrap();
         let probes = Arc::new(Probes::new(false));
         let (tx, mut rx) = mpsc::channel(16);
         let reg = port

@@ -116,6 +116,8 @@ pub struct IngestStats {
     /// Rejections by reason class (`WireError::class`, "oversized", ...).
     pub rejected: DashMap<String, u64>,
     pub agents: DashMap<String, AgentState>,
+    /// Clock-port datagrams dropped (foreign, bad MAC, stale, …).
+    pub clock_datagrams_dropped: Arc<AtomicU64>,
 }
 
 impl IngestStats {
@@ -170,10 +172,15 @@ impl Ingest {
             Arc::new(quinn::TokioRuntime),
         )
         .map_err(bind_err)?;
+        let stats = Arc::new(IngestStats::default());
         let clock_port = match schedule.clock_port {
             Some(port) => {
                 let at = SocketAddr::new(endpoint.local_addr().map_err(bind_err)?.ip(), port);
-                Some(ClockPort::bind(at).map_err(|source| IngestError::Bind { addr: at, source })?)
+                let dropped = stats.clock_datagrams_dropped.clone();
+                Some(
+                    ClockPort::bind(at, dropped)
+                        .map_err(|source| IngestError::Bind { addr: at, source })?,
+                )
             }
             None => None,
         };
@@ -181,7 +188,7 @@ impl Ingest {
             endpoint,
             shared: Arc::new(Shared {
                 token: token.into(),
-                stats: Arc::default(),
+                stats,
                 controls: Arc::new(DashMap::new()),
                 schedule,
                 clock_port,

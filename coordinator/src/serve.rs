@@ -200,6 +200,11 @@ fn render_metrics(
             ingest.refused_agents.load(Ordering::Relaxed),
         ),
         (
+            "slowrank_clock_datagrams_dropped_total",
+            "Clock-port datagrams dropped: not ours, unknown token, bad MAC, wrong address, or answering no outstanding probe",
+            ingest.clock_datagrams_dropped.load(Ordering::Relaxed),
+        ),
+        (
             "slowrank_webhook_ok_total",
             "Webhook deliveries that succeeded",
             hooks.webhook_ok.load(Ordering::Relaxed),
