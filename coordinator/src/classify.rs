@@ -303,7 +303,7 @@ pub fn stands_alone(c: &Classification, window: &[RankScore], cpu: Option<&CpuEv
 pub fn classify_nic(n: &SlowNic, transfer_ratio: Option<f64>) -> Classification {
     let mut ev = vec![
         format!(
-            "{} of its {} verbs peers complete slowly: post→completion {} vs {} median of links moving the same chunk size ({:.1}×)",
+            "{} of its {} verbs peers complete slowly: post→completion {} vs {} median of links moving the same chunk size at the same moments ({:.1}×, typical of its last intervals)",
             n.slow_peers.len(),
             n.peers,
             fmt_ns(n.latency_ns),
@@ -334,7 +334,7 @@ pub fn classify_link(l: &SlowLink) -> Classification {
         confidence: (0.55 + 0.3 * ((l.ratio - 1.0) / 2.0).clamp(0.0, 1.0)).min(0.95),
         evidence: vec![
             format!(
-                "link between ranks {} and {}: post→completion {} vs {} median of links moving the same chunk size ({:.1}×)",
+                "link between ranks {} and {}: post→completion {} vs {} median of links moving the same chunk size at the same moments ({:.1}×, typical of its last intervals)",
                 l.a,
                 l.b,
                 fmt_ns(l.latency_ns),
