@@ -2,8 +2,9 @@
 //!
 //! Each [`LinkRecord`](slowrank_shared::wire::LinkRecord) gives a QP's mean
 //! post→completion latency over an interval. Links are compared
-//! cross-sectionally (against the median link over the same window), so a
-//! persistent fault never becomes its own baseline. Only like is compared
+//! cross-sectionally (each interval against the median link at the same
+//! moment), so a persistent fault never becomes its own baseline, and a
+//! link is slow when most of its last few intervals are. Only like is compared
 //! with like: a QP's latency includes its chunks' wire time, so links are
 //! grouped by bytes per completion (sizes within 25% of the next smaller one
 //! form a class) and each is judged against its class's median when the
@@ -142,12 +143,12 @@ impl Recent {
 }
 
 /// Intervals looked back over (newest first, at most this far back, ns).
-/// A link is slow when most of its
-/// recent intervals are slow against their class's median *at the same
-/// moment*: a bad cable is slow in most intervals, while a loaded
-/// host's late polls make one link look 1.5–1.8× slow for an interval or
-/// two (seen on healthy runs in CI), and a load wave lifts every link at
-/// once, which a baseline taken at another moment would call slow.
+/// A link is slow when most of its recent intervals are slow against their
+/// class's median *at the same moment*: a bad cable is slow in most
+/// intervals, while a loaded host's late polls make one link look 1.5–1.8×
+/// slow for an interval or two (seen on healthy runs in CI), and a load
+/// wave lifts every link at once, which a baseline taken at another moment
+/// would call slow.
 const RECENT_INTERVALS: usize = 4;
 /// How many of the recent intervals must be slow: one may dip (a weak
 /// fault, 1.3–2.5× from interval to interval, would flicker otherwise).
@@ -390,7 +391,7 @@ impl LinkStats {
                 (*k, j)
             })
             .collect();
-        let slow_pairs = |k: &(u32, u32)| judged[k].slow;
+        let is_slow = |k: &(u32, u32)| judged[k].slow;
         let mut peers: HashMap<u32, Vec<(u32, Judged)>> = HashMap::new();
         for (k, j) in &judged {
             let (a, b) = *k;
@@ -428,7 +429,7 @@ impl LinkStats {
             for h in hosts {
                 let e = by_host.entry(h).or_default();
                 e.0 += 1;
-                e.1 += usize::from(slow_pairs(k));
+                e.1 += usize::from(is_slow(k));
             }
         }
         let mut common_mode: Vec<CommonModeHost> = by_host
@@ -450,7 +451,7 @@ impl LinkStats {
             .iter()
             .filter(|(k, p)| {
                 let (a, b) = **k;
-                slow_pairs(k)
+                is_slow(k)
                     && !nic_ranks.contains(&a)
                     && !nic_ranks.contains(&b)
                     && !on_common_host(p)
