@@ -366,11 +366,7 @@ impl LinkStats {
                 let at = |r: &Recent| spans.at(class_of[k], r).unwrap_or(now);
                 let mut l: Vec<f64> = p.recent.iter().map(|r| r.latency_ns).collect();
                 let mut b: Vec<f64> = p.recent.iter().map(at).collect();
-                let mut q: Vec<f64> = p
-                    .recent
-                    .iter()
-                    .map(|r| r.latency_ns / at(r).max(1.0))
-                    .collect();
+                let mut q: Vec<f64> = l.iter().zip(&b).map(|(l, b)| l / b.max(1.0)).collect();
                 // The SLOW_RECENT-th largest ratio: that many intervals reached it.
                 q.sort_by(|x, y| y.total_cmp(x));
                 let reached = q.get(SLOW_RECENT - 1).copied().unwrap_or(0.0);
