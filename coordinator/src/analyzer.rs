@@ -50,6 +50,7 @@ pub struct AnalyzerConfig {
     pub stats: StatsConfig,
     pub links: LinkConfig,
     pub lifecycle: LifecycleConfig,
+    pub sequential: crate::sequential::SequentialConfig,
     pub limits: Limits,
 }
 
@@ -162,6 +163,8 @@ struct Core {
     links: LinkStats,
     intervals: IntervalStore,
     lifecycle: Lifecycle,
+    /// Per-rank sequential test on what-if cost (names and keeps names).
+    sequential: crate::sequential::Sequential,
     pending: VecDeque<AlignedInstance>,
     pending_dropped: u64,
     recent: VecDeque<(u64, AlignedInstance)>,
@@ -216,6 +219,12 @@ pub struct Analyzer {
     core: Mutex<Core>,
 }
 
+/// Ranks replayed per iteration for the sequential test: the what-if is
+/// linear in the iteration's size per rank replayed, and more than a few
+/// ranks far behind in one iteration is a host- or job-wide event, not a
+/// straggler.
+const MAX_REPLAYED: usize = 32;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere must not take the coordinator down with it.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -229,6 +238,7 @@ impl Analyzer {
             links: LinkStats::new(cfg.links.clone()),
             intervals: IntervalStore::default(),
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
+            sequential: crate::sequential::Sequential::new(cfg.sequential.clone()),
             pending: VecDeque::new(),
             pending_dropped: 0,
             recent: VecDeque::new(),
@@ -1071,6 +1081,26 @@ impl Analyzer {
             }
         }
         core.stats.judge_blame(&mut scores, &rank_blame);
+        let (from, to) = (
+            k.checked_sub(1)
+                .and_then(|p| core.iteration.end_of(p))
+                .unwrap_or(CoordNs::MIN),
+            core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
+        );
+        let (model, gpu_ranks) = Self::iteration_model(core, k, from);
+        let alarms = Self::sequential_test(core, model.as_ref(), step);
+        for s in scores.iter_mut() {
+            // The sequential test names a rank, and keeps an open verdict's
+            // rank named while its evidence stands; the class, the
+            // two-rank and deep-set rules below still apply.
+            let active = core
+                .lifecycle
+                .verdicts()
+                .any(|v| v.active && v.rank == s.rank && v.link.is_none());
+            if alarms.contains(&s.rank) || (active && core.sequential.standing(s.rank)) {
+                s.suspicious = true;
+            }
+        }
         for s in &scores {
             tracing::trace!(
                 iteration = k,
@@ -1087,12 +1117,6 @@ impl Analyzer {
                 "rank score"
             );
         }
-        let (from, to) = (
-            k.checked_sub(1)
-                .and_then(|p| core.iteration.end_of(p))
-                .unwrap_or(CoordNs::MIN),
-            core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
-        );
         let min_frac = core.stats.config().min_step_fraction;
         let mut obs: BTreeMap<Subject, Observation> = BTreeMap::new();
         for s in &scores {
@@ -1161,6 +1185,10 @@ impl Analyzer {
                     late_ns: s.unexplained_ns,
                     lost_ns: blame.get(&Node::Rank(s.rank)).copied().unwrap_or(0.0),
                     exposure_ns: exposure,
+                    saved_ns: None,
+                    step_ns: 0.0,
+                    once_fixed: None,
+                    alarm: alarms.contains(&s.rank),
                     at,
                     wall: self.wall(at),
                 },
@@ -1209,6 +1237,10 @@ impl Analyzer {
                         late_ns: 0.0,
                         lost_ns: lost,
                         exposure_ns: exposure,
+                        saved_ns: None,
+                        step_ns: 0.0,
+                        once_fixed: None,
+                        alarm: false,
                         at: from,
                         wall: self.wall(from),
                     },
@@ -1238,6 +1270,10 @@ impl Analyzer {
                         late_ns: 0.0,
                         lost_ns: lost,
                         exposure_ns: exposure,
+                        saved_ns: None,
+                        step_ns: 0.0,
+                        once_fixed: None,
+                        alarm: false,
                         at: from,
                         wall: self.wall(from),
                     },
@@ -1279,7 +1315,12 @@ impl Analyzer {
             |r| compute_active.contains(&r),
         );
         crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
+        let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
         let events = core.lifecycle.step(k, obs);
+        for c in unobserved {
+            core.lifecycle
+                .account_unobserved(k, c.subject, c.saved_ns, step, c.once_fixed);
+        }
         for e in &events {
             if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
                 self.snapshot(
@@ -1292,6 +1333,88 @@ impl Analyzer {
             }
         }
         events
+    }
+
+    /// Iteration `k` (which began at `from`) as a replayable what-if model,
+    /// and the ranks that had GPU-side arrivals in it.
+    fn iteration_model(
+        core: &Core,
+        k: u64,
+        from: CoordNs,
+    ) -> (Option<crate::whatif::WhatIf>, std::collections::HashSet<u32>) {
+        if from == CoordNs::MIN {
+            return (None, Default::default());
+        }
+        let instances: Vec<&AlignedInstance> = core
+            .recent
+            .iter()
+            .filter(|(it, _)| *it == k)
+            .map(|(_, a)| a)
+            .collect();
+        let gpu_ranks = instances
+            .iter()
+            .filter(|a| a.basis == crate::stats::Basis::Gpu)
+            .flat_map(|a| a.members.iter().map(|m| m.rank))
+            .collect();
+        let model =
+            crate::whatif::WhatIf::new(&crate::itergraph::build(from, instances.into_iter()));
+        (model, gpu_ranks)
+    }
+
+    /// Feeds the iteration's what-if savings to the per-rank sequential
+    /// test; returns the ranks in alarm. Only an instance's last arriver
+    /// can be on the critical path, so only those are replayed (at most
+    /// [`MAX_REPLAYED`], the furthest behind first).
+    fn sequential_test(
+        core: &mut Core,
+        model: Option<&crate::whatif::WhatIf>,
+        step: f64,
+    ) -> std::collections::HashSet<u32> {
+        let mut shares: BTreeMap<u32, f64> = BTreeMap::new();
+        if let (Some(m), true) = (model, step.is_finite() && step > 0.0) {
+            let mut last: Vec<(u32, f64)> = m.last_arrivers().into_iter().collect();
+            last.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (r, _) in last.into_iter().take(MAX_REPLAYED) {
+                if let Some(c) = m.cost(r) {
+                    shares.insert(r, c / step);
+                }
+            }
+        }
+        core.sequential.update(&shares).into_iter().collect()
+    }
+
+    /// Costs the iteration for every observed subject and active verdict
+    /// (`whatif`, `cost`). Returns the active verdicts' costs that have no
+    /// observation this iteration.
+    fn what_if(
+        core: &Core,
+        model: Option<&crate::whatif::WhatIf>,
+        gpu_ranks: &std::collections::HashSet<u32>,
+        step: f64,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) -> Vec<crate::cost::Costed> {
+        let active: Vec<(Subject, Vec<u32>, classify::Kind)> = core
+            .lifecycle
+            .verdicts()
+            .filter(|v| v.active)
+            .map(|v| {
+                let ranks = if v.ranks.is_empty() {
+                    vec![v.rank]
+                } else {
+                    v.ranks.clone()
+                };
+                (v.subject, ranks, v.kind)
+            })
+            .collect();
+        if obs.is_empty() && active.is_empty() {
+            return Vec::new();
+        }
+        let it = crate::cost::Iteration {
+            model,
+            gpu_ranks,
+            step_ns: step,
+        };
+        crate::cost::apply(&it, obs, &active)
     }
 
     fn snapshot(&self, core: &mut Core, id: u64, first_it: u64, link: Option<[u32; 2]>, rank: u32) {

@@ -91,6 +91,10 @@ mod tests {
             lost_ns: lost_ms * 1e6,
             late_ns: lost_ms * 1e5,
             exposure_ns: 1e9,
+            saved_ns: None,
+            step_ns: 0.0,
+            once_fixed: None,
+            alarm: false,
             at: 0,
             wall: None,
         }

@@ -100,9 +100,34 @@ pub struct Observation {
     pub lost_ns: f64,
     /// GPU time the whole job had in the iteration (ns): world × step.
     pub exposure_ns: f64,
+    /// How much shorter the iteration would have been without this
+    /// subject's excess (the what-if, ns); `None` when it could not be
+    /// measured (no peer of the same role, no arrivals that show it).
+    pub saved_ns: Option<f64>,
+    /// The iteration's duration (ns).
+    pub step_ns: f64,
+    /// The saving once a bigger straggler is fixed: (that rank, ns).
+    pub once_fixed: Option<(u32, f64)>,
+    /// The per-rank sequential test is in alarm ([`crate::sequential`]):
+    /// opens without waiting for the window's majority.
+    pub alarm: bool,
     pub at: CoordNs,
     pub wall: Option<DateTime<Utc>>,
 }
+
+/// A verdict's cost while hidden behind a bigger straggler (DESIGN.md §5).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OnceFixed {
+    /// The rank whose delay hides this one's.
+    pub rank: u32,
+    /// The share of the step this subject would cost once `rank` is fixed.
+    pub cost_fraction: f64,
+}
+
+/// Below this share of the step a verdict "costs the job nothing now":
+/// the what-if's own error on a replayed iteration (clock bounds, the
+/// peers' median wobbling) is of this order.
+pub const OFF_CRITICAL_PATH: f64 = 0.005;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinkRef {
@@ -125,8 +150,17 @@ pub struct Verdict {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<u32>,
     pub evidence: Vec<String>,
-    /// Share of the job's GPU time lost while the verdict was active.
+    /// What-if cost: how much shorter the job's steps would have been, as
+    /// a share of their length, had this subject been as fast as its peers
+    /// (summed over the iterations it was measured in while active).
     pub cost_fraction: f64,
+    /// Iterations the what-if was measured in (0: `cost_fraction` is
+    /// unmeasured and 0).
+    #[serde(default)]
+    pub cost_iterations: u64,
+    /// Set while its cost is hidden behind a bigger straggler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_once_fixed: Option<OnceFixed>,
     pub clock_error_us: f64,
     pub first_seen: Option<DateTime<Utc>>,
     #[serde(skip)]
@@ -143,6 +177,12 @@ pub struct Verdict {
     pub subject: Subject,
     #[serde(skip)]
     exposure_ns: f64,
+    #[serde(skip)]
+    saved_ns: f64,
+    #[serde(skip)]
+    costed_step_ns: f64,
+    #[serde(skip)]
+    once_fixed_ns: (Option<u32>, f64, f64),
     /// Where the rank differs from a healthy peer (stacks), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flamegraph: Option<crate::flame::FlameRef>,
@@ -156,9 +196,25 @@ impl Verdict {
             None if !self.ranks.is_empty() => format!("host {} ({})", self.host, span(&self.ranks)),
             None => format!("rank {} on {}", self.rank, self.host),
         };
+        let class = self.kind.as_str();
+        if self.cost_iterations == 0 {
+            return format!("{who} is {class}-slow (its cost to the job is not measured yet)");
+        }
+        if self.cost_fraction < OFF_CRITICAL_PATH {
+            return match &self.cost_once_fixed {
+                Some(f) => format!(
+                    "{who} is {class}-slow, hidden behind rank {}: costing {:.0}% of the job once rank {} is fixed",
+                    f.rank,
+                    100.0 * f.cost_fraction,
+                    f.rank
+                ),
+                None => format!(
+                    "{who} is {class}-slow but off the critical path: it costs the job nothing now"
+                ),
+            };
+        }
         format!(
-            "{who} is {}-slow, costing {:.0}% of the job",
-            self.kind.as_str(),
+            "{who} is {class}-slow, costing {:.0}% of the job",
             100.0 * self.cost_fraction
         )
     }
@@ -276,7 +332,7 @@ impl Lifecycle {
                 v.last_seen_iteration = it;
                 v.lost_gpu_seconds += o.lost_ns / 1e9;
                 v.exposure_ns += o.exposure_ns;
-                v.cost_fraction = cost(v.lost_gpu_seconds, v.exposure_ns);
+                v.account(o.saved_ns, o.step_ns, o.once_fixed);
                 v.confidence = 0.8 * v.confidence + 0.2 * o.classification.confidence;
                 v.clock_error_us = o.clock_error_ns / 1e3;
                 // The class may only change when the whole window agrees.
@@ -308,7 +364,8 @@ impl Lifecycle {
             return None;
         }
         let hits: Vec<&Observation> = t.hist.iter().filter_map(|h| h.1.as_ref()).collect();
-        if o.is_none() || (hits.len() < self.cfg.open_min && !fast(&self.cfg, t)) {
+        let alarm = o.as_ref().is_some_and(|o| o.alarm);
+        if o.is_none() || (hits.len() < self.cfg.open_min && !fast(&self.cfg, t) && !alarm) {
             return None;
         }
         // Majority class over the window; the latest observation of it speaks.
@@ -340,7 +397,9 @@ impl Lifecycle {
                 v.evidence = latest.classification.evidence.clone();
                 v.lost_gpu_seconds += lost;
                 v.exposure_ns += exposure;
-                v.cost_fraction = cost(v.lost_gpu_seconds, v.exposure_ns);
+                for h in &hits {
+                    v.account(h.saved_ns, h.step_ns, h.once_fixed);
+                }
                 v.last_seen_iteration = it;
                 v.opened_iteration = it;
                 (v.id, EventKind::Reopened)
@@ -362,7 +421,9 @@ impl Lifecycle {
                         link: latest.link.map(|r| LinkRef { ranks: r }),
                         ranks: latest.ranks.clone(),
                         evidence: latest.classification.evidence.clone(),
-                        cost_fraction: cost(lost, exposure),
+                        cost_fraction: 0.0,
+                        cost_iterations: 0,
+                        cost_once_fixed: None,
                         clock_error_us: latest.clock_error_ns / 1e3,
                         first_seen: first.wall,
                         first_seen_coord_ns: first.at,
@@ -373,9 +434,17 @@ impl Lifecycle {
                         episodes: 1,
                         subject: s,
                         exposure_ns: exposure,
+                        saved_ns: 0.0,
+                        costed_step_ns: 0.0,
+                        once_fixed_ns: (None, 0.0, 0.0),
                         flamegraph: None,
                     },
                 );
+                if let Some(v) = self.verdicts.get_mut(&id) {
+                    for h in &hits {
+                        v.account(h.saved_ns, h.step_ns, h.once_fixed);
+                    }
+                }
                 t.verdict = Some(id);
                 (id, EventKind::Opened)
             }
@@ -414,9 +483,12 @@ fn fast(cfg: &LifecycleConfig, t: &Tracker) -> bool {
         && t.hist.len() >= n
         && t.hist.iter().rev().take(n).all(|(_, o)| {
             o.as_ref().is_some_and(|o| {
-                o.classification.gpu_side
-                    && o.exposure_ns > 0.0
-                    && o.lost_ns / o.exposure_ns >= cfg.fast_open_cost
+                let share = match o.saved_ns {
+                    Some(saved) if o.step_ns > 0.0 => saved / o.step_ns,
+                    _ if o.exposure_ns > 0.0 => o.lost_ns / o.exposure_ns,
+                    _ => 0.0,
+                };
+                o.classification.gpu_side && share >= cfg.fast_open_cost
             })
         })
 }
@@ -445,11 +517,57 @@ pub fn span(ranks: &[u32]) -> String {
     }
 }
 
-fn cost(lost_s: f64, exposure_ns: f64) -> f64 {
-    if exposure_ns > 0.0 {
-        (lost_s * 1e9 / exposure_ns).clamp(0.0, 1.0)
-    } else {
-        0.0
+impl Verdict {
+    /// Adds one iteration's what-if to the verdict's cost.
+    fn account(&mut self, saved_ns: Option<f64>, step_ns: f64, once_fixed: Option<(u32, f64)>) {
+        let Some(saved) = saved_ns.filter(|_| step_ns > 0.0 && step_ns.is_finite()) else {
+            return;
+        };
+        self.saved_ns += saved.clamp(0.0, step_ns);
+        self.costed_step_ns += step_ns;
+        self.cost_iterations += 1;
+        self.cost_fraction = (self.saved_ns / self.costed_step_ns).clamp(0.0, 1.0);
+        match once_fixed {
+            Some((r, ns)) => {
+                if self.once_fixed_ns.0 != Some(r) {
+                    self.once_fixed_ns = (Some(r), 0.0, 0.0);
+                }
+                self.once_fixed_ns.1 += ns.clamp(0.0, step_ns);
+                self.once_fixed_ns.2 += step_ns;
+            }
+            None => self.once_fixed_ns = (None, 0.0, 0.0),
+        }
+        self.cost_once_fixed = match self.once_fixed_ns {
+            (Some(rank), ns, step) if step > 0.0 => Some(OnceFixed {
+                rank,
+                cost_fraction: (ns / step).clamp(0.0, 1.0),
+            }),
+            _ => None,
+        };
+    }
+}
+
+impl Lifecycle {
+    /// One iteration's what-if for an active verdict that had no
+    /// observation in it: a straggler keeps costing while it lasts, even in
+    /// an iteration where it was not suspicious enough to be observed, so
+    /// the cost is an average over every iteration it was active.
+    pub fn account_unobserved(
+        &mut self,
+        it: u64,
+        subject: Subject,
+        saved_ns: Option<f64>,
+        step_ns: f64,
+        once_fixed: Option<(u32, f64)>,
+    ) {
+        let Some(id) = self.trackers.get(&subject).and_then(|t| t.verdict) else {
+            return;
+        };
+        if let Some(v) = self.verdicts.get_mut(&id) {
+            if v.active && v.last_seen_iteration != it {
+                v.account(saved_ns, step_ns, once_fixed);
+            }
+        }
     }
 }
 
@@ -473,6 +591,10 @@ mod tests {
             late_ns: 1e8,
             lost_ns: 1e9,
             exposure_ns: 1e10,
+            saved_ns: Some(1e8),
+            step_ns: 1e9,
+            once_fixed: None,
+            alarm: false,
             at: 0,
             wall: None,
         }
@@ -489,6 +611,7 @@ mod tests {
             o.classification.gpu_side = matches!(c, 'g' | 'c');
             if c == 'c' {
                 o.lost_ns /= 2.0;
+                o.saved_ns = o.saved_ns.map(|x| x / 2.0);
             }
             if matches!(c, 'x' | 'g' | 'c') {
                 m.insert(Subject::Rank(5), o);

@@ -224,6 +224,10 @@ mod tests {
             late_ns: 0.0,
             lost_ns: cost * 1e9,
             exposure_ns: 1e9,
+            saved_ns: None,
+            step_ns: 0.0,
+            once_fixed: None,
+            alarm: false,
             at: 0,
             wall: None,
         }

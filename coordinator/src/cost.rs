@@ -1,0 +1,223 @@
+//! Each subject's cost in one iteration, from the what-if
+//! ([`crate::whatif`]): what the verdicts report as "costing N% of the job".
+//!
+//! In: the iteration's replayable model, the subjects observed in it and
+//! the active verdicts' subjects. Out: per subject the iteration time it
+//! would have saved (ns), or `None` where the what-if cannot see it, and,
+//! for a subject hidden behind a bigger straggler, its saving once that one
+//! is fixed. Pure.
+//!
+//! What the what-if can see:
+//! - a rank (host- or compute-slow): its own work replaced by its peers'
+//!   median. A compute-slow rank's GPU runs behind while its host enqueues
+//!   on time, so host-side arrivals do not show it: its cost is only
+//!   measured in iterations where its arrivals are GPU-side (deep set);
+//!   elsewhere it is unmeasured, never 0;
+//! - a host-wide finding: every rank of the host replaced at once;
+//! - a slow NIC or link: its transfers' excess (the slow end's transfer
+//!   time beyond its peers' rate), which the model holds fixed per
+//!   instance.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::classify::Kind;
+use crate::verdict::{Observation, Subject, OFF_CRITICAL_PATH};
+use crate::whatif::WhatIf;
+
+/// One subject to cost: an active verdict's or an observation's.
+#[derive(Debug, Clone)]
+pub struct Costed {
+    pub subject: Subject,
+    pub saved_ns: Option<f64>,
+    pub once_fixed: Option<(u32, f64)>,
+}
+
+/// The iteration's evidence for costing.
+pub struct Iteration<'a> {
+    pub model: Option<&'a WhatIf>,
+    /// Ranks that had a GPU-side arrival in the iteration.
+    pub gpu_ranks: &'a HashSet<u32>,
+    /// The iteration's duration (ns).
+    pub step_ns: f64,
+}
+
+fn ranks_of(subject: Subject, ranks: &[u32]) -> Vec<u32> {
+    match subject {
+        Subject::Host(_) if !ranks.is_empty() => ranks.to_vec(),
+        Subject::Rank(r) | Subject::Host(r) => vec![r],
+        _ => Vec::new(),
+    }
+}
+
+fn saving(it: &Iteration<'_>, subject: Subject, ranks: &[u32], kind: Kind, lost_ns: Option<f64>) -> Option<f64> {
+    match subject {
+        Subject::Nic(_) | Subject::Link(..) => lost_ns,
+        Subject::Unknown => None,
+        Subject::Rank(_) | Subject::Host(_) => {
+            let model = it.model?;
+            let fixed = ranks_of(subject, ranks);
+            if kind == Kind::Compute && !fixed.iter().any(|r| it.gpu_ranks.contains(r)) {
+                return None;
+            }
+            Some((model.length() - model.length_with(&fixed)?).max(0.0))
+        }
+    }
+}
+
+/// Fills `saved_ns`, `step_ns` and `once_fixed` of every observation, and
+/// returns the same for the active subjects `active` (subject, its ranks,
+/// its class) that have no observation this iteration.
+pub fn apply(
+    it: &Iteration<'_>,
+    obs: &mut BTreeMap<Subject, Observation>,
+    active: &[(Subject, Vec<u32>, Kind)],
+) -> Vec<Costed> {
+    let mut all: Vec<(Subject, Vec<u32>, Option<f64>)> = Vec::new();
+    for (s, o) in obs.iter_mut() {
+        o.step_ns = it.step_ns;
+        o.saved_ns = saving(it, *s, &o.ranks, o.classification.kind, Some(o.lost_ns));
+        all.push((*s, ranks_of(*s, &o.ranks), o.saved_ns));
+    }
+    let mut unobserved: Vec<Costed> = Vec::new();
+    for (s, ranks, kind) in active {
+        if obs.contains_key(s) {
+            continue;
+        }
+        let saved = saving(it, *s, ranks, *kind, None);
+        all.push((*s, ranks_of(*s, ranks), saved));
+        unobserved.push(Costed {
+            subject: *s,
+            saved_ns: saved,
+            once_fixed: None,
+        });
+    }
+    // The biggest straggler hides the rest: each of the others is costed
+    // again as if it were fixed.
+    let biggest = all
+        .iter()
+        .filter(|(_, r, s)| !r.is_empty() && s.is_some())
+        .max_by(|a, b| a.2.unwrap_or(0.0).total_cmp(&b.2.unwrap_or(0.0)))
+        .filter(|(_, _, s)| s.unwrap_or(0.0) >= OFF_CRITICAL_PATH * it.step_ns)
+        .map(|(s, r, _)| (*s, r.clone()));
+    let once_fixed = |s: Subject, ranks: &[u32], saved: Option<f64>| -> Option<(u32, f64)> {
+        let (big, big_ranks) = biggest.as_ref()?;
+        let model = it.model?;
+        if *big == s || ranks.is_empty() || saved? >= OFF_CRITICAL_PATH * it.step_ns {
+            return None;
+        }
+        let mut both = big_ranks.clone();
+        let base = model.length_with(&both)?;
+        both.extend_from_slice(ranks);
+        let ns = (base - model.length_with(&both)?).max(0.0);
+        Some((big_ranks[0], ns))
+    };
+    for (s, o) in obs.iter_mut() {
+        o.once_fixed = once_fixed(*s, &ranks_of(*s, &o.ranks), o.saved_ns);
+    }
+    for c in &mut unobserved {
+        let ranks = all
+            .iter()
+            .find(|(s, _, _)| *s == c.subject)
+            .map(|(_, r, _)| r.clone())
+            .unwrap_or_default();
+        c.once_fixed = once_fixed(c.subject, &ranks, c.saved_ns);
+    }
+    unobserved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Classification;
+    use crate::whatif::{Arrival, Event, IterGraph};
+
+    const MS: f64 = 1e6;
+
+    fn one_sync(late: &[(u32, f64)]) -> WhatIf {
+        let arrivals: Vec<Arrival> = (0..8)
+            .map(|r| Arrival {
+                rank: r,
+                at: 10.0 * MS + late.iter().find(|l| l.0 == r).map_or(0.0, |l| l.1),
+                shape: 1,
+            })
+            .collect();
+        let end = arrivals.iter().map(|a| a.at).fold(0.0, f64::max) + MS;
+        WhatIf::new(&IterGraph {
+            start: 0.0,
+            events: vec![Event { arrivals, end }],
+        })
+        .unwrap()
+    }
+
+    fn obs(rank: u32, kind: Kind) -> Observation {
+        Observation {
+            classification: Classification {
+                kind,
+                confidence: 1.0,
+                evidence: Vec::new(),
+                gpu_side: false,
+            },
+            rank,
+            host: "h".into(),
+            link: None,
+            ranks: Vec::new(),
+            clock_error_ns: 0.0,
+            late_ns: 0.0,
+            lost_ns: 0.0,
+            exposure_ns: 0.0,
+            saved_ns: None,
+            step_ns: 0.0,
+            once_fixed: None,
+            alarm: false,
+            at: 0,
+            wall: None,
+        }
+    }
+
+    #[test]
+    fn a_hidden_straggler_is_costed_once_the_big_one_is_fixed() {
+        let model = one_sync(&[(2, 6.0 * MS), (5, 2.0 * MS)]);
+        let gpu = HashSet::new();
+        let it = Iteration {
+            model: Some(&model),
+            gpu_ranks: &gpu,
+            step_ns: 17.0 * MS,
+        };
+        let mut o = BTreeMap::new();
+        o.insert(Subject::Rank(2), obs(2, Kind::Host));
+        o.insert(Subject::Rank(5), obs(5, Kind::Host));
+        apply(&it, &mut o, &[]);
+        let big = &o[&Subject::Rank(2)];
+        assert!((big.saved_ns.unwrap() - 4.0 * MS).abs() < 1.0);
+        assert!(big.once_fixed.is_none());
+        let small = &o[&Subject::Rank(5)];
+        assert_eq!(small.saved_ns, Some(0.0));
+        let (who, ns) = small.once_fixed.unwrap();
+        assert_eq!(who, 2);
+        assert!((ns - 2.0 * MS).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_compute_suspect_on_host_side_times_is_unmeasured_not_free() {
+        let model = one_sync(&[]);
+        let none = HashSet::new();
+        let it = Iteration {
+            model: Some(&model),
+            gpu_ranks: &none,
+            step_ns: 12.0 * MS,
+        };
+        let mut o = BTreeMap::new();
+        o.insert(Subject::Rank(3), obs(3, Kind::Compute));
+        let un = apply(&it, &mut o, &[(Subject::Rank(4), vec![4], Kind::Compute)]);
+        assert_eq!(o[&Subject::Rank(3)].saved_ns, None);
+        assert_eq!(un.len(), 1);
+        assert_eq!(un[0].saved_ns, None);
+        let gpu: HashSet<u32> = [3].into();
+        let it = Iteration {
+            gpu_ranks: &gpu,
+            ..it
+        };
+        apply(&it, &mut o, &[]);
+        assert_eq!(o[&Subject::Rank(3)].saved_ns, Some(0.0));
+    }
+}

@@ -1,0 +1,160 @@
+//! A sequential test per rank on what it costs each iteration: a straggler
+//! is named as soon as the evidence adds up, and stays named while it lasts.
+//!
+//! In: per sealed iteration, each rank's what-if saving as a share of the
+//! step ([`crate::whatif`]: how much shorter the iteration would have been
+//! had the rank worked at its peers' median). Out: the ranks whose
+//! cumulative excess crossed the alarm level, and whether a rank's evidence
+//! is still standing. Pure: no clock, no IO.
+//!
+//! Why this statistic: it is paired (a rank against its peers in the same
+//! iteration), so common-mode noise — the whole host slowed, every rank
+//! late together — does not touch it; and it is 0 for every rank but the
+//! ones the iteration actually waited for, so a healthy job's noise only
+//! ever feeds the last arriver of each iteration, a different rank from one
+//! iteration to the next.
+//!
+//! The test is a one-sided CUSUM (Page, 1954): `S ← max(0, S + x − k)`,
+//! alarm at `S ≥ h`. A rank costing a share `c > k` of every step crosses
+//! after about `h / (c − k)` iterations; one costing less never does, and a
+//! healthy rank's occasional turn as the last arriver decays by `k` per
+//! iteration. Once the rank keeps pace, `S` falls by `k` per iteration, so
+//! a verdict is released `S / k` iterations after its fault ends, not while
+//! a fault that dips for an iteration or two still lasts.
+
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SequentialConfig {
+    /// Allowance `k` per iteration, as a share of the step. The smallest
+    /// cost the test is meant to name is 3% of the step (issue 25's
+    /// target); half of it is the classic choice of `k` (Page's test is
+    /// tuned to a shift of `2k`), and it is above what a healthy job's
+    /// last arriver saves on average.
+    pub allowance: f64,
+    /// Alarm level `h`, as a share of a step: the cumulative excess a rank
+    /// must build up. With `k` = 1.5%, a 3% straggler crosses 10% after
+    /// ~7 iterations, a 10% one after ~2, and a healthy rank must be the
+    /// costly last arriver in several iterations close together.
+    pub alarm: f64,
+    /// Cap on `S`, in alarms: bounds how long a verdict outlives its fault
+    /// (`cap × h / k` iterations at most).
+    pub cap: f64,
+}
+
+impl Default for SequentialConfig {
+    fn default() -> Self {
+        Self {
+            allowance: 0.015,
+            alarm: 0.10,
+            cap: 2.0,
+        }
+    }
+}
+
+/// Per-rank CUSUM state.
+#[derive(Debug, Clone, Default)]
+pub struct Sequential {
+    cfg: SequentialConfig,
+    sums: BTreeMap<u32, f64>,
+}
+
+impl Sequential {
+    pub fn new(cfg: SequentialConfig) -> Self {
+        Self {
+            cfg,
+            sums: BTreeMap::new(),
+        }
+    }
+
+    /// One sealed iteration: `shares` are the ranks whose what-if saving
+    /// was measured (share of the step, ≥ 0); ranks not listed saved
+    /// nothing. Returns the ranks in alarm after it.
+    pub fn update(&mut self, shares: &BTreeMap<u32, f64>) -> Vec<u32> {
+        let cap = self.cfg.cap * self.cfg.alarm;
+        for r in shares.keys() {
+            self.sums.entry(*r).or_insert(0.0);
+        }
+        for (r, s) in self.sums.iter_mut() {
+            let x = shares.get(r).copied().unwrap_or(0.0).clamp(0.0, 1.0);
+            *s = (*s + x - self.cfg.allowance).clamp(0.0, cap);
+        }
+        self.sums.retain(|_, s| *s > 0.0);
+        self.alarms()
+    }
+
+    /// Ranks whose sum is at or above the alarm level.
+    pub fn alarms(&self) -> Vec<u32> {
+        self.sums
+            .iter()
+            .filter(|(_, s)| **s >= self.cfg.alarm)
+            .map(|(r, _)| *r)
+            .collect()
+    }
+
+    /// Whether `rank`'s evidence still stands (its sum has not decayed to
+    /// 0): an open verdict on it is not cleared meanwhile.
+    pub fn standing(&self, rank: u32) -> bool {
+        self.sums.get(&rank).is_some_and(|s| *s > 0.0)
+    }
+
+    /// The current sum (share of a step), for evidence and tests.
+    pub fn sum(&self, rank: u32) -> f64 {
+        self.sums.get(&rank).copied().unwrap_or(0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(r: u32, x: f64) -> BTreeMap<u32, f64> {
+        [(r, x)].into()
+    }
+
+    fn iterations_to_alarm(x: f64) -> Option<usize> {
+        let mut s = Sequential::new(SequentialConfig::default());
+        (1..=100).find(|_| !s.update(&one(7, x)).is_empty())
+    }
+
+    #[test]
+    fn a_costlier_straggler_is_named_sooner() {
+        // Issue 25's targets: ≥ 3% within 30 iterations, ≥ 10% within 10.
+        let at3 = iterations_to_alarm(0.03).unwrap();
+        let at10 = iterations_to_alarm(0.10).unwrap();
+        assert!(at3 <= 30, "3%: {at3}");
+        assert!(at10 <= 10, "10%: {at10}");
+        assert!(at10 < at3);
+        assert_eq!(iterations_to_alarm(0.012), None, "below the allowance");
+    }
+
+    #[test]
+    fn a_rotating_last_arriver_never_alarms() {
+        // A healthy job: each iteration a different rank of 8 is last and
+        // saves 6% (a big gap under load).
+        let mut s = Sequential::new(SequentialConfig::default());
+        for it in 0..1000u32 {
+            assert!(s.update(&one(it % 8, 0.06)).is_empty(), "iteration {it}");
+        }
+    }
+
+    #[test]
+    fn a_dip_does_not_release_but_keeping_pace_does() {
+        let mut s = Sequential::new(SequentialConfig::default());
+        for _ in 0..20 {
+            s.update(&one(2, 0.12));
+        }
+        assert_eq!(s.alarms(), vec![2]);
+        // Two iterations at peers' pace: still standing.
+        s.update(&BTreeMap::new());
+        s.update(&BTreeMap::new());
+        assert!(s.standing(2));
+        // Kept pace for long enough: released, and the bound holds.
+        let cfg = SequentialConfig::default();
+        let bound = (cfg.cap * cfg.alarm / cfg.allowance).ceil() as usize;
+        for _ in 0..bound {
+            s.update(&BTreeMap::new());
+        }
+        assert!(!s.standing(2));
+    }
+}
