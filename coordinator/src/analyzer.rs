@@ -165,6 +165,8 @@ struct Core {
     lifecycle: Lifecycle,
     /// Per-rank sequential test on what-if cost (names and keeps names).
     sequential: crate::sequential::Sequential,
+    /// The job's step against its baseline (unexplained slowdowns).
+    pace: crate::pace::Pace,
     pending: VecDeque<AlignedInstance>,
     pending_dropped: u64,
     recent: VecDeque<(u64, AlignedInstance)>,
@@ -219,6 +221,21 @@ pub struct Analyzer {
     core: Mutex<Core>,
 }
 
+/// What the members did before an instance (medians), for telling where
+/// steps begin ([`crate::iteration::Marks`]).
+fn step_marks(a: &AlignedInstance) -> crate::iteration::Marks {
+    let mut l: Vec<u32> = a.members.iter().map(|m| m.launches).collect();
+    let mut w: Vec<u64> = a.members.iter().map(|m| m.sync_wait_ns).collect();
+    l.sort_unstable();
+    w.sort_unstable();
+    crate::iteration::Marks {
+        op: a.op as u8,
+        bytes: a.bytes,
+        launches: l.get(l.len() / 2).copied().unwrap_or(0),
+        sync_wait_ns: w.get(w.len() / 2).copied().unwrap_or(0),
+    }
+}
+
 /// Ranks replayed per iteration for the sequential test: the what-if is
 /// linear in the iteration's size per rank replayed, and more than a few
 /// ranks far behind in one iteration is a host- or job-wide event, not a
@@ -239,6 +256,7 @@ impl Analyzer {
             intervals: IntervalStore::default(),
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
             sequential: crate::sequential::Sequential::new(cfg.sequential.clone()),
+            pace: crate::pace::Pace::new(),
             pending: VecDeque::new(),
             pending_dropped: 0,
             recent: VecDeque::new(),
@@ -768,8 +786,9 @@ impl Analyzer {
             core.last_t = Some(core.last_t.map_or(a.end, |t| t.max(a.end)));
             if !a.members.is_empty() && !matches!(a.op, CollOp::Send | CollOp::Recv) {
                 if let crate::join::InstanceKey::Coll(seq) = a.key {
+                    let marks = step_marks(&a);
                     core.iteration
-                        .observe(a.comm_id, a.comm_nranks, seq, a.start, a.end);
+                        .observe(a.comm_id, a.comm_nranks, seq, a.start, a.end, marks);
                 }
             }
             core.pending.push_back(a);
@@ -1088,7 +1107,10 @@ impl Analyzer {
             core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
         );
         let (model, gpu_ranks) = Self::iteration_model(core, k, from);
-        let alarms = Self::sequential_test(core, model.as_ref(), step);
+        let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
+        if warm {
+            core.pace.observe(k, step, &shares);
+        }
         for s in scores.iter_mut() {
             // The sequential test names a rank, and keeps an open verdict's
             // rank named while its evidence stands; the class, the
@@ -1369,7 +1391,7 @@ impl Analyzer {
         core: &mut Core,
         model: Option<&crate::whatif::WhatIf>,
         step: f64,
-    ) -> std::collections::HashSet<u32> {
+    ) -> (std::collections::HashSet<u32>, BTreeMap<u32, f64>) {
         let mut shares: BTreeMap<u32, f64> = BTreeMap::new();
         if let (Some(m), true) = (model, step.is_finite() && step > 0.0) {
             let mut last: Vec<(u32, f64)> = m.last_arrivers().into_iter().collect();
@@ -1380,7 +1402,8 @@ impl Analyzer {
                 }
             }
         }
-        core.sequential.update(&shares).into_iter().collect()
+        let alarms = core.sequential.update(&shares).into_iter().collect();
+        (alarms, shares)
     }
 
     /// Costs the iteration for every observed subject and active verdict
@@ -1556,6 +1579,8 @@ impl Analyzer {
                 hosts: hosts.len(),
                 reference_communicator: period.map(|p| format!("{:#x}", p.comm_id)),
                 instances_per_iteration: period.map(|p| p.instances_per_iteration),
+                step_inferred_by: period.map(|p| p.method),
+                baseline_step_ms: core.pace.baseline_ms(),
                 iterations_observed: core.last_sealed.map_or(0, |k| k + 1),
                 step_time_ms: core.iteration.step_ns().map(|s| s / 1e6),
                 observed_seconds: elapsed,
@@ -1603,6 +1628,7 @@ impl Analyzer {
                 agents_refused: 0,
             },
             agents: Vec::new(),
+            slowdown: core.pace.slowing(),
         }
     }
 

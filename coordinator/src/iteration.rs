@@ -55,10 +55,47 @@ pub struct Period {
     pub comm_nranks: u32,
     pub instances_per_iteration: u64,
     pub phase: u64,
+    pub method: Method,
 }
 
-/// seq → (start, end) of one communicator's completed instances.
-type Instances = BTreeMap<u64, (CoordNs, CoordNs)>;
+/// How the step was told (`job.step_inferred_by` in `report.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// The host's wait for the GPU (stream/device synchronize) that ends
+    /// every step lands before the same instance of every step.
+    SyncMarker,
+    /// The burst of kernel launches of the forward pass lands before the
+    /// same instance of every step.
+    LaunchBurst,
+    /// The (operation, bytes) sequence repeats with this period.
+    OpBytesPattern,
+    /// The gaps between instances repeat with this period (a long gap for
+    /// optimizer + data loading + forward).
+    GapPattern,
+    /// Instances are evenly spaced: one per step.
+    EvenSpacing,
+    /// Given on the command line.
+    Override,
+    /// Nothing repeats clearly enough: each instance is counted as a step,
+    /// and the report says the step could not be told.
+    Undetermined,
+}
+
+/// What a reference instance's members did before it, for telling where
+/// steps begin (medians over its members).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Marks {
+    pub op: u8,
+    pub bytes: u64,
+    /// CUDA launches since the member's previous collective.
+    pub launches: u32,
+    /// Host time blocked in GPU syncs since the member's previous collective.
+    pub sync_wait_ns: u64,
+}
+
+/// seq → (start, end, marks) of one communicator's completed instances.
+type Instances = BTreeMap<u64, (CoordNs, CoordNs, Marks)>;
 
 /// A communicator issuing at least this many collectives is a candidate
 /// worth waiting for; fewer (a start-up barrier or broadcast) is not.
@@ -111,7 +148,15 @@ impl IterationClock {
     }
 
     /// Feeds one completed collective instance (not p2p).
-    pub fn observe(&mut self, comm_id: u64, nranks: u32, seq: u64, start: CoordNs, end: CoordNs) {
+    pub fn observe(
+        &mut self,
+        comm_id: u64,
+        nranks: u32,
+        seq: u64,
+        start: CoordNs,
+        end: CoordNs,
+        marks: Marks,
+    ) {
         if let Some(p) = self.period {
             if p.comm_id == comm_id {
                 let k = self.iteration_of_seq(seq).expect("period known");
@@ -130,7 +175,7 @@ impl IterationClock {
             .pending
             .entry(comm_id)
             .or_insert_with(|| (nranks, BTreeMap::new()));
-        q.insert(seq, (start, end));
+        q.insert(seq, (start, end, marks));
         while q.len() > cap {
             q.pop_first();
         }
@@ -162,38 +207,45 @@ impl IterationClock {
         }
         let q = &self.pending[&comm_id].1;
         // Longest run of consecutive sequence numbers from the lowest one.
-        let mut run: Vec<(u64, CoordNs, CoordNs)> = Vec::new();
-        for (&s, &(a, b)) in q {
-            if let Some(&(last, _, _)) = run.last() {
+        let mut run: Vec<(u64, CoordNs, CoordNs, Marks)> = Vec::new();
+        for (&s, &(a, b, m)) in q {
+            if let Some(&(last, _, _, _)) = run.last() {
                 if s != last + 1 {
                     break;
                 }
             }
-            run.push((s, a, b));
+            run.push((s, a, b, m));
         }
-        let (p, o) = match self.cfg.override_period {
-            Some(p) => (p.max(1), 0),
+        let (p, o, method) = match self.cfg.override_period {
+            Some(p) => (p.max(1), 0, Method::Override),
             None => {
                 if run.len() < self.cfg.detect_instances.min(q.len()).max(8) {
                     if q.len() > 4 * self.cfg.detect_instances {
                         // Sequence holes everywhere: give up on structure.
-                        (1, 0)
+                        (1, 0, Method::Undetermined)
                     } else {
                         return;
                     }
                 } else {
-                    detect_period(&run)
+                    detect_by_marks(&run).unwrap_or_else(|| detect_period(&run))
                 }
             }
         };
+        tracing::info!(
+            instances_per_step = p,
+            phase = o,
+            method = ?method,
+            "step inferred on the reference communicator"
+        );
         self.period = Some(Period {
             comm_id,
             comm_nranks: nranks,
             instances_per_iteration: p,
             phase: o,
+            method,
         });
         let pending = std::mem::take(&mut self.pending);
-        for (s, (_, end)) in pending
+        for (s, (_, end, _)) in pending
             .into_iter()
             .filter(|(c, _)| *c == comm_id)
             .flat_map(|(_, (_, q))| q)
@@ -279,21 +331,123 @@ impl IterationClock {
     }
 }
 
-/// Returns `(period, phase)` for a run of consecutive instances.
-fn detect_period(run: &[(u64, CoordNs, CoordNs)]) -> (u64, u64) {
+/// Share of positions where a marker must equal the marker one period
+/// later for the period to count: a step that is sometimes odd (a
+/// checkpoint, an evaluation pass, a descheduled host that syncs late) must
+/// not hide the pattern, a coincidence must not make one.
+const MARK_AGREEMENT: f64 = 0.9;
+
+/// Returns `(period, phase, method)` from what every step repeats before
+/// the same instance — the sync that ends a step, the forward pass's launch
+/// burst, the (op, bytes) sequence — or `None` when no marker varies.
+/// Markers are tried in that order; a marker that repeats with a period that
+/// another, stronger marker's period is a multiple of defers to it (a
+/// two-bucket op/bytes alternation inside a four-bucket step).
+fn detect_by_marks(run: &[(u64, CoordNs, CoordNs, Marks)]) -> Option<(u64, u64, Method)> {
+    let n = run.len();
+    if n < 8 {
+        return None;
+    }
+    // A step-ending sync: far longer than a bucket's incidental syncs.
+    let max_sync = run.iter().map(|r| r.3.sync_wait_ns).max().unwrap_or(0);
+    let sync: Vec<u64> = run
+        .iter()
+        .map(|r| u64::from(max_sync > 0 && r.3.sync_wait_ns * 4 >= max_sync))
+        .collect();
+    let mut launches: Vec<u32> = run.iter().map(|r| r.3.launches).collect();
+    launches.sort_unstable();
+    let med_launch = launches[n / 2];
+    let burst: Vec<u64> = run
+        .iter()
+        .map(|r| u64::from(r.3.launches > 0 && r.3.launches as f64 >= 1.5 * med_launch as f64))
+        .collect();
+    let opb: Vec<u64> = run
+        .iter()
+        .map(|r| (u64::from(r.3.op) << 56) ^ r.3.bytes)
+        .collect();
+    let found: Vec<(u64, Option<u64>, Method)> = [
+        (&sync, Method::SyncMarker, true),
+        (&burst, Method::LaunchBurst, true),
+        (&opb, Method::OpBytesPattern, false),
+    ]
+    .into_iter()
+    .filter_map(|(f, method, phased)| {
+        let p = marker_period(f)?;
+        // The instance after the marker's "on" residue starts a step.
+        let phase = phased
+            .then(|| {
+                (0..p).max_by_key(|r| {
+                    run.iter()
+                        .zip(f.iter())
+                        .filter(|(x, on)| x.0 % p == *r && **on == 1)
+                        .count()
+                })
+            })
+            .flatten();
+        Some((p, phase, method))
+    })
+    .collect();
+    // The longest period; among equals, the first marker (the strongest).
+    let best = found.iter().rev().max_by_key(|(p, _, _)| *p).copied()?;
+    // Every marker that found a period must agree with the longest one.
+    if found.iter().any(|(p, _, _)| best.0 % p != 0) {
+        return None;
+    }
+    let phase = best
+        .1
+        .or_else(|| found.iter().find_map(|(q, o, _)| (*q == best.0).then_some(*o).flatten()))
+        .unwrap_or_else(|| gap_phase(run, best.0));
+    Some((best.0, phase % best.0, best.2))
+}
+
+/// The residue after the longest mean gap starts a step.
+fn gap_phase(run: &[(u64, CoordNs, CoordNs, Marks)], p: u64) -> u64 {
+    let mut sum = vec![0.0; p as usize];
+    let mut cnt = vec![0usize; p as usize];
+    for w in run.windows(2) {
+        let g = w[1].1.saturating_sub(w[0].1) as f64;
+        sum[(w[1].0 % p) as usize] += g;
+        cnt[(w[1].0 % p) as usize] += 1;
+    }
+    (0..p as usize)
+        .max_by(|a, b| {
+            let ma = sum[*a] / cnt[*a].max(1) as f64;
+            let mb = sum[*b] / cnt[*b].max(1) as f64;
+            ma.total_cmp(&mb)
+        })
+        .unwrap_or(0) as u64
+}
+
+/// The smallest period `p ≥ 2` with which `f` repeats (agreement ≥
+/// [`MARK_AGREEMENT`] over at least three periods); `None` for a constant
+/// or aperiodic marker.
+fn marker_period(f: &[u64]) -> Option<u64> {
+    let n = f.len();
+    if f.iter().all(|x| *x == f[0]) {
+        return None;
+    }
+    (2..=n / 3).find_map(|p| {
+        let pairs = n - p;
+        let same = (0..pairs).filter(|&i| f[i] == f[i + p]).count();
+        (same as f64 >= MARK_AGREEMENT * pairs as f64).then_some(p as u64)
+    })
+}
+
+/// Returns `(period, phase, method)` from the gaps between instances.
+fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)]) -> (u64, u64, Method) {
     let gaps: Vec<(u64, f64)> = run
         .windows(2)
         .map(|w| (w[1].0, w[1].1.saturating_sub(w[0].1) as f64))
         .collect();
     let n = gaps.len();
     if n < 4 {
-        return (1, 0);
+        return (1, 0, Method::Undetermined);
     }
     let mean = gaps.iter().map(|g| g.1).sum::<f64>() / n as f64;
     let total: f64 = gaps.iter().map(|g| (g.1 - mean).powi(2)).sum();
     // Even gaps: one instance per step.
     if total <= 0.0 || (total / n as f64).sqrt() < 0.1 * mean.abs() {
-        return (1, 0);
+        return (1, 0, Method::EvenSpacing);
     }
     let mut best: Vec<(u64, f64)> = Vec::new();
     for p in 2..=(n / 3) as u64 {
@@ -320,24 +474,11 @@ fn detect_period(run: &[(u64, CoordNs, CoordNs)]) -> (u64, u64) {
     }
     let top = best.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
     if top < 0.5 {
-        return (1, 0);
+        return (1, 0, Method::Undetermined);
     }
     let p = best.iter().find(|b| b.1 >= top - 0.05).map_or(1, |b| b.0);
-    // The residue after the longest mean gap starts a step.
-    let mut sum = vec![0.0; p as usize];
-    let mut cnt = vec![0usize; p as usize];
-    for (s, g) in &gaps {
-        sum[(s % p) as usize] += g;
-        cnt[(s % p) as usize] += 1;
-    }
-    let o = (0..p as usize)
-        .max_by(|a, b| {
-            let ma = sum[*a] / cnt[*a].max(1) as f64;
-            let mb = sum[*b] / cnt[*b].max(1) as f64;
-            ma.total_cmp(&mb)
-        })
-        .unwrap_or(0) as u64;
-    (p, o)
+    let o = gap_phase(run, p);
+    (p, o, Method::GapPattern)
 }
 
 #[cfg(test)]
@@ -355,7 +496,7 @@ mod tests {
                 if b > 0 {
                     t += (1_500_000.0 * (1.0 + jitter * rng.sym())) as i64;
                 }
-                clock.observe(1, 8, seq, t, t + 500_000);
+                clock.observe(1, 8, seq, t, t + 500_000, Marks::default());
                 seq += 1;
             }
         }
@@ -396,22 +537,82 @@ mod tests {
     fn waits_for_a_larger_communicator_already_issuing() {
         let mut c = IterationClock::new(IterationConfig::default());
         // A start-up barrier on the world: not a candidate to wait for.
-        c.observe(0x1, 16, 0, 0, 1_000);
-        c.observe(0x1, 16, 1, 2_000, 3_000);
+        c.observe(0x1, 16, 0, 0, 1_000, Marks::default());
+        c.observe(0x1, 16, 1, 2_000, 3_000, Marks::default());
         c.note_issued(0xd, 4, 9);
         let step = 150_000_000i64;
         for s in 0..64u64 {
             let t = (s / 16) as i64 * step + (s % 16) as i64 * 5_000_000;
-            c.observe(0x7, 2, s, t, t + 1_000_000);
+            c.observe(0x7, 2, s, t, t + 1_000_000, Marks::default());
         }
         assert!(c.period().is_none(), "locked on the tensor-parallel comm");
         for k in 0..16u64 {
             for b in 0..4u64 {
                 let t = k as i64 * step + 100_000_000 + b as i64 * 8_000_000;
-                c.observe(0xd, 4, k * 4 + b, t, t + 2_000_000);
+                c.observe(0xd, 4, k * 4 + b, t, t + 2_000_000, Marks::default());
             }
         }
         let p = c.period().expect("locked");
         assert_eq!((p.comm_id, p.instances_per_iteration), (0xd, 4));
+    }
+
+    /// Buckets evenly spaced in time (the gaps alone say "one per step"),
+    /// but the step-ending sync lands before every fifth: five per step,
+    /// starting after the sync.
+    #[test]
+    fn the_step_ending_sync_tells_the_step_when_gaps_cannot() {
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut rng = Rng::new(4);
+        for seq in 0..80u64 {
+            let t = seq as i64 * 10_000_000 + (2e6 * rng.sym()) as i64;
+            let first = seq % 5 == 2;
+            let marks = Marks {
+                op: 0,
+                bytes: 1 << 20,
+                launches: if first { 60 } else { 20 },
+                sync_wait_ns: if first { 30_000_000 } else { 40_000 },
+            };
+            c.observe(1, 8, seq, t, t + 1_000_000, marks);
+        }
+        let p = c.period().unwrap();
+        assert_eq!(
+            (p.instances_per_iteration, p.phase, p.method),
+            (5, 2, Method::SyncMarker)
+        );
+    }
+
+    /// Without syncs or launch counts (probes off), a repeating byte
+    /// pattern still tells the step; the phase comes from the gaps.
+    #[test]
+    fn a_bytes_pattern_tells_the_step_without_syncs() {
+        let mut c = IterationClock::new(IterationConfig::default());
+        let sizes = [25u64 << 20, 25 << 20, 25 << 20, 7 << 20];
+        let mut t = 0i64;
+        for seq in 0..80u64 {
+            t += if seq % 4 == 0 { 20_000_000 } else { 1_500_000 };
+            let marks = Marks {
+                bytes: sizes[(seq % 4) as usize],
+                ..Marks::default()
+            };
+            c.observe(1, 8, seq, t, t + 500_000, marks);
+        }
+        let p = c.period().unwrap();
+        assert_eq!(p.instances_per_iteration, 4);
+        assert_eq!(p.method, Method::OpBytesPattern);
+    }
+
+    /// Noise everywhere and no marker: not a guess dressed as a step.
+    #[test]
+    fn nothing_repeating_is_undetermined() {
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut rng = Rng::new(5);
+        let mut t = 0i64;
+        for seq in 0..80u64 {
+            t += (10_000_000.0 * (1.0 + 0.9 * rng.sym())) as i64;
+            c.observe(1, 8, seq, t, t + 500_000, Marks::default());
+        }
+        let p = c.period().unwrap();
+        assert_eq!(p.instances_per_iteration, 1);
+        assert_eq!(p.method, Method::Undetermined);
     }
 }

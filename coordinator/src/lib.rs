@@ -28,6 +28,7 @@ pub mod join;
 pub mod links;
 pub mod metrics_http;
 pub mod outputs;
+pub mod pace;
 pub mod report;
 pub mod sequential;
 pub mod serve;

@@ -36,6 +36,11 @@ pub struct Report {
     /// `slowrank serve`; empty for an analyzer used on its own).
     #[serde(default)]
     pub agents: Vec<AgentReport>,
+    /// The job's step is slower than its baseline beyond noise (with the
+    /// ranks the recent iterations waited for most), whether or not a
+    /// verdict explains it; null while it keeps its pace.
+    #[serde(default)]
+    pub slowdown: Option<crate::pace::Slowing>,
 }
 
 /// One agent connection as seen by `slowrank serve`.
@@ -61,6 +66,15 @@ pub struct JobInfo {
     pub hosts: usize,
     pub reference_communicator: Option<String>,
     pub instances_per_iteration: Option<u64>,
+    /// How the step was told (`iteration::Method`); `undetermined`: each
+    /// instance counted as a step, and per-iteration figures are per
+    /// instance.
+    #[serde(default)]
+    pub step_inferred_by: Option<crate::iteration::Method>,
+    /// Median step over the first steps after warm-up (the pace the job is
+    /// compared with).
+    #[serde(default)]
+    pub baseline_step_ms: Option<f64>,
     pub iterations_observed: u64,
     pub step_time_ms: Option<f64>,
     pub observed_seconds: f64,
@@ -144,8 +158,50 @@ pub fn render_human(r: &Report) -> String {
             "No rank observed yet: no agent has reported a rank process ({} agent(s) seen).",
             r.agents.len()
         );
-    } else if r.verdicts.is_empty() && r.hangs.is_empty() {
-        let _ = writeln!(s, "No slow rank found: every rank kept pace within noise.");
+    } else if r.verdicts.is_empty() && r.hangs.is_empty() && r.slowdown.is_none() {
+        let _ = writeln!(
+            s,
+            "No slow rank found: the job kept its pace{}.",
+            r.job
+                .baseline_step_ms
+                .map(|b| format!(" (step {:.1} ms, baseline {b:.1} ms)", r.job.step_time_ms.unwrap_or(b)))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(sd) = &r.slowdown {
+        let explained: f64 = r
+            .verdicts
+            .iter()
+            .filter(|v| v.active)
+            .map(|v| v.cost_fraction)
+            .sum();
+        // The verdicts explain the slowdown when their costs add up to
+        // most of it (rise is against the baseline; cost against the
+        // slower step: convert).
+        let needed = sd.rise / (1.0 + sd.rise);
+        if explained < 0.5 * needed {
+            let _ = writeln!(
+                s,
+                "UNEXPLAINED SLOWDOWN: the job's step is {:.1} ms against {:.1} ms before (+{:.0}%) since iteration {}, {}.",
+                sd.recent_step_ms,
+                sd.baseline_step_ms,
+                100.0 * sd.rise,
+                sd.since_iteration,
+                if r.verdicts.iter().any(|v| v.active) {
+                    "more than the verdicts below explain"
+                } else {
+                    "and no rank is named"
+                }
+            );
+            for c in &sd.candidates {
+                let _ = writeln!(
+                    s,
+                    "  leading candidate: rank {} (the recent steps waited for it: {:.1}% of the step on average)",
+                    c.rank,
+                    100.0 * c.cost_fraction
+                );
+            }
+        }
     }
     for a in r
         .agents

@@ -48,6 +48,8 @@ pub struct AlignedInstance {
     pub comm_id: u64,
     pub key: InstanceKey,
     pub op: CollOp,
+    /// Payload (the first member's; every member passes the same count).
+    pub bytes: u64,
     pub comm_nranks: u32,
     pub members: Vec<AlignedMember>,
     pub basis: Basis,
@@ -199,6 +201,7 @@ pub fn align(
         comm_id: inst.comm_id,
         key: inst.key,
         op: inst.op,
+        bytes: inst.members.first().map_or(0, |m| m.rec.bytes),
         comm_nranks: inst.comm_nranks,
         members,
         basis,

@@ -1,0 +1,204 @@
+//! The job's pace: did its step slow down, by how much, since when — and
+//! which ranks' what-if costs were highest meanwhile. "No slow rank found"
+//! is only said of a job that did not slow (DESIGN.md §5).
+//!
+//! In: each sealed iteration's duration and the ranks' what-if shares of it
+//! ([`crate::whatif`]). Out: a [`Slowing`] while the recent median step is
+//! above the baseline by more than the job's own noise. Pure.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// Steps whose median is the baseline (after warm-up).
+pub const BASELINE_STEPS: usize = 40;
+/// Steps whose median is compared with the baseline.
+pub const RECENT_STEPS: usize = 20;
+/// Smallest rise reported, as a share of the baseline: below it a job's
+/// pace drifts with load on shared hosts and nobody would act on it.
+pub const MIN_RISE: f64 = 0.03;
+/// How many standard errors of the difference of the two medians a rise
+/// must exceed (the medians of 20 and 40 noisy steps).
+pub const NOISE_SIGMAS: f64 = 4.0;
+
+/// A slowdown of the job's step.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Slowing {
+    pub baseline_step_ms: f64,
+    pub recent_step_ms: f64,
+    /// (recent − baseline) / baseline.
+    pub rise: f64,
+    /// First iteration of the current run of slow windows.
+    pub since_iteration: u64,
+    /// Ranks the recent iterations waited for most: (rank, mean what-if
+    /// share of the step over the recent window), largest first, at most 3.
+    pub candidates: Vec<Candidate>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Candidate {
+    pub rank: u32,
+    /// Mean what-if share of the step over the recent window.
+    pub cost_fraction: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Pace {
+    baseline: Vec<f64>,
+    recent: VecDeque<(u64, f64)>,
+    shares: VecDeque<BTreeMap<u32, f64>>,
+    since: Option<u64>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Median and robust standard deviation (MAD × 1.4826).
+fn center_sigma(v: &[f64]) -> (f64, f64) {
+    let mut c = v.to_vec();
+    let m = median(&mut c);
+    let mut d: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
+    (m, 1.4826 * median(&mut d))
+}
+
+impl Pace {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One sealed, post-warm-up iteration `k` of `step_ns`, with the
+    /// ranks' what-if shares of it.
+    pub fn observe(&mut self, k: u64, step_ns: f64, shares: &BTreeMap<u32, f64>) {
+        if !step_ns.is_finite() || step_ns <= 0.0 {
+            return;
+        }
+        if self.baseline.len() < BASELINE_STEPS {
+            self.baseline.push(step_ns);
+            return;
+        }
+        self.recent.push_back((k, step_ns));
+        self.shares.push_back(shares.clone());
+        while self.recent.len() > RECENT_STEPS {
+            self.recent.pop_front();
+            self.shares.pop_front();
+        }
+        match self.slowing_now() {
+            Some((b, m)) if self.since.is_none() => {
+                // Onset: the first step past halfway up from which most
+                // of the window stays there (a noisy early step is not it).
+                let half = b + 0.5 * (m - b);
+                let v: Vec<(u64, f64)> = self.recent.iter().copied().collect();
+                self.since = (0..v.len())
+                    .find(|&i| {
+                        let above = v[i..].iter().filter(|r| r.1 > half).count();
+                        v[i].1 > half && above as f64 >= 0.8 * (v.len() - i) as f64
+                    })
+                    .map(|i| v[i].0);
+            }
+            Some(_) => {}
+            None => self.since = None,
+        }
+    }
+
+    fn slowing_now(&self) -> Option<(f64, f64)> {
+        if self.baseline.len() < BASELINE_STEPS || self.recent.len() < RECENT_STEPS {
+            return None;
+        }
+        let (b, sb) = center_sigma(&self.baseline);
+        let r: Vec<f64> = self.recent.iter().map(|x| x.1).collect();
+        let (m, sr) = center_sigma(&r);
+        // Standard error of a median ≈ 1.25 σ / √n.
+        let se = 1.25
+            * ((sb * sb) / self.baseline.len() as f64 + (sr * sr) / r.len() as f64).sqrt();
+        let rise = m - b;
+        (b > 0.0 && rise > MIN_RISE * b && rise > NOISE_SIGMAS * se).then_some((b, m))
+    }
+
+    /// The slowdown now, if the job's step rose beyond its noise.
+    pub fn slowing(&self) -> Option<Slowing> {
+        let (b, m) = self.slowing_now()?;
+        let mut sums: BTreeMap<u32, f64> = BTreeMap::new();
+        for s in &self.shares {
+            for (r, x) in s {
+                *sums.entry(*r).or_default() += x;
+            }
+        }
+        let n = self.shares.len().max(1) as f64;
+        let mut candidates: Vec<Candidate> = sums
+            .into_iter()
+            .map(|(rank, s)| Candidate {
+                rank,
+                cost_fraction: s / n,
+            })
+            .filter(|c| c.cost_fraction > 0.0)
+            .collect();
+        candidates.sort_by(|a, b| b.cost_fraction.total_cmp(&a.cost_fraction));
+        candidates.truncate(3);
+        Some(Slowing {
+            baseline_step_ms: b / 1e6,
+            recent_step_ms: m / 1e6,
+            rise: (m - b) / b,
+            since_iteration: self.since.unwrap_or(0),
+            candidates,
+        })
+    }
+
+    /// The baseline step (ms), once known.
+    pub fn baseline_ms(&self) -> Option<f64> {
+        (self.baseline.len() >= BASELINE_STEPS).then(|| {
+            let mut b = self.baseline.clone();
+            median(&mut b) / 1e6
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noisy(k: u64) -> f64 {
+        // ±5% deterministic wobble around 45 ms.
+        45e6 * (1.0 + 0.05 * ((k * 7919 % 101) as f64 / 50.0 - 1.0))
+    }
+
+    #[test]
+    fn a_steady_noisy_job_did_not_slow() {
+        let mut p = Pace::new();
+        for k in 0..500 {
+            p.observe(k, noisy(k), &BTreeMap::new());
+            assert!(p.slowing().is_none(), "iteration {k}");
+        }
+        assert!((p.baseline_ms().unwrap() - 45.0).abs() < 1.5);
+    }
+
+    #[test]
+    fn a_slower_step_is_reported_with_its_onset_and_candidates() {
+        let mut p = Pace::new();
+        for k in 0..100 {
+            p.observe(k, noisy(k), &BTreeMap::new());
+        }
+        let slow: BTreeMap<u32, f64> = [(5, 0.09), (2, 0.01)].into();
+        for k in 100..130 {
+            p.observe(k, noisy(k) * 1.1, &slow);
+        }
+        let s = p.slowing().expect("slowed");
+        assert!((s.rise - 0.1).abs() < 0.03, "{s:?}");
+        // Within a few steps of the onset: a noisy healthy step just before
+        // it may already pass halfway.
+        assert!((94..=110).contains(&s.since_iteration), "{s:?}");
+        assert_eq!(s.candidates[0].rank, 5);
+        assert!((s.candidates[0].cost_fraction - 0.09).abs() < 1e-9);
+        // Back to pace: no longer slowing.
+        for k in 130..160 {
+            p.observe(k, noisy(k), &BTreeMap::new());
+        }
+        assert!(p.slowing().is_none());
+    }
+}
