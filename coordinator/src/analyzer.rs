@@ -167,6 +167,8 @@ struct Core {
     sequential: crate::sequential::Sequential,
     /// The job's step against its baseline (unexplained slowdowns).
     pace: crate::pace::Pace,
+    /// Work imbalance that moves between ranks, over a window.
+    imbalance: crate::structure::Imbalance,
     pending: VecDeque<AlignedInstance>,
     pending_dropped: u64,
     recent: VecDeque<(u64, AlignedInstance)>,
@@ -257,6 +259,7 @@ impl Analyzer {
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
             sequential: crate::sequential::Sequential::new(cfg.sequential.clone()),
             pace: crate::pace::Pace::new(),
+            imbalance: crate::structure::Imbalance::new(),
             pending: VecDeque::new(),
             pending_dropped: 0,
             recent: VecDeque::new(),
@@ -1211,6 +1214,7 @@ impl Analyzer {
                     step_ns: 0.0,
                     once_fixed: None,
                     alarm: alarms.contains(&s.rank),
+                    structural: None,
                     at,
                     wall: self.wall(at),
                 },
@@ -1263,6 +1267,7 @@ impl Analyzer {
                         step_ns: 0.0,
                         once_fixed: None,
                         alarm: false,
+                        structural: None,
                         at: from,
                         wall: self.wall(from),
                     },
@@ -1296,6 +1301,7 @@ impl Analyzer {
                         step_ns: 0.0,
                         once_fixed: None,
                         alarm: false,
+                        structural: None,
                         at: from,
                         wall: self.wall(from),
                     },
@@ -1337,6 +1343,10 @@ impl Analyzer {
             |r| compute_active.contains(&r),
         );
         crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
+        if let Some(m) = model.as_ref().filter(|_| warm) {
+            core.imbalance.observe(m, step, &shares);
+            self.structural(core, m, step, from, &mut obs);
+        }
         let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
         let events = core.lifecycle.step(k, obs);
         for c in unobserved {
@@ -1355,6 +1365,101 @@ impl Analyzer {
             }
         }
         events
+    }
+
+    /// Structural findings of the iteration ([`crate::structure`]): a stage
+    /// slower on every replica, work imbalance that moves. Each replaces
+    /// the rank observations it explains (its ranks are not stragglers).
+    fn structural(
+        &self,
+        core: &Core,
+        m: &crate::whatif::WhatIf,
+        step: f64,
+        at: CoordNs,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) {
+        let mut add = |subject: Subject,
+                       ranks: Vec<u32>,
+                       saved: f64,
+                       evidence: Vec<String>,
+                       st: crate::verdict::Structural| {
+            for r in &ranks {
+                obs.remove(&Subject::Rank(*r));
+            }
+            obs.insert(
+                subject,
+                Observation {
+                    classification: classify::Classification {
+                        kind: classify::Kind::Structural,
+                        confidence: 0.9,
+                        evidence,
+                        gpu_side: false,
+                    },
+                    rank: ranks.first().copied().unwrap_or(0),
+                    host: String::new(),
+                    link: None,
+                    ranks,
+                    clock_error_ns: self.max_error_ns(),
+                    late_ns: 0.0,
+                    lost_ns: 0.0,
+                    exposure_ns: 0.0,
+                    saved_ns: Some(saved),
+                    step_ns: step,
+                    once_fixed: None,
+                    alarm: false,
+                    structural: Some(st),
+                    at,
+                    wall: self.wall(at),
+                },
+            );
+        };
+        if let Some(f) = crate::structure::stage_imbalance(m, step) {
+            add(
+                Subject::Stage(f.stage),
+                f.ranks.clone(),
+                f.saved_ns,
+                vec![
+                    format!(
+                        "every replica of stage {} works {:.0}% more per step than the median stage",
+                        f.stage,
+                        100.0 * (f.ratio - 1.0)
+                    ),
+                    format!(
+                        "with that stage at the median stage's work the step would be {} shorter",
+                        classify::fmt_ns(f.saved_ns)
+                    ),
+                ],
+                crate::verdict::Structural {
+                    cause: "stage_imbalance".into(),
+                    stage: Some(f.stage),
+                },
+            );
+        }
+        if core.sequential.alarms().is_empty() {
+            if let Some(f) = core.imbalance.finding() {
+                add(
+                    Subject::Imbalance,
+                    Vec::new(),
+                    f.saved_ns,
+                    vec![
+                        format!(
+                            "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
+                            crate::structure::WINDOW,
+                            f.distinct_tops,
+                            100.0 * f.top_share
+                        ),
+                        format!(
+                            "with every rank at its peers' median work the step would be {} shorter",
+                            classify::fmt_ns(f.saved_ns)
+                        ),
+                    ],
+                    crate::verdict::Structural {
+                        cause: "work_imbalance".into(),
+                        stage: None,
+                    },
+                );
+            }
+        }
     }
 
     /// Iteration `k` (which began at `from`) as a replayable what-if model,

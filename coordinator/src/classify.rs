@@ -23,6 +23,9 @@ pub enum Kind {
     Communication,
     Host,
     Hang,
+    /// Not a slow rank: a pipeline stage slower on every replica, or work
+    /// imbalance that moves between ranks ([`crate::structure`]).
+    Structural,
 }
 
 impl Kind {
@@ -32,6 +35,7 @@ impl Kind {
             Kind::Communication => "communication",
             Kind::Host => "host",
             Kind::Hang => "hang",
+            Kind::Structural => "structural",
         }
     }
 }
@@ -296,7 +300,7 @@ pub fn stands_alone(c: &Classification, window: &[RankScore], cpu: Option<&CpuEv
             let sync_excess = mean(window.iter().map(|s| s.sync_excess_ns));
             c.gpu_side || (host_mean > 0.0 && sync_excess >= 0.5 * host_mean)
         }
-        Kind::Communication | Kind::Hang => true,
+        Kind::Communication | Kind::Hang | Kind::Structural => true,
     }
 }
 

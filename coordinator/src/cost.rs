@@ -45,6 +45,7 @@ fn ranks_of(subject: Subject, ranks: &[u32]) -> Vec<u32> {
     match subject {
         Subject::Host(_) if !ranks.is_empty() => ranks.to_vec(),
         Subject::Rank(r) | Subject::Host(r) => vec![r],
+        // Structural findings are never replayed as one rank.
         _ => Vec::new(),
     }
 }
@@ -52,7 +53,7 @@ fn ranks_of(subject: Subject, ranks: &[u32]) -> Vec<u32> {
 fn saving(it: &Iteration<'_>, subject: Subject, ranks: &[u32], kind: Kind, lost_ns: Option<f64>) -> Option<f64> {
     match subject {
         Subject::Nic(_) | Subject::Link(..) => lost_ns,
-        Subject::Unknown => None,
+        Subject::Unknown | Subject::Stage(_) | Subject::Imbalance => None,
         Subject::Rank(_) | Subject::Host(_) => {
             let model = it.model?;
             let fixed = ranks_of(subject, ranks);
@@ -75,6 +76,10 @@ pub fn apply(
     let mut all: Vec<(Subject, Vec<u32>, Option<f64>)> = Vec::new();
     for (s, o) in obs.iter_mut() {
         o.step_ns = it.step_ns;
+        if o.structural.is_some() {
+            // Costed where it was found (`structure`); not a rank to replay.
+            continue;
+        }
         o.saved_ns = saving(it, *s, &o.ranks, o.classification.kind, Some(o.lost_ns));
         all.push((*s, ranks_of(*s, &o.ranks), o.saved_ns));
     }
@@ -144,6 +149,7 @@ mod tests {
         let end = arrivals.iter().map(|a| a.at).fold(0.0, f64::max) + MS;
         WhatIf::new(&IterGraph {
             start: 0.0,
+            stages: Default::default(),
             events: vec![Event { arrivals, end }],
         })
         .unwrap()
@@ -169,6 +175,7 @@ mod tests {
             step_ns: 0.0,
             once_fixed: None,
             alarm: false,
+            structural: None,
             at: 0,
             wall: None,
         }

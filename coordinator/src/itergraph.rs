@@ -20,6 +20,7 @@ use crate::whatif::{Arrival, Event, IterGraph};
 /// Builds the graph of one iteration that began at `start`.
 pub fn build<'a>(start: CoordNs, instances: impl Iterator<Item = &'a AlignedInstance>) -> IterGraph {
     let rel = |t: CoordNs| (t - start) as f64;
+    let mut stages = std::collections::BTreeMap::new();
     let mut events: Vec<Event> = instances
         .filter(|a| !a.members.is_empty())
         .map(|a| {
@@ -30,7 +31,14 @@ pub fn build<'a>(start: CoordNs, instances: impl Iterator<Item = &'a AlignedInst
                 .zip(&a.arrival)
                 .map(|(m, t)| {
                     let side = match a.key {
-                        InstanceKey::P2p { .. } => Some(m.rank == low),
+                        InstanceKey::P2p { lo, hi, .. } => {
+                            // Positions in the pipeline communicator are
+                            // the stages; the lower global rank holds the
+                            // lower position (communicators split in rank
+                            // order).
+                            stages.insert(m.rank, if m.rank == low { lo } else { hi });
+                            Some(m.rank == low)
+                        }
                         InstanceKey::Coll(_) => None,
                     };
                     Arrival {
@@ -53,7 +61,11 @@ pub fn build<'a>(start: CoordNs, instances: impl Iterator<Item = &'a AlignedInst
         let fy = y.arrivals.iter().map(|a| a.at).fold(f64::INFINITY, f64::min);
         fx.total_cmp(&fy)
     });
-    IterGraph { start: 0.0, events }
+    IterGraph {
+        start: 0.0,
+        events,
+        stages,
+    }
 }
 
 fn shape(a: &AlignedInstance, side: Option<bool>) -> u64 {

@@ -34,6 +34,7 @@ pub mod sequential;
 pub mod serve;
 pub mod stackstore;
 pub mod stats;
+pub mod structure;
 pub mod synth;
 pub mod tls;
 pub mod trace;

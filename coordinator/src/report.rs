@@ -269,19 +269,29 @@ pub fn render_human(r: &Report) -> String {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>10}  link / whole host",
-            "rank", "host", "kind", "conf", "since iter", "active", "lost GPU-s"
+            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>7} {:>10}  link / whole host / stage",
+            "rank", "host", "kind", "conf", "since iter", "active", "cost", "lost GPU-s"
         );
         for v in &r.verdicts {
+            let cost = if v.cost_iterations == 0 {
+                "?".to_string()
+            } else {
+                format!("{:.1}%", 100.0 * v.cost_fraction)
+            };
             let _ = writeln!(
                 s,
-                "{:<6} {:<12} {:<14} {:>5.2} {:>10} {:>8} {:>10.2}  {}",
-                v.rank,
+                "{:<6} {:<12} {:<14} {:>5.2} {:>10} {:>8} {:>7} {:>10.2}  {}",
+                if v.structural.is_some() {
+                    "-".to_string()
+                } else {
+                    v.rank.to_string()
+                },
                 v.host,
                 v.kind.as_str(),
                 v.confidence,
                 v.first_seen_iteration,
                 if v.active { "yes" } else { "no" },
+                cost,
                 v.lost_gpu_seconds,
                 match &v.link {
                     Some(l) => format!("{}↔{}", l.ranks[0], l.ranks[1]),
@@ -292,7 +302,12 @@ pub fn render_human(r: &Report) -> String {
         }
         for v in &r.verdicts {
             let _ = writeln!(s);
-            if v.ranks.is_empty() {
+            if let Some(st) = &v.structural {
+                let _ = match st.stage {
+                    Some(stage) => writeln!(s, "pipeline stage {stage} (structural: stage imbalance):"),
+                    None => writeln!(s, "work imbalance (structural):"),
+                };
+            } else if v.ranks.is_empty() {
                 let _ = writeln!(s, "rank {} ({}):", v.rank, v.kind.as_str());
             } else {
                 let _ = writeln!(

@@ -49,6 +49,10 @@ pub enum Subject {
     Link(u32, u32),
     /// Every rank of one host (named by its lowest rank; see `hostwide`).
     Host(u32),
+    /// A pipeline stage slower on every replica ([`crate::structure`]).
+    Stage(u32),
+    /// Work imbalance that moves between ranks ([`crate::structure`]).
+    Imbalance,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -111,6 +115,8 @@ pub struct Observation {
     /// The per-rank sequential test is in alarm ([`crate::sequential`]):
     /// opens without waiting for the window's majority.
     pub alarm: bool,
+    /// A structural finding's cause (then `rank` is its first rank).
+    pub structural: Option<Structural>,
     pub at: CoordNs,
     pub wall: Option<DateTime<Utc>>,
 }
@@ -122,6 +128,16 @@ pub struct OnceFixed {
     pub rank: u32,
     /// The share of the step this subject would cost once `rank` is fixed.
     pub cost_fraction: f64,
+}
+
+/// What a structural verdict is (`structural` in `report.json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Structural {
+    /// `stage_imbalance` | `work_imbalance`.
+    pub cause: String,
+    /// The slower stage (stage imbalance only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<u32>,
 }
 
 /// Below this share of the step a verdict "costs the job nothing now":
@@ -161,6 +177,9 @@ pub struct Verdict {
     /// Set while its cost is hidden behind a bigger straggler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_once_fixed: Option<OnceFixed>,
+    /// Set on a structural verdict (`kind: "structural"`): not a slow rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structural: Option<Structural>,
     pub clock_error_us: f64,
     pub first_seen: Option<DateTime<Utc>>,
     #[serde(skip)]
@@ -191,6 +210,22 @@ pub struct Verdict {
 impl Verdict {
     /// "rank 37 on node-5 is compute-slow, costing 11% of the job".
     pub fn headline(&self) -> String {
+        if let Some(st) = &self.structural {
+            let cost = if self.cost_iterations == 0 {
+                String::from("cost not measured yet")
+            } else {
+                format!("costing {:.0}% of the job", 100.0 * self.cost_fraction)
+            };
+            return match st.stage {
+                Some(stage) => format!(
+                    "pipeline stage {stage} ({}) is slower than the other stages on every replica: partition imbalance, not a slow rank, {cost}",
+                    span(&self.ranks)
+                ),
+                None => format!(
+                    "work imbalance: the slowest rank changes from iteration to iteration (not a slow rank), {cost}"
+                ),
+            };
+        }
         let who = match &self.link {
             Some(l) => format!("link {}↔{} (from {})", l.ranks[0], l.ranks[1], self.host),
             None if !self.ranks.is_empty() => format!("host {} ({})", self.host, span(&self.ranks)),
@@ -424,6 +459,7 @@ impl Lifecycle {
                         cost_fraction: 0.0,
                         cost_iterations: 0,
                         cost_once_fixed: None,
+                        structural: latest.structural.clone(),
                         clock_error_us: latest.clock_error_ns / 1e3,
                         first_seen: first.wall,
                         first_seen_coord_ns: first.at,
@@ -494,6 +530,12 @@ fn fast(cfg: &LifecycleConfig, t: &Tracker) -> bool {
 }
 
 fn who(v: &Verdict) -> String {
+    if let Some(st) = &v.structural {
+        return match st.stage {
+            Some(s) => format!("pipeline stage {s}"),
+            None => String::from("work imbalance"),
+        };
+    }
     match &v.link {
         Some(l) => format!("link {}↔{}", l.ranks[0], l.ranks[1]),
         None if !v.ranks.is_empty() => format!("host {} ({})", v.host, span(&v.ranks)),
@@ -595,6 +637,7 @@ mod tests {
             step_ns: 1e9,
             once_fixed: None,
             alarm: false,
+            structural: None,
             at: 0,
             wall: None,
         }

@@ -228,6 +228,7 @@ mod tests {
             step_ns: 0.0,
             once_fixed: None,
             alarm: false,
+            structural: None,
             at: 0,
             wall: None,
         }

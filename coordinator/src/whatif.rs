@@ -56,6 +56,9 @@ pub struct IterGraph {
     /// When the iteration began (the previous one's end), ns.
     pub start: f64,
     pub events: Vec<Event>,
+    /// Pipeline stage of each rank that sends or receives between stages
+    /// (its position in the pipeline communicator); empty without one.
+    pub stages: BTreeMap<u32, u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +91,7 @@ pub struct WhatIf {
     peers: BTreeMap<u32, Vec<u32>>,
     /// Per event, its last arriver and its lead over the next-to-last.
     last: Vec<Option<(u32, f64)>>,
+    stages: BTreeMap<u32, u32>,
     observed: f64,
 }
 
@@ -216,6 +220,7 @@ impl WhatIf {
             .collect();
         let mut m = Self {
             last,
+            stages: it.stages.clone(),
             g,
             order,
             start: it.start,
@@ -273,6 +278,49 @@ impl WhatIf {
                 })
                 .collect(),
         )
+    }
+
+    /// A rank's pipeline stage, when the job has a pipeline.
+    pub fn stage_of(&self, rank: u32) -> Option<u32> {
+        self.stages.get(&rank).copied()
+    }
+
+    /// Groups of ranks with the same role (same chain shape).
+    pub fn roles(&self) -> Vec<Vec<u32>> {
+        let mut by_shape: BTreeMap<&[u64], Vec<u32>> = BTreeMap::new();
+        for (r, c) in &self.chains {
+            by_shape.entry(&c.shapes).or_default().push(*r);
+        }
+        by_shape.into_values().collect()
+    }
+
+    /// A rank's own work over the iteration (ns).
+    pub fn work_total(&self, rank: u32) -> Option<f64> {
+        self.chains.get(&rank).map(|c| c.work.iter().sum())
+    }
+
+    /// Replay with the work of `ranks` scaled by `factor`.
+    pub fn length_scaled(&self, ranks: &[u32], factor: f64) -> f64 {
+        let replaced: BTreeMap<u32, Vec<f64>> = ranks
+            .iter()
+            .filter_map(|r| {
+                self.chains
+                    .get(r)
+                    .map(|c| (*r, c.work.iter().map(|w| w * factor).collect()))
+            })
+            .collect();
+        self.replay(&replaced)
+    }
+
+    /// Replay with every rank that has peers at its peers' median: the
+    /// iteration with its work balanced across each role.
+    pub fn length_balanced(&self) -> f64 {
+        let replaced: BTreeMap<u32, Vec<f64>> = self
+            .chains
+            .keys()
+            .filter_map(|r| self.peer_work(*r).map(|w| (*r, w)))
+            .collect();
+        self.replay(&replaced)
     }
 
     /// Longest path with some ranks' work replaced.
@@ -384,7 +432,11 @@ mod tests {
             }
             events.push(Event { arrivals, end });
         }
-        IterGraph { start: 0.0, events }
+        IterGraph {
+            start: 0.0,
+            stages: Default::default(),
+            events,
+        }
     }
 
     #[test]
@@ -437,6 +489,7 @@ mod tests {
         };
         let it = IterGraph {
             start: 0.0,
+            stages: Default::default(),
             events: vec![
                 ev(1, (0, 12.0 * MS), (1, 10.0 * MS)),
                 ev(1, (2, 17.0 * MS), (3, 17.0 * MS)),
@@ -467,6 +520,7 @@ mod tests {
         };
         let it = IterGraph {
             start: 0.0,
+            stages: Default::default(),
             events: vec![
                 send(0, 1, 5.0 * MS, 0.0),
                 send(2, 3, 5.0 * MS, 0.0),
@@ -486,6 +540,7 @@ mod tests {
     fn a_rank_without_a_peer_of_its_role_has_no_cost() {
         let it = IterGraph {
             start: 0.0,
+            stages: Default::default(),
             events: vec![Event {
                 arrivals: vec![at(0, 1.0, 1)],
                 end: 2.0,
@@ -505,6 +560,7 @@ mod tests {
         // overlaps its work, so the saving is 4 ms, not 4 + 3.
         let it = IterGraph {
             start: 0.0,
+            stages: Default::default(),
             events: vec![
                 Event {
                     arrivals: vec![at(0, 2.0 * MS, 1), at(1, 2.0 * MS, 1), at(2, 2.0 * MS, 1)],

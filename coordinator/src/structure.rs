@@ -1,0 +1,274 @@
+//! Slowdowns that are not a slow rank (DESIGN.md §5): a pipeline stage
+//! slower on every replica (partition imbalance), and per-iteration work
+//! imbalance whose slowest rank changes from one iteration to the next
+//! (sequence lengths). Both are as common in production as a slow worker,
+//! and naming one rank for either would send the on-call engineer to the
+//! wrong machine.
+//!
+//! In: each sealed iteration's what-if model ([`crate::whatif::WhatIf`]).
+//! Out: per iteration, at most one stage finding (the stage, its work
+//! against the other stages', and what balancing it would save) and, over a
+//! window, a work-imbalance finding. Pure.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::whatif::WhatIf;
+
+/// A stage's replicas must work this much more than the median stage's
+/// (per rank, per iteration) to be a finding: below it, stages differ by
+/// what they compute (an embedding, a loss) and nobody repartitions a model
+/// for it.
+pub const STAGE_EXCESS: f64 = 0.15;
+
+/// Smallest saving (share of the step) worth a structural finding.
+pub const MIN_COST: f64 = 0.03;
+
+/// Iterations a work-imbalance finding looks back over.
+pub const WINDOW: usize = 20;
+
+/// Work imbalance moves: no rank may be the costliest in more than this
+/// share of the window (a rank that is, is a straggler, and the sequential
+/// test's business).
+pub const MAX_TOP_SHARE: f64 = 0.35;
+
+/// One iteration's stage imbalance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageFinding {
+    pub stage: u32,
+    pub ranks: Vec<u32>,
+    /// Its replicas' work over the median stage's.
+    pub ratio: f64,
+    /// What the iteration would have saved with that stage at the median
+    /// stage's work (ns).
+    pub saved_ns: f64,
+}
+
+/// Work imbalance over the window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImbalanceFinding {
+    /// Mean saving per iteration had every rank worked at its peers'
+    /// median (ns).
+    pub saved_ns: f64,
+    /// Distinct ranks that were the costliest in the window.
+    pub distinct_tops: usize,
+    /// The costliest rank's share of the window.
+    pub top_share: f64,
+}
+
+/// The stage whose replicas all work ≥ [`STAGE_EXCESS`] more than the
+/// median stage's, if balancing it saves ≥ [`MIN_COST`] of the step.
+pub fn stage_imbalance(model: &WhatIf, step_ns: f64) -> Option<StageFinding> {
+    let mut by_stage: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for r in model.ranks() {
+        if let Some(s) = model.stage_of(r) {
+            by_stage.entry(s).or_default().push(r);
+        }
+    }
+    if by_stage.len() < 2 {
+        return None;
+    }
+    // Per stage: the least-working replica (every replica must be slow).
+    let floor: BTreeMap<u32, f64> = by_stage
+        .iter()
+        .filter_map(|(s, rs)| {
+            let w = rs
+                .iter()
+                .filter_map(|r| model.work_total(*r))
+                .fold(f64::INFINITY, f64::min);
+            w.is_finite().then_some((*s, w))
+        })
+        .collect();
+    let mut all: Vec<f64> = floor.values().copied().collect();
+    all.sort_by(f64::total_cmp);
+    let median = all[all.len() / 2].max(all[(all.len() - 1) / 2]);
+    let (&stage, &w) = floor.iter().max_by(|a, b| a.1.total_cmp(b.1))?;
+    let typical = {
+        let others: Vec<f64> = floor
+            .iter()
+            .filter(|(s, _)| **s != stage)
+            .map(|(_, w)| *w)
+            .collect();
+        let mut o = others;
+        o.sort_by(f64::total_cmp);
+        if o.is_empty() {
+            median
+        } else {
+            o[o.len() / 2]
+        }
+    };
+    if typical <= 0.0 || w < (1.0 + STAGE_EXCESS) * typical {
+        return None;
+    }
+    let ranks = by_stage[&stage].clone();
+    let saved = (model.length() - model.length_scaled(&ranks, typical / w)).max(0.0);
+    (step_ns.is_finite() && saved >= MIN_COST * step_ns).then_some(StageFinding {
+        stage,
+        ranks,
+        ratio: w / typical,
+        saved_ns: saved,
+    })
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Imbalance {
+    /// (costliest rank, its saving share, balanced saving ns, step ns).
+    window: VecDeque<(Option<u32>, f64, f64, f64)>,
+}
+
+impl Imbalance {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One iteration: its model and each measured rank's what-if share.
+    pub fn observe(&mut self, model: &WhatIf, step_ns: f64, shares: &BTreeMap<u32, f64>) {
+        if !step_ns.is_finite() || step_ns <= 0.0 {
+            return;
+        }
+        let top = shares
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .filter(|(_, x)| **x > 0.0)
+            .map(|(r, x)| (*r, *x));
+        let balanced = (model.length() - model.length_balanced()).max(0.0);
+        self.window.push_back((
+            top.map(|t| t.0),
+            top.map_or(0.0, |t| t.1),
+            balanced,
+            step_ns,
+        ));
+        while self.window.len() > WINDOW {
+            self.window.pop_front();
+        }
+    }
+
+    /// Work imbalance over the window: balancing would save ≥
+    /// [`MIN_COST`] on average, and the costliest rank keeps changing.
+    pub fn finding(&self) -> Option<ImbalanceFinding> {
+        if self.window.len() < WINDOW {
+            return None;
+        }
+        let n = self.window.len() as f64;
+        let share: f64 = self.window.iter().map(|w| w.2 / w.3).sum::<f64>() / n;
+        let saved: f64 = self.window.iter().map(|w| w.2).sum::<f64>() / n;
+        let mut tops: BTreeMap<u32, usize> = BTreeMap::new();
+        for w in &self.window {
+            if let Some(r) = w.0 {
+                *tops.entry(r).or_default() += 1;
+            }
+        }
+        let top_share = tops.values().copied().max().unwrap_or(0) as f64 / n;
+        (share >= MIN_COST && top_share <= MAX_TOP_SHARE && tops.len() >= 3).then_some(
+            ImbalanceFinding {
+                saved_ns: saved,
+                distinct_tops: tops.len(),
+                top_share,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::whatif::{Arrival, Event, IterGraph};
+
+    const MS: f64 = 1e6;
+
+    /// pp2 × dp2 forward only: stage 0 (ranks 0, 2) works `w0`, sends to
+    /// stage 1 (ranks 1, 3), which works `w1`; the dp groups then
+    /// all-reduce. Per-rank extra work in `extra`.
+    fn pipeline(w0: f64, w1: f64, extra: &[(u32, f64)]) -> WhatIf {
+        let x = |r: u32| extra.iter().find(|e| e.0 == r).map_or(0.0, |e| e.1);
+        let mut events = Vec::new();
+        for (s0, s1) in [(0u32, 1u32), (2, 3)] {
+            let ts = w0 + x(s0);
+            events.push(Event {
+                arrivals: vec![
+                    Arrival { rank: s0, at: ts, shape: 7 },
+                    Arrival { rank: s1, at: 0.0, shape: 8 },
+                ],
+                end: ts,
+            });
+        }
+        let e0 = events[0].end.max(events[1].end);
+        let ar = |a: u32, b: u32, shape: u64, ta: f64, tb: f64| Event {
+            arrivals: vec![
+                Arrival { rank: a, at: ta, shape },
+                Arrival { rank: b, at: tb, shape },
+            ],
+            end: ta.max(tb) + MS,
+        };
+        events.push(ar(0, 2, 2, w0 + x(0) + 0.1 * MS, w0 + x(2) + 0.1 * MS));
+        events.push(ar(
+            1,
+            3,
+            3,
+            events[0].end + w1 + x(1),
+            events[1].end + w1 + x(3),
+        ));
+        let _ = e0;
+        WhatIf::new(&IterGraph {
+            start: 0.0,
+            events,
+            stages: [(0, 0), (2, 0), (1, 1), (3, 1)].into(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_stage_slower_on_every_replica_is_a_stage_finding() {
+        let m = pipeline(10.0 * MS, 15.0 * MS, &[]);
+        let f = stage_imbalance(&m, m.length()).expect("stage 1 is 1.5x");
+        assert_eq!(f.stage, 1);
+        assert_eq!(f.ranks, vec![1, 3]);
+        // Stage 0 also works 0.1 ms before its all-reduce: 15 / 10.1.
+        assert!((f.ratio - 15.0 / 10.1).abs() < 0.01, "{f:?}");
+        assert!((f.saved_ns - 4.9 * MS).abs() < 0.01 * MS, "{f:?}");
+    }
+
+    #[test]
+    fn one_slow_replica_is_not_a_stage() {
+        let m = pipeline(10.0 * MS, 10.0 * MS, &[(3, 5.0 * MS)]);
+        assert_eq!(stage_imbalance(&m, m.length()), None);
+    }
+
+    #[test]
+    fn balanced_stages_are_nothing() {
+        let m = pipeline(10.0 * MS, 10.5 * MS, &[]);
+        assert_eq!(stage_imbalance(&m, m.length()), None);
+    }
+
+    fn dp(slow: u32, by: f64) -> WhatIf {
+        let arrivals: Vec<Arrival> = (0..8)
+            .map(|r| Arrival {
+                rank: r,
+                at: 10.0 * MS + if r == slow { by } else { 0.0 },
+                shape: 1,
+            })
+            .collect();
+        let end = 10.0 * MS + by + MS;
+        WhatIf::new(&IterGraph {
+            start: 0.0,
+            stages: Default::default(),
+            events: vec![Event { arrivals, end }],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_moving_slowest_rank_is_work_imbalance_a_fixed_one_is_not() {
+        let mut moving = Imbalance::new();
+        let mut fixed = Imbalance::new();
+        for k in 0..WINDOW as u32 {
+            let m = dp(k % 8, 2.0 * MS);
+            moving.observe(&m, m.length(), &[(k % 8, 2.0 / 13.0)].into());
+            let m = dp(5, 2.0 * MS);
+            fixed.observe(&m, m.length(), &[(5, 2.0 / 13.0)].into());
+        }
+        let f = moving.finding().expect("moving imbalance");
+        assert_eq!(f.distinct_tops, 8);
+        assert!((f.saved_ns - 2.0 * MS).abs() < 1.0);
+        assert_eq!(fixed.finding(), None, "one rank: a straggler");
+    }
+}
