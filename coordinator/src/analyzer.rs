@@ -1345,7 +1345,7 @@ impl Analyzer {
         crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
         if let Some(m) = model.as_ref().filter(|_| warm) {
             core.imbalance.observe(m, step, &shares);
-            self.structural(core, m, step, from, &mut obs);
+            self.structural(core, k, m, step, from, &mut obs);
         }
         let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
         let events = core.lifecycle.step(k, obs);
@@ -1373,6 +1373,7 @@ impl Analyzer {
     fn structural(
         &self,
         core: &Core,
+        k: u64,
         m: &crate::whatif::WhatIf,
         step: f64,
         at: CoordNs,
@@ -1413,7 +1414,20 @@ impl Analyzer {
                 },
             );
         };
-        if let Some(f) = crate::structure::stage_imbalance(m, step) {
+        // A stage's work shows only on GPU-side times: on host-side ones a
+        // later stage's host is blocked for its inputs (a pipeline bubble)
+        // and that looks like its own work.
+        let gpu_side = core
+            .recent
+            .iter()
+            .filter(|(it, _)| *it == k)
+            .all(|(_, a)| a.basis == crate::stats::Basis::Gpu);
+        let stage = if gpu_side {
+            crate::structure::stage_imbalance(m, step)
+        } else {
+            None
+        };
+        if let Some(f) = stage {
             add(
                 Subject::Stage(f.stage),
                 f.ranks.clone(),
@@ -1468,7 +1482,10 @@ impl Analyzer {
         core: &Core,
         k: u64,
         from: CoordNs,
-    ) -> (Option<crate::whatif::WhatIf>, std::collections::HashSet<u32>) {
+    ) -> (
+        Option<crate::whatif::WhatIf>,
+        std::collections::HashSet<u32>,
+    ) {
         if from == CoordNs::MIN {
             return (None, Default::default());
         }

@@ -50,7 +50,13 @@ fn ranks_of(subject: Subject, ranks: &[u32]) -> Vec<u32> {
     }
 }
 
-fn saving(it: &Iteration<'_>, subject: Subject, ranks: &[u32], kind: Kind, lost_ns: Option<f64>) -> Option<f64> {
+fn saving(
+    it: &Iteration<'_>,
+    subject: Subject,
+    ranks: &[u32],
+    kind: Kind,
+    lost_ns: Option<f64>,
+) -> Option<f64> {
     match subject {
         Subject::Nic(_) | Subject::Link(..) => lost_ns,
         Subject::Unknown | Subject::Stage(_) | Subject::Imbalance => None,

@@ -395,7 +395,11 @@ fn detect_by_marks(run: &[(u64, CoordNs, CoordNs, Marks)]) -> Option<(u64, u64, 
     }
     let phase = best
         .1
-        .or_else(|| found.iter().find_map(|(q, o, _)| (*q == best.0).then_some(*o).flatten()))
+        .or_else(|| {
+            found
+                .iter()
+                .find_map(|(q, o, _)| (*q == best.0).then_some(*o).flatten())
+        })
         .unwrap_or_else(|| gap_phase(run, best.0));
     Some((best.0, phase % best.0, best.2))
 }

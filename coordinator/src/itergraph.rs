@@ -18,7 +18,10 @@ use crate::stats::AlignedInstance;
 use crate::whatif::{Arrival, Event, IterGraph};
 
 /// Builds the graph of one iteration that began at `start`.
-pub fn build<'a>(start: CoordNs, instances: impl Iterator<Item = &'a AlignedInstance>) -> IterGraph {
+pub fn build<'a>(
+    start: CoordNs,
+    instances: impl Iterator<Item = &'a AlignedInstance>,
+) -> IterGraph {
     let rel = |t: CoordNs| (t - start) as f64;
     let mut stages = std::collections::BTreeMap::new();
     let mut events: Vec<Event> = instances
@@ -57,8 +60,16 @@ pub fn build<'a>(start: CoordNs, instances: impl Iterator<Item = &'a AlignedInst
     // Replay order does not depend on it, but a stable order keeps the
     // model (and so any tie) the same from run to run.
     events.sort_by(|x, y| {
-        let fx = x.arrivals.iter().map(|a| a.at).fold(f64::INFINITY, f64::min);
-        let fy = y.arrivals.iter().map(|a| a.at).fold(f64::INFINITY, f64::min);
+        let fx = x
+            .arrivals
+            .iter()
+            .map(|a| a.at)
+            .fold(f64::INFINITY, f64::min);
+        let fy = y
+            .arrivals
+            .iter()
+            .map(|a| a.at)
+            .fold(f64::INFINITY, f64::min);
         fx.total_cmp(&fy)
     });
     IterGraph {

@@ -115,8 +115,8 @@ impl Pace {
         let r: Vec<f64> = self.recent.iter().map(|x| x.1).collect();
         let (m, sr) = center_sigma(&r);
         // Standard error of a median ≈ 1.25 σ / √n.
-        let se = 1.25
-            * ((sb * sb) / self.baseline.len() as f64 + (sr * sr) / r.len() as f64).sqrt();
+        let se =
+            1.25 * ((sb * sb) / self.baseline.len() as f64 + (sr * sr) / r.len() as f64).sqrt();
         let rise = m - b;
         (b > 0.0 && rise > MIN_RISE * b && rise > NOISE_SIGMAS * se).then_some((b, m))
     }

@@ -164,7 +164,10 @@ pub fn render_human(r: &Report) -> String {
             "No slow rank found: the job kept its pace{}.",
             r.job
                 .baseline_step_ms
-                .map(|b| format!(" (step {:.1} ms, baseline {b:.1} ms)", r.job.step_time_ms.unwrap_or(b)))
+                .map(|b| format!(
+                    " (step {:.1} ms, baseline {b:.1} ms)",
+                    r.job.step_time_ms.unwrap_or(b)
+                ))
                 .unwrap_or_default()
         );
     }
@@ -304,7 +307,9 @@ pub fn render_human(r: &Report) -> String {
             let _ = writeln!(s);
             if let Some(st) = &v.structural {
                 let _ = match st.stage {
-                    Some(stage) => writeln!(s, "pipeline stage {stage} (structural: stage imbalance):"),
+                    Some(stage) => {
+                        writeln!(s, "pipeline stage {stage} (structural: stage imbalance):")
+                    }
                     None => writeln!(s, "work imbalance (structural):"),
                 };
             } else if v.ranks.is_empty() {

@@ -37,9 +37,14 @@ pub struct SequentialConfig {
     /// ~7 iterations, a 10% one after ~2, and a healthy rank must be the
     /// costly last arriver in several iterations close together.
     pub alarm: f64,
-    /// Cap on `S`, in alarms: bounds how long a verdict outlives its fault
-    /// (`cap × h / k` iterations at most).
+    /// Cap on `S`, in alarms: bounds how long the evidence outlives its
+    /// fault (`(cap − release) × h / k` iterations at most).
     pub cap: f64,
+    /// The evidence stands while `S ≥ release × h`: a straggler that keeps
+    /// pace for a couple of iterations mid-fault stays named, one that has
+    /// kept pace for `(cap − release) × h / k` ≈ 3 iterations is let go
+    /// (and its verdict closes after the lifecycle's clean streak).
+    pub release: f64,
 }
 
 impl Default for SequentialConfig {
@@ -47,7 +52,8 @@ impl Default for SequentialConfig {
         Self {
             allowance: 0.015,
             alarm: 0.10,
-            cap: 2.0,
+            cap: 1.0,
+            release: 0.5,
         }
     }
 }
@@ -92,10 +98,12 @@ impl Sequential {
             .collect()
     }
 
-    /// Whether `rank`'s evidence still stands (its sum has not decayed to
-    /// 0): an open verdict on it is not cleared meanwhile.
+    /// Whether `rank`'s evidence still stands: an open verdict on it is not
+    /// cleared meanwhile.
     pub fn standing(&self, rank: u32) -> bool {
-        self.sums.get(&rank).is_some_and(|s| *s > 0.0)
+        self.sums
+            .get(&rank)
+            .is_some_and(|s| *s >= self.cfg.release * self.cfg.alarm)
     }
 
     /// The current sum (share of a step), for evidence and tests.
@@ -151,7 +159,7 @@ mod tests {
         assert!(s.standing(2));
         // Kept pace for long enough: released, and the bound holds.
         let cfg = SequentialConfig::default();
-        let bound = (cfg.cap * cfg.alarm / cfg.allowance).ceil() as usize;
+        let bound = ((cfg.cap - cfg.release) * cfg.alarm / cfg.allowance).ceil() as usize;
         for _ in 0..bound {
             s.update(&BTreeMap::new());
         }

@@ -31,6 +31,14 @@ pub const WINDOW: usize = 20;
 /// test's business).
 pub const MAX_TOP_SHARE: f64 = 0.35;
 
+/// Work imbalance moves: no rank's mean excess work over the window may
+/// reach this share of the mean per-iteration largest excess. A slow rank
+/// or a slow host has the same ranks in excess every iteration (ratio ≈ 1;
+/// on a slow host the costliest of its equally late ranks rotates, so
+/// [`MAX_TOP_SHARE`] alone would take it for imbalance); imbalance spread
+/// over n ranks has about 1/n.
+pub const MAX_PERSISTENCE: f64 = 0.4;
+
 /// One iteration's stage imbalance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StageFinding {
@@ -113,6 +121,29 @@ pub fn stage_imbalance(model: &WhatIf, step_ns: f64) -> Option<StageFinding> {
 pub struct Imbalance {
     /// (costliest rank, its saving share, balanced saving ns, step ns).
     window: VecDeque<(Option<u32>, f64, f64, f64)>,
+    /// Per iteration, each rank's own work beyond its role's median (ns,
+    /// only ranks above it).
+    excess: VecDeque<BTreeMap<u32, f64>>,
+}
+
+/// Each rank's own work beyond the median of its role (ranks above only).
+fn excess(model: &WhatIf) -> BTreeMap<u32, f64> {
+    let mut out = BTreeMap::new();
+    for role in model.roles() {
+        if role.len() < 2 {
+            continue;
+        }
+        let mut w: Vec<(u32, f64)> = role
+            .iter()
+            .filter_map(|r| model.work_total(*r).map(|w| (*r, w)))
+            .collect();
+        let mut v: Vec<f64> = w.iter().map(|x| x.1).collect();
+        v.sort_by(f64::total_cmp);
+        let med = v[v.len() / 2];
+        w.retain(|x| x.1 > med);
+        out.extend(w.into_iter().map(|(r, x)| (r, x - med)));
+    }
+    out
 }
 
 impl Imbalance {
@@ -137,8 +168,34 @@ impl Imbalance {
             balanced,
             step_ns,
         ));
+        self.excess.push_back(excess(model));
         while self.window.len() > WINDOW {
             self.window.pop_front();
+            self.excess.pop_front();
+        }
+    }
+
+    /// The most persistent rank's mean excess over the mean per-iteration
+    /// largest excess (see [`MAX_PERSISTENCE`]).
+    fn persistence(&self) -> f64 {
+        let n = self.excess.len().max(1) as f64;
+        let peak: f64 = self
+            .excess
+            .iter()
+            .map(|e| e.values().copied().fold(0.0, f64::max))
+            .sum::<f64>()
+            / n;
+        let mut per_rank: BTreeMap<u32, f64> = BTreeMap::new();
+        for e in &self.excess {
+            for (r, x) in e {
+                *per_rank.entry(*r).or_default() += x / n;
+            }
+        }
+        let top = per_rank.values().copied().fold(0.0, f64::max);
+        if peak > 0.0 {
+            top / peak
+        } else {
+            1.0
         }
     }
 
@@ -158,13 +215,15 @@ impl Imbalance {
             }
         }
         let top_share = tops.values().copied().max().unwrap_or(0) as f64 / n;
-        (share >= MIN_COST && top_share <= MAX_TOP_SHARE && tops.len() >= 3).then_some(
-            ImbalanceFinding {
+        (share >= MIN_COST
+            && top_share <= MAX_TOP_SHARE
+            && tops.len() >= 3
+            && self.persistence() <= MAX_PERSISTENCE)
+            .then_some(ImbalanceFinding {
                 saved_ns: saved,
                 distinct_tops: tops.len(),
                 top_share,
-            },
-        )
+            })
     }
 }
 
@@ -185,8 +244,16 @@ mod tests {
             let ts = w0 + x(s0);
             events.push(Event {
                 arrivals: vec![
-                    Arrival { rank: s0, at: ts, shape: 7 },
-                    Arrival { rank: s1, at: 0.0, shape: 8 },
+                    Arrival {
+                        rank: s0,
+                        at: ts,
+                        shape: 7,
+                    },
+                    Arrival {
+                        rank: s1,
+                        at: 0.0,
+                        shape: 8,
+                    },
                 ],
                 end: ts,
             });
@@ -194,8 +261,16 @@ mod tests {
         let e0 = events[0].end.max(events[1].end);
         let ar = |a: u32, b: u32, shape: u64, ta: f64, tb: f64| Event {
             arrivals: vec![
-                Arrival { rank: a, at: ta, shape },
-                Arrival { rank: b, at: tb, shape },
+                Arrival {
+                    rank: a,
+                    at: ta,
+                    shape,
+                },
+                Arrival {
+                    rank: b,
+                    at: tb,
+                    shape,
+                },
             ],
             end: ta.max(tb) + MS,
         };
@@ -270,5 +345,32 @@ mod tests {
         assert_eq!(f.distinct_tops, 8);
         assert!((f.saved_ns - 2.0 * MS).abs() < 1.0);
         assert_eq!(fixed.finding(), None, "one rank: a straggler");
+    }
+
+    #[test]
+    fn a_slow_host_whose_costliest_rank_rotates_is_not_imbalance() {
+        // Ranks 4-7 are all 2 ms late every iteration (a slow host); which
+        // of them is the very last rotates.
+        let mut host = Imbalance::new();
+        for k in 0..WINDOW as u32 {
+            let arrivals: Vec<Arrival> = (0..8)
+                .map(|r| Arrival {
+                    rank: r,
+                    at: 10.0 * MS
+                        + if r >= 4 { 2.0 * MS } else { 0.0 }
+                        + if r == 4 + k % 4 { 0.1 * MS } else { 0.0 },
+                    shape: 1,
+                })
+                .collect();
+            let end = 12.1 * MS + MS;
+            let m = WhatIf::new(&IterGraph {
+                start: 0.0,
+                stages: Default::default(),
+                events: vec![Event { arrivals, end }],
+            })
+            .unwrap();
+            host.observe(&m, m.length(), &[(4 + k % 4, 0.01)].into());
+        }
+        assert_eq!(host.finding(), None);
     }
 }

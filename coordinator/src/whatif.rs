@@ -87,8 +87,13 @@ pub struct WhatIf {
     start: f64,
     transfer: Vec<f64>,
     chains: BTreeMap<u32, Chain>,
-    /// rank → its peers (same chain shape, itself excluded).
-    peers: BTreeMap<u32, Vec<u32>>,
+    /// Ranks with the same chain shape, each group sorted.
+    roles: Vec<Vec<u32>>,
+    /// rank → index into `roles`.
+    role_of: BTreeMap<u32, usize>,
+    /// Per role of more than [`EXACT_PEERS`] ranks, the per-position median
+    /// work over the whole role.
+    role_median: BTreeMap<usize, Vec<f64>>,
     /// Per event, its last arriver and its lead over the next-to-last.
     last: Vec<Option<(u32, f64)>>,
     stages: BTreeMap<u32, u32>,
@@ -196,15 +201,25 @@ impl WhatIf {
         for (r, c) in &built {
             by_shape.entry(&c.shapes).or_default().push(*r);
         }
-        let peers = built
+        let roles: Vec<Vec<u32>> = by_shape.into_values().collect();
+        let role_of: BTreeMap<u32, usize> = roles
             .iter()
-            .map(|(r, c)| {
-                let p: Vec<u32> = by_shape[c.shapes.as_slice()]
-                    .iter()
-                    .copied()
-                    .filter(|q| q != r)
+            .enumerate()
+            .flat_map(|(i, rs)| rs.iter().map(move |r| (*r, i)))
+            .collect();
+        let role_median = roles
+            .iter()
+            .enumerate()
+            .filter(|(_, rs)| rs.len() > EXACT_PEERS)
+            .map(|(i, rs)| {
+                let n = built[&rs[0]].work.len();
+                let med = (0..n)
+                    .map(|j| {
+                        let mut v: Vec<f64> = rs.iter().map(|r| built[r].work[j]).collect();
+                        median(&mut v)
+                    })
                     .collect();
-                (*r, p)
+                (i, med)
             })
             .collect();
         let last = it
@@ -226,7 +241,9 @@ impl WhatIf {
             start: it.start,
             transfer,
             chains: built,
-            peers,
+            roles,
+            role_of,
+            role_median,
             observed: 0.0,
         };
         m.observed = m.replay(&BTreeMap::new());
@@ -248,24 +265,35 @@ impl WhatIf {
     /// they can be on the critical path, so only they can cost anything.
     pub fn last_arrivers(&self) -> BTreeMap<u32, f64> {
         let mut out: BTreeMap<u32, f64> = BTreeMap::new();
-        for ev in &self.last {
-            if let Some((r, gap)) = ev {
-                let g = out.entry(*r).or_insert(0.0);
-                *g = g.max(*gap);
-            }
+        for (r, gap) in self.last.iter().flatten() {
+            let g = out.entry(*r).or_insert(0.0);
+            *g = g.max(*gap);
         }
         out
     }
 
-    /// The peers `rank` is compared with (same role).
-    pub fn peers(&self, rank: u32) -> &[u32] {
-        self.peers.get(&rank).map_or(&[], Vec::as_slice)
+    /// The peers `rank` is compared with (same role, itself excluded).
+    pub fn peers(&self, rank: u32) -> Vec<u32> {
+        self.role_of.get(&rank).map_or(Vec::new(), |i| {
+            self.roles[*i]
+                .iter()
+                .copied()
+                .filter(|q| *q != rank)
+                .collect()
+        })
     }
 
     /// `rank`'s own work per arrival, as its peers' median; `None` without
-    /// a peer of the same role.
+    /// a peer of the same role. In a role of more than [`EXACT_PEERS`]
+    /// ranks the role's median stands for its peers' (one rank moves a
+    /// median of that many by at most one neighbour's gap), which keeps a
+    /// replay of a 10,000-rank data-parallel job linear.
     fn peer_work(&self, rank: u32) -> Option<Vec<f64>> {
-        let peers = self.peers.get(&rank)?;
+        let role = *self.role_of.get(&rank)?;
+        if let Some(m) = self.role_median.get(&role) {
+            return Some(m.clone());
+        }
+        let peers = self.peers(rank);
         if peers.is_empty() {
             return None;
         }
@@ -286,12 +314,8 @@ impl WhatIf {
     }
 
     /// Groups of ranks with the same role (same chain shape).
-    pub fn roles(&self) -> Vec<Vec<u32>> {
-        let mut by_shape: BTreeMap<&[u64], Vec<u32>> = BTreeMap::new();
-        for (r, c) in &self.chains {
-            by_shape.entry(&c.shapes).or_default().push(*r);
-        }
-        by_shape.into_values().collect()
+    pub fn roles(&self) -> &[Vec<u32>] {
+        &self.roles
     }
 
     /// A rank's own work over the iteration (ns).
@@ -392,6 +416,10 @@ impl WhatIf {
     }
 }
 
+/// Roles up to this size compare a rank with its peers exactly (itself
+/// excluded); larger ones with the role's median.
+const EXACT_PEERS: usize = 16;
+
 fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -427,9 +455,7 @@ mod tests {
                 .collect();
             let last = arrivals.iter().map(|a| a.at).fold(0.0, f64::max);
             let end = last + x;
-            for r in &mut ready {
-                *r = end;
-            }
+            ready.fill(end);
             events.push(Event { arrivals, end });
         }
         IterGraph {
@@ -455,7 +481,12 @@ mod tests {
     #[test]
     fn a_slow_gpu_costs_its_excess_at_every_sync() {
         // Rank 5 is 25% slower at every bucket: 2 ms × 4.
-        let it = sync_dp(8, 4, 0.5 * MS, |r, _| if r == 5 { 10.0 * MS } else { 8.0 * MS });
+        let it = sync_dp(
+            8,
+            4,
+            0.5 * MS,
+            |r, _| if r == 5 { 10.0 * MS } else { 8.0 * MS },
+        );
         let w = WhatIf::new(&it).unwrap();
         assert!((w.cost(5).unwrap() - 8.0 * MS).abs() < 1.0);
     }
@@ -496,7 +527,7 @@ mod tests {
             ],
         };
         let w = WhatIf::new(&it).unwrap();
-        assert_eq!(w.peers(0), &[1, 2, 3]);
+        assert_eq!(w.peers(0), vec![1, 2, 3]);
         assert_eq!(w.cost(0).unwrap(), 0.0);
         // Ranks 2 and 3 are both slower than the median: fixing one alone
         // saves nothing, fixing both does.
@@ -529,8 +560,8 @@ mod tests {
             ],
         };
         let w = WhatIf::new(&it).unwrap();
-        assert_eq!(w.peers(1), &[3]);
-        assert_eq!(w.peers(0), &[2]);
+        assert_eq!(w.peers(1), vec![3]);
+        assert_eq!(w.peers(0), vec![2]);
         for r in 0..4 {
             assert_eq!(w.cost(r).unwrap(), 0.0, "rank {r}");
         }
