@@ -62,7 +62,7 @@ pub struct HostOverhead {
     pub trap_pair_us: Option<f64>,
     /// Share of time the agent's budget lets launch samples run (percent).
     pub launch_sample_percent: f64,
-    /// The budget (`--max-overhead`) narrows sampling / deep windows now.
+    /// The budget (`--max-overhead`) narrows launch counting now.
     pub budget_narrowed: bool,
     /// Intervals in which it did.
     pub narrowed_intervals: u64,
@@ -182,7 +182,7 @@ impl OverheadTally {
             .collect();
         if !narrowed.is_empty() {
             summary.push_str(&format!(
-                "; the overhead budget narrowed launch sampling and deep windows on {}",
+                "; the overhead budget narrowed launch counting (samples, deep windows) on {}",
                 narrowed.join(", ")
             ));
         }
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(r.hosts[0].trap_pair_us, Some(2.0));
         assert!(r.hosts[1].budget_narrowed);
         assert!(r.summary.contains("≈ 0.23% of rank time"), "{}", r.summary);
-        assert!(r.summary.contains("narrowed launch sampling"), "{}", r.summary);
+        assert!(r.summary.contains("narrowed launch counting"), "{}", r.summary);
         assert_eq!(t.rank_percents(), vec![(0, 0.1), (1, 0.3)]);
     }
 

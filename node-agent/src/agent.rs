@@ -96,6 +96,8 @@ pub struct Agent {
     ledger: HitLedger,
     trap: Option<TrapCost>,
     sampler: Sampler,
+    /// End of launch counting in the current deep window (budgeted).
+    deep_count_until: Option<std::time::Instant>,
     /// Latest in-kernel counts per process, kept after it exits (run totals).
     class_totals: BTreeMap<u32, [u64; slowrank_shared::probe::cuda_count::SLOTS]>,
 }
@@ -139,13 +141,20 @@ impl Agent {
             ledger: HitLedger::default(),
             trap: None,
             class_totals: BTreeMap::new(),
-            sampler: Sampler::new(
-                budget::DEFAULT_MAX_OVERHEAD,
-                std::time::Duration::from_secs(budget::DEFAULT_PERIOD_S),
-                std::time::Duration::from_secs(budget::DEFAULT_WINDOW_S),
-                0.0,
-            ),
+            deep_count_until: None,
+            sampler: Self::default_sampler(0.0),
         }
+    }
+
+    /// Launch sampling with the default period, window and budget, for a
+    /// host whose counted call costs `entry_ns`.
+    pub fn default_sampler(entry_ns: f64) -> Sampler {
+        Sampler::new(
+            budget::DEFAULT_MAX_OVERHEAD,
+            std::time::Duration::from_secs(budget::DEFAULT_PERIOD_S),
+            std::time::Duration::from_secs(budget::DEFAULT_WINDOW_S),
+            entry_ns,
+        )
     }
 
     /// This host's measured trap cost ([`crate::selfcost::measure`]) and the
@@ -347,7 +356,14 @@ impl Agent {
     /// attached uprobe traps even when its program returns at once.
     fn update_counting(&mut self) {
         let now = clock::mono_ns();
-        let want = self.sampler.sampling(now) || self.deep != Deep::Off;
+        let in_deep = match self.deep {
+            Deep::Off => false,
+            Deep::On => true,
+            Deep::Until(_) => self
+                .deep_count_until
+                .is_some_and(|t| std::time::Instant::now() < t),
+        };
+        let want = self.sampler.sampling(now) || in_deep;
         if want == self.counting.is_on() {
             return;
         }
@@ -483,19 +499,20 @@ impl Agent {
     }
 
     /// Opens a deep window of `dur` from now (the control stream's entry
-    /// point; `--deep` keeps it open for good), shortened when the overhead
-    /// budget narrowed the windows. Returns the window opened.
-    pub fn open_deep_window(&mut self, dur: std::time::Duration) -> std::time::Duration {
+    /// point; `--deep` keeps it open for good). The launch counters run in
+    /// it too, for as much of it as the overhead budget allows: the verbs
+    /// probes are the coordinator's evidence and keep the whole window.
+    pub fn open_deep_window(&mut self, dur: std::time::Duration) {
         let granted = self.sampler.deep_window(dur);
         if granted < dur {
             tracing::warn!(
-                asked_s = dur.as_secs_f64(),
-                granted_s = granted.as_secs_f64(),
-                "overhead budget: deep window shortened"
+                window_s = dur.as_secs_f64(),
+                launch_counting_s = granted.as_secs_f64(),
+                "overhead budget: launch counting in the deep window shortened"
             );
         }
-        self.set_deep(Deep::Until(std::time::Instant::now() + granted));
-        granted
+        self.deep_count_until = Some(std::time::Instant::now() + granted);
+        self.set_deep(Deep::Until(std::time::Instant::now() + dur));
     }
 
     /// A deep window the coordinator opened is running (not `--deep`).

@@ -388,7 +388,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     Some(c) if c.deep_enable => {
                         tracing::info!(seconds = c.seconds, "coordinator opened a deep-probe window");
                         let dur = Duration::from_secs(u64::from(c.seconds.max(1)));
-                        let dur = agent.open_deep_window(dur);
+                        agent.open_deep_window(dur);
                         if let (Some(s), true) = (stacks.as_mut(), c.launch_sites) { s.open_launch_window(&c.ranks, dur); }
                     }
                     Some(_) if !cli.deep => {
