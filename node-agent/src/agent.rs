@@ -96,8 +96,9 @@ pub struct Agent {
     ledger: HitLedger,
     trap: Option<TrapCost>,
     sampler: Sampler,
-    /// End of launch counting in the current deep window (budgeted).
-    deep_count_until: Option<std::time::Instant>,
+    /// Start and length of the current deep window, for its budgeted
+    /// share of launch counting.
+    deep_count: Option<(std::time::Instant, std::time::Duration)>,
     /// Latest in-kernel counts per process, kept after it exits (run totals).
     class_totals: BTreeMap<u32, [u64; slowrank_shared::probe::cuda_count::SLOTS]>,
 }
@@ -141,7 +142,7 @@ impl Agent {
             ledger: HitLedger::default(),
             trap: None,
             class_totals: BTreeMap::new(),
-            deep_count_until: None,
+            deep_count: None,
             sampler: Self::default_sampler(0.0),
         }
     }
@@ -359,9 +360,11 @@ impl Agent {
         let in_deep = match self.deep {
             Deep::Off => false,
             Deep::On => true,
-            Deep::Until(_) => self
-                .deep_count_until
-                .is_some_and(|t| std::time::Instant::now() < t),
+            // Against the current plan: a window opened before the budget
+            // narrowed is cut short when it does.
+            Deep::Until(_) => self.deep_count.is_some_and(|(start, dur)| {
+                start.elapsed() < self.sampler.deep_window(dur)
+            }),
         };
         let want = self.sampler.sampling(now) || in_deep;
         if want == self.counting.is_on() {
@@ -511,7 +514,7 @@ impl Agent {
                 "overhead budget: launch counting in the deep window shortened"
             );
         }
-        self.deep_count_until = Some(std::time::Instant::now() + granted);
+        self.deep_count = Some((std::time::Instant::now(), dur));
         self.set_deep(Deep::Until(std::time::Instant::now() + dur));
     }
 
