@@ -34,7 +34,12 @@ run_overhead() {  # step time: no agent / default probes / deep probes, interlea
         default) $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
         deep) SLOWRANK_AGENT_ARGS=--deep $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
       esac > /dev/null 2>&1
-      find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json -exec rm -rf {} +
+      # Calls per probe over the run (the agents log them at exit) and the
+      # report's self-reported probe cost, for bench_summary.py.
+      cat "$d"/logs/agent-host-*.log 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' \
+        | grep -E 'probe calls over the run|probe trap cost' > "$d/agent-cost.txt"
+      find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json ! -name report.json \
+        ! -name agent-cost.txt -exec rm -rf {} +
     done
   done
 }
