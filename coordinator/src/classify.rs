@@ -236,7 +236,9 @@ pub fn classify_straggler(
             }
             if !c.launches_measured {
                 ev.push("launch rate not measured in this window (launches are counted only in deep windows and samples)".to_owned());
-            } else if c.launches_per_s_peers > 0.0 && c.launches_per_s < 0.9 * c.launches_per_s_peers {
+            } else if c.launches_per_s_peers > 0.0
+                && c.launches_per_s < 0.9 * c.launches_per_s_peers
+            {
                 ev.push(format!(
                     "launch rate {:.0}/s vs {:.0}/s on peers",
                     c.launches_per_s, c.launches_per_s_peers

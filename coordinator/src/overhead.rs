@@ -143,7 +143,11 @@ impl OverheadTally {
                     rank: *k,
                     host: r.host.clone(),
                     percent: Self::percent(r),
-                    hits_per_s: if secs > 0.0 { r.hits as f64 / secs } else { 0.0 },
+                    hits_per_s: if secs > 0.0 {
+                        r.hits as f64 / secs
+                    } else {
+                        0.0
+                    },
                     observed_seconds: secs,
                     launch_counted_percent: if r.wall_ns > 0 {
                         100.0 * r.counted_ns as f64 / r.wall_ns as f64
@@ -230,7 +234,11 @@ mod tests {
         assert_eq!(r.hosts[0].trap_pair_us, Some(2.0));
         assert!(r.hosts[1].budget_narrowed);
         assert!(r.summary.contains("≈ 0.23% of rank time"), "{}", r.summary);
-        assert!(r.summary.contains("narrowed launch counting"), "{}", r.summary);
+        assert!(
+            r.summary.contains("narrowed launch counting"),
+            "{}",
+            r.summary
+        );
         assert_eq!(t.rank_percents(), vec![(0, 0.1), (1, 0.3)]);
     }
 

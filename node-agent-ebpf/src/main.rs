@@ -127,7 +127,9 @@ fn emit(
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     // SAFETY: the cookie helper only reads the context it is given.
     remember_out_ptr(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let mut args = [0u64; MAX_ARGS];
@@ -142,7 +144,9 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Return) else { return 0 };
+    let Some(who) = followed(Hit::Return) else {
+        return 0;
+    };
     let ret: u64 = ctx.ret();
     emit(ctx.as_ptr(), CallKind::Return, [0; MAX_ARGS], ret, who);
     0
@@ -197,7 +201,9 @@ fn launches_of(pid: u32) -> u64 {
 /// register arguments, the first stack words and the process's launch count.
 #[uprobe]
 pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     // SAFETY: the cookie helper only reads the context it is given.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     remember_out_ptr(&ctx, cookie);
@@ -244,7 +250,9 @@ pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
 /// entry (`*comm` after `ncclCommInitRank`/`ncclCommSplit`) in `args[0]`.
 #[uretprobe]
 pub fn call_return_out(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Return) else { return 0 };
+    let Some(who) = followed(Hit::Return) else {
+        return 0;
+    };
     let key = bpf_get_current_pid_tgid();
     let mut args = [0u64; MAX_ARGS];
     // SAFETY: read-only lookup of a plain u64.
@@ -339,7 +347,9 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
 /// ring-buffer event.
 #[uprobe]
 pub fn count_call(ctx: ProbeContext) -> u32 {
-    let Some((pid, _)) = followed(Hit::Entry) else { return 0 };
+    let Some((pid, _)) = followed(Hit::Entry) else {
+        return 0;
+    };
     // SAFETY: the cookie helper only reads the context it is given.
     let class =
         slowrank_shared::probe::cookie::class(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
@@ -401,7 +411,9 @@ where
 /// bytes of the first sge, wr_id, opcode, num_sge | send_flags << 32].
 #[uprobe]
 pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     let qp: u64 = ctx.arg(0).unwrap_or(0);
     let wr: u64 = ctx.arg(1).unwrap_or(0);
     let sg: u64 = user(wr + WR_SG_LIST_OFF);
@@ -435,7 +447,9 @@ pub fn verbs_poll_entry(ctx: ProbeContext) -> u32 {
 /// completions returned, index].
 #[uretprobe]
 pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Return) else { return 0 };
+    let Some(who) = followed(Hit::Return) else {
+        return 0;
+    };
     let key = bpf_get_current_pid_tgid();
     // SAFETY: read-only lookup of a plain u64.
     let Some(&wc) = (unsafe { WC_PTRS.get(key) }) else {
@@ -471,7 +485,9 @@ pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
 /// dest_qp_num, dlid, new state].
 #[uprobe]
 pub fn verbs_modify_qp(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     let qp: u64 = ctx.arg(0).unwrap_or(0);
     let attr: u64 = ctx.arg(1).unwrap_or(0);
     let mask: u64 = ctx.arg(2).unwrap_or(0);

@@ -362,9 +362,9 @@ impl Agent {
             Deep::On => true,
             // Against the current plan: a window opened before the budget
             // narrowed is cut short when it does.
-            Deep::Until(_) => self.deep_count.is_some_and(|(start, dur)| {
-                start.elapsed() < self.sampler.deep_window(dur)
-            }),
+            Deep::Until(_) => self
+                .deep_count
+                .is_some_and(|(start, dur)| start.elapsed() < self.sampler.deep_window(dur)),
         };
         let want = self.sampler.sampling(now) || in_deep;
         if want == self.counting.is_on() {

@@ -233,7 +233,12 @@ mod tests {
 
     #[test]
     fn sampler_runs_windows_at_the_planned_duty() {
-        let mut s = Sampler::new(0.005, Duration::from_secs(30), Duration::from_secs(2), 5000.0);
+        let mut s = Sampler::new(
+            0.005,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+            5000.0,
+        );
         assert!(!s.sampling(0), "not armed");
         s.arm(0);
         assert!(!s.sampling(S / 2));
@@ -263,7 +268,12 @@ mod tests {
 
     #[test]
     fn sampler_suspends_when_the_always_on_set_is_over_budget() {
-        let mut s = Sampler::new(0.005, Duration::from_secs(30), Duration::from_secs(2), 5000.0);
+        let mut s = Sampler::new(
+            0.005,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+            5000.0,
+        );
         s.arm(0);
         s.observe(&[CostSample {
             always_on: 0.01,
@@ -281,8 +291,17 @@ mod tests {
         let mut s = Sampler::new(0.005, Duration::ZERO, Duration::from_secs(2), 5000.0);
         s.arm(0);
         assert!(!s.sampling(10 * S));
-        assert!(s.observe(&[CostSample { always_on: 0.0, counted_calls: 0, counted_ns: 0 }]).is_none());
+        assert!(s
+            .observe(&[CostSample {
+                always_on: 0.0,
+                counted_calls: 0,
+                counted_ns: 0
+            }])
+            .is_none());
         assert!(!s.plan().narrowed);
-        assert_eq!(s.deep_window(Duration::from_secs(10)), Duration::from_secs(10));
+        assert_eq!(
+            s.deep_window(Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
     }
 }

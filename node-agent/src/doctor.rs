@@ -43,7 +43,9 @@ pub fn run(args: DoctorArgs) -> Result<()> {
             Some(t)
         }
         Err(e) => {
-            println!("trap cost on this host: NOT measured ({e:#}); probe cost will be reported unknown");
+            println!(
+                "trap cost on this host: NOT measured ({e:#}); probe cost will be reported unknown"
+            );
             None
         }
     };

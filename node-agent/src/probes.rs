@@ -196,7 +196,13 @@ impl Probes {
     /// Attaches `symbol` in `path` the way `how` says; returns the probe id.
     /// Same rules as [`Probes::attach`]: exact paths, C-ABI functions only.
     pub fn attach_as(&mut self, path: &Path, symbol: &str, how: Attach) -> Result<u32, ProbeError> {
-        self.attach_at(path, UProbeAttachLocation::Symbol(symbol), symbol, how, None)
+        self.attach_at(
+            path,
+            UProbeAttachLocation::Symbol(symbol),
+            symbol,
+            how,
+            None,
+        )
     }
 
     /// Like [`Probes::attach_as`], limited to process `pid` (the kernel
@@ -292,15 +298,14 @@ impl Probes {
                 }
                 UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
             };
-            let link =
-                attach_one(&mut self.ebpf, prog, path, loc, cookie, pid).map_err(|source| {
-                    ProbeError::Attach {
-                        kind,
-                        symbol: symbol.to_owned(),
-                        path: path.to_owned(),
-                        source: Box::new(source),
-                    }
-                });
+            let link = attach_one(&mut self.ebpf, prog, path, loc, cookie, pid).map_err(|source| {
+                ProbeError::Attach {
+                    kind,
+                    symbol: symbol.to_owned(),
+                    path: path.to_owned(),
+                    source: Box::new(source),
+                }
+            });
             match link {
                 Ok(l) => links.push((prog, l)),
                 Err(e) => {
@@ -338,9 +343,7 @@ impl Probes {
         )
         .map_err(map_err)?;
         // Keep the hit counts of a process followed again (a rank learnt).
-        let mut v = map
-            .get(&pid, 0)
-            .unwrap_or([0; 3]);
+        let mut v = map.get(&pid, 0).unwrap_or([0; 3]);
         v[0] = u64::from(rank.unwrap_or(u32::MAX));
         map.insert(pid, v, 0).map_err(map_err)
     }

@@ -53,7 +53,11 @@ fn followed_process_hits_are_counted_per_kind_and_detach_stops_the_trap() {
     for i in 0..N {
         slowrank_selfcost_target(i);
     }
-    assert_eq!(hits_of(&probes, me), (N, N), "one entry and one return hit per call");
+    assert_eq!(
+        hits_of(&probes, me),
+        (N, N),
+        "one entry and one return hit per call"
+    );
     probes.detach(pair);
 
     // Entry-only counter: entry hits only, and the counted calls match.
@@ -87,7 +91,10 @@ fn followed_process_hits_are_counted_per_kind_and_detach_stops_the_trap() {
         slowrank_selfcost_target(i);
     }
     let trapped = probes.counters().expect("counters").unfollowed_hits - before;
-    assert_eq!(trapped, N, "an attached probe traps whatever its program does");
+    assert_eq!(
+        trapped, N,
+        "an attached probe traps whatever its program does"
+    );
 
     // Detached: no trap at all.
     probes.detach(count);
@@ -112,7 +119,10 @@ fn calibration_measures_a_trap_cost_and_leaves_nothing_behind() {
     let t = selfcost::measure(&mut probes).expect("calibration");
     // A trap is a kernel round trip: far above a plain call, on any host.
     assert!(t.entry_ns > 50.0, "uprobe cost {t:?}");
-    assert!(t.pair_ns > t.entry_ns, "a pair costs more than its entry: {t:?}");
+    assert!(
+        t.pair_ns > t.entry_ns,
+        "a pair costs more than its entry: {t:?}"
+    );
     assert!(t.bare_ns < t.entry_ns, "{t:?}");
     assert!(
         probes
