@@ -347,7 +347,8 @@ impl Agent {
                 mapped_by: Vec::new(),
             },
         );
-        if self.counting.is_on() {
+        if self.windowed.iter().any(|w| w.id.is_some()) {
+            // Counting now: this file's counters join in.
             self.attach_windowed();
         }
     }
@@ -355,33 +356,35 @@ impl Agent {
     /// Attaches the windowed counters while a deep window or a launch
     /// sample runs, detaches them otherwise. Detached, they cost nothing: an
     /// attached uprobe traps even when its program returns at once.
+    /// Detaching runs on a helper thread (seconds for the set on a loaded
+    /// VM; the launch symbols go first). Counted time ends when it starts:
+    /// it is the launch rate's denominator, while the traps of counters not
+    /// yet gone are still counted as hits, so the cost stays right.
     fn update_counting(&mut self) {
-        let now = clock::mono_ns();
         let in_deep = match self.deep {
             Deep::Off => false,
             Deep::On => true,
             // Against the current plan: a window opened before the budget
             // narrowed is cut short when it does.
-            Deep::Until(_) => self
-                .deep_count
-                .is_some_and(|(start, dur)| start.elapsed() < self.sampler.deep_window(dur)),
+            Deep::Until(_) => self.deep_count.is_some_and(|(start, dur)| {
+                start.elapsed() < self.sampler.deep_window(dur)
+            }),
         };
-        let want = self.sampler.sampling(now) || in_deep;
-        if want == self.counting.is_on() {
-            return;
-        }
-        if want {
+        let want = self.sampler.sampling(clock::mono_ns()) || in_deep;
+        let attached = self.windowed.iter().any(|w| w.id.is_some());
+        if want && !attached {
             self.attach_windowed();
-        } else {
-            for w in &mut self.windowed {
-                if let Some(id) = w.id.take() {
-                    self.probes.detach(id);
-                }
+            if self.windowed.iter().any(|w| w.id.is_some()) {
+                self.counting.set(true, clock::mono_ns());
+                tracing::debug!("launch counters attached");
             }
+        } else if !want && attached {
+            let ids: Vec<u32> = self.windowed.iter_mut().filter_map(|w| w.id.take()).collect();
+            drop(self.probes.detach_background(&ids));
+            self.counting.set(false, clock::mono_ns());
             self.set_windowed_status();
+            tracing::debug!("launch counters detaching");
         }
-        self.counting.set(want, clock::mono_ns());
-        tracing::debug!(on = want, "launch counters");
     }
 
     fn attach_windowed(&mut self) {
@@ -486,7 +489,9 @@ impl Agent {
                     }
                 }
                 (false, Some(id)) => {
-                    self.probes.detach(id);
+                    // Off the loop's thread: a poll_cq probe still attached
+                    // a moment longer costs less than a stalled drain.
+                    drop(self.probes.detach_background(&[id]));
                     self.deep_targets.insert(key, None);
                 }
                 _ => {}

@@ -254,6 +254,47 @@ impl Probes {
         }
     }
 
+    /// Detaches every program of probes `ids` on a helper thread: each
+    /// uprobe detach waits for a kernel synchronisation (0.1–0.3 s each on a
+    /// loaded VM, seconds for a set), which must not stall the agent's loop.
+    /// The receiver fires (or hangs up) once all are gone; until then they
+    /// still trap.
+    pub fn detach_background(&mut self, ids: &[u32]) -> std::sync::mpsc::Receiver<()> {
+        let mut owned = Vec::new();
+        for id in ids {
+            for (prog, link) in self.links.remove(id).unwrap_or_default() {
+                let Some(p) = self.ebpf.program_mut(prog) else {
+                    continue;
+                };
+                let Ok(p) = <&mut UProbe>::try_from(p) else {
+                    continue;
+                };
+                match p.take_link(link) {
+                    Ok(l) => owned.push(l),
+                    Err(e) => tracing::warn!(probe = id, error = %e, "detach failed"),
+                }
+            }
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("slowrank-detach".into())
+            .spawn(move || {
+                use aya::programs::links::Link;
+                for l in owned {
+                    if let Err(e) = l.detach() {
+                        tracing::warn!(error = %e, "detach failed");
+                    }
+                }
+                let _ = tx.send(());
+            });
+        if let Err(e) = spawned {
+            // The closure and its links were dropped: dropping detaches
+            // (inline), and the receiver sees the sender gone.
+            tracing::warn!(error = %e, "no detach thread; detached inline");
+        }
+        rx
+    }
+
     fn attach_at(
         &mut self,
         path: &Path,
