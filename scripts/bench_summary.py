@@ -146,7 +146,7 @@ def overhead_section():
     print("\n## overhead: median step time (ms) per run, dp8-healthy")
     out = {}
     base = statistics.median(modes["none"]) if "none" in modes else None
-    for mode in ("none", "default", "deep"):
+    for mode in ("none", "always", "default", "deep"):
         v = modes.get(mode)
         if not v:
             continue
@@ -161,7 +161,7 @@ def overhead_section():
 def overhead_cost_section(modes, base):
     """Probe calls per rank per step and the agents' self-reported cost,
     next to the measured step-time cost (same runs)."""
-    for mode in ("default", "deep"):
+    for mode in ("always", "default", "deep"):
         runs = sorted(glob.glob(os.path.join(B, "overhead", f"{mode}-*", "agent-cost.txt")))
         if not runs:
             continue
