@@ -255,6 +255,10 @@ impl Agent {
             );
             self.probes.follow(id.pid, Some(id.rank))?;
             self.folder.add_rank(id.clone(), now);
+            if !self.windowed.is_empty() {
+                // The job runs: its first launch sample a moment from now.
+                self.sampler.arm(now);
+            }
             // Before the job dlopens them: the files its loader will find.
             for (kind, path) in discover::library_path_libs(&r.lib_dirs) {
                 self.attach_lib(kind, &path);
@@ -314,6 +318,8 @@ impl Agent {
                     spec: *spec,
                     id: None,
                 });
+                // Probed before any rank maps it (--lib, LD_LIBRARY_PATH):
+                // a job is starting.
                 self.sampler.arm(clock::mono_ns());
                 Err(WINDOWED_OFF.to_owned())
             } else {
@@ -366,9 +372,9 @@ impl Agent {
             Deep::On => true,
             // Against the current plan: a window opened before the budget
             // narrowed is cut short when it does.
-            Deep::Until(_) => self.deep_count.is_some_and(|(start, dur)| {
-                start.elapsed() < self.sampler.deep_window(dur)
-            }),
+            Deep::Until(_) => self
+                .deep_count
+                .is_some_and(|(start, dur)| start.elapsed() < self.sampler.deep_window(dur)),
         };
         let want = self.sampler.sampling(clock::mono_ns()) || in_deep;
         let attached = self.windowed.iter().any(|w| w.id.is_some());
@@ -376,14 +382,18 @@ impl Agent {
             self.attach_windowed();
             if self.windowed.iter().any(|w| w.id.is_some()) {
                 self.counting.set(true, clock::mono_ns());
-                tracing::debug!("launch counters attached");
+                tracing::info!("launch counters attached (deep window or launch sample)");
             }
         } else if !want && attached {
-            let ids: Vec<u32> = self.windowed.iter_mut().filter_map(|w| w.id.take()).collect();
+            let ids: Vec<u32> = self
+                .windowed
+                .iter_mut()
+                .filter_map(|w| w.id.take())
+                .collect();
             drop(self.probes.detach_background(&ids));
             self.counting.set(false, clock::mono_ns());
             self.set_windowed_status();
-            tracing::debug!("launch counters detaching");
+            tracing::info!("launch counters detaching");
         }
     }
 

@@ -22,8 +22,8 @@ pub const DEFAULT_PERIOD_S: u64 = 30;
 /// Default length of one launch sample: long enough to span several steps
 /// of a slow job (steps of up to ~0.5 s), short next to the period.
 pub const DEFAULT_WINDOW_S: u64 = 2;
-/// The first sample starts this long after the first CUDA runtime is probed,
-/// once the job is past its own start-up and launching steadily.
+/// The first sample starts this long after the first CUDA runtime is probed
+/// or the first rank is found, whichever comes first: a job is starting.
 pub const FIRST_SAMPLE_DELAY: Duration = Duration::from_secs(1);
 /// Shortest deep window the budget leaves: attaching the deep probes takes
 /// a good part of a second on some kernels, so less would measure nothing.
@@ -101,7 +101,8 @@ impl Sampler {
         self.plan
     }
 
-    /// Arms the first sample (the first CUDA runtime was probed).
+    /// Arms the first sample (a CUDA runtime is probed or a rank found);
+    /// later calls change nothing.
     pub fn arm(&mut self, now: u64) {
         if self.next_start.is_none() && self.on_until.is_none() {
             self.next_start = Some(now + FIRST_SAMPLE_DELAY.as_nanos() as u64);
