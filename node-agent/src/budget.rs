@@ -173,14 +173,26 @@ impl Sampler {
         (self.plan.narrowed != before).then_some(self.plan)
     }
 
-    /// The deep window to open when `requested` is asked for: shortened in
-    /// proportion when the budget narrowed the samples.
+    /// How much of a deep window of `requested` may count launches:
+    /// shortened in proportion when the budget narrowed the samples, or,
+    /// with samples off, by what the budget leaves for counting.
     pub fn deep_window(&self, requested: Duration) -> Duration {
-        if !self.plan.narrowed || self.base_duty <= 0.0 {
+        let share = if self.base_duty > 0.0 {
+            if !self.plan.narrowed {
+                return requested;
+            }
+            self.plan.duty / self.base_duty
+        } else {
+            match self.counting {
+                Some(c) if c > 0.0 => (self.max - self.always_on.unwrap_or(0.0)) / c,
+                _ => return requested,
+            }
+        };
+        if share >= 1.0 {
             return requested;
         }
         requested
-            .mul_f64((self.plan.duty / self.base_duty).clamp(0.0, 1.0))
+            .mul_f64(share.clamp(0.0, 1.0))
             .max(MIN_DEEP_WINDOW)
             .min(requested)
     }
@@ -304,5 +316,15 @@ mod tests {
             s.deep_window(Duration::from_secs(10)),
             Duration::from_secs(10)
         );
+        // Counting in a deep window costs 2%, the always-on set (smoothed
+        // from 0 towards 0.4%) 0.12%: 19% of the window may count, ≥ 1 s.
+        s.observe(&[CostSample {
+            always_on: 0.004,
+            counted_calls: 8_000,
+            counted_ns: 2 * S,
+        }]);
+        let w = s.deep_window(Duration::from_secs(40)).as_secs_f64();
+        assert!((w - 7.6).abs() < 1e-6, "{w}");
+        assert_eq!(s.deep_window(Duration::from_secs(4)), MIN_DEEP_WINDOW);
     }
 }
