@@ -1558,6 +1558,12 @@ impl Analyzer {
             .map(|(r, l)| (*r, *l / 1e9))
             .collect();
         lost.sort_by_key(|x| x.0);
+        // One guard: a second lock() in the literal below would wait for the
+        // first, whose temporary lives to the end of the statement.
+        let (probe_overhead_percent, job_probe_overhead_percent) = {
+            let o = lock(&self.overhead);
+            (o.rank_percents(), o.job_percent())
+        };
         Metrics {
             rank_lateness_ns: lateness,
             rank_wait_attributed_gpu_seconds: lost,
@@ -1573,8 +1579,8 @@ impl Analyzer {
             verdict_trackers: core.lifecycle.trackers(),
             pending_instances: core.pending.len(),
             recent_instances: core.recent.len(),
-            probe_overhead_percent: lock(&self.overhead).rank_percents(),
-            job_probe_overhead_percent: lock(&self.overhead).job_percent(),
+            probe_overhead_percent,
+            job_probe_overhead_percent,
         }
     }
 }
