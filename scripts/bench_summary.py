@@ -4,6 +4,7 @@ numbers BENCHMARKS.md quotes, and writes two hand-made SVG plots next to
 BENCHMARKS.md: detection latency vs slowdown factor, and step time per probe set.
 Standard library only (matplotlib is not assumed)."""
 
+import csv
 import glob
 import json
 import os
@@ -145,7 +146,7 @@ def overhead_section():
     print("\n## overhead: median step time (ms) per run, dp8-healthy")
     out = {}
     base = statistics.median(modes["none"]) if "none" in modes else None
-    for mode in ("none", "default", "deep"):
+    for mode in ("none", "always", "default", "deep"):
         v = modes.get(mode)
         if not v:
             continue
@@ -153,7 +154,51 @@ def overhead_section():
         rel = "" if base is None else f" ({(med / base - 1) * 100:+.1f}% vs none)"
         print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
         out[mode] = (med, min(v), max(v))
+    overhead_cost_section(modes, base)
     return out
+
+
+def overhead_cost_section(modes, base):
+    """Probe calls per rank per step and the agents' self-reported cost,
+    next to the measured step-time cost (same runs)."""
+    for mode in ("always", "default", "deep"):
+        runs = sorted(glob.glob(os.path.join(B, "overhead", f"{mode}-*", "agent-cost.txt")))
+        if not runs:
+            continue
+        calls, steps, selfp, traps = {}, 0, [], []
+        for p in runs:
+            d = os.path.dirname(p)
+            rows = list(csv.DictReader(open(os.path.join(d, "steps.csv"))))
+            steps += len(rows)  # rank-steps
+            for line in open(p):
+                m = re.search(r'probe="?([^" ]+)"? calls=(\d+) windowed=(\w+)', line)
+                if m:
+                    k = (m.group(1), m.group(3) == "true")
+                    calls[k] = calls.get(k, 0) + int(m.group(2))
+                m = re.search(r"uprobe_ns=([\d.]+) uprobe_uretprobe_pair_ns=([\d.]+)", line)
+                if m:
+                    traps.append((float(m.group(1)), float(m.group(2))))
+            try:
+                o = load(os.path.join(d, "report.json")).get("overhead") or {}
+                if o.get("job_percent") is not None:
+                    selfp.append(o["job_percent"])
+            except (OSError, ValueError):
+                pass
+        print(f"\n## overhead, {mode} set: probe calls per rank per step ({len(runs)} runs, {steps} rank-steps)")
+        print("| probe | calls trapped per rank-step | set |")
+        print("|---|---|---|")
+        for (probe, windowed), n in sorted(calls.items(), key=lambda x: -x[1]):
+            name = ", ".join(f"`{x}`" for x in probe.split("|"))
+            print(f"| {name} | {n / max(steps, 1):.2f} | {'windowed' if windowed else 'always-on'} |")
+        if traps:
+            print(f"trap cost measured by the agents: uprobe {statistics.median(t[0] for t in traps) / 1e3:.1f} µs, "
+                  f"uprobe+uretprobe {statistics.median(t[1] for t in traps) / 1e3:.1f} µs (median over agents)")
+        measured = None
+        if base and modes.get(mode):
+            measured = (statistics.median(modes[mode]) / base - 1) * 100
+        sr = statistics.median(selfp) if selfp else None
+        print(f"self-reported probe cost (report.json overhead.job_percent, median over runs): {fmt(sr, 2)}% "
+              f"vs measured step-time cost {fmt(measured, 1)}%")
 
 
 def wire_section():

@@ -25,16 +25,24 @@ run_sweep() {  # detection latency vs slowdown factor (dp8-compute-slow)
     --out "$B/sweep-300ms" > "$B/sweep-300ms.txt" 2> "$B/sweep-300ms.log"
 }
 run_overhead() {  # step time: no agent / default probes / deep probes, interleaved
+  # OH_MODES may add `always` (the always-on set alone: no launch samples).
   rm -rf "$B/overhead"; mkdir -p "$B/overhead"
   for i in $(seq 1 "${REPS:-3}"); do
-    for m in none default deep; do
+    for m in ${OH_MODES:-none default deep}; do
       d="$B/overhead/$m-$i"
       case $m in
         none) $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" --no-agent ;;
         default) $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        always) SLOWRANK_AGENT_ARGS="--launch-sample-every 0" \
+          $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
         deep) SLOWRANK_AGENT_ARGS=--deep $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
       esac > /dev/null 2>&1
-      find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json -exec rm -rf {} +
+      # Calls per probe over the run (the agents log them at exit) and the
+      # report's self-reported probe cost, for bench_summary.py.
+      cat "$d"/logs/agent-host-*.log 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' \
+        | grep -E 'probe calls over the run|probe trap cost' > "$d/agent-cost.txt"
+      find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json ! -name report.json \
+        ! -name agent-cost.txt -exec rm -rf {} +
     done
   done
 }

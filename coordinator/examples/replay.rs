@@ -127,6 +127,11 @@ fn batches(path: &Path, host: &str) -> Result<Vec<Batch>> {
                 launches: u(&v, "launches")?,
                 sync_calls: u(&v, "sync_calls")?,
                 sync_wait_ns: u(&v, "sync_wait_ns")?,
+                // Recordings from before schema 5 counted launches throughout.
+                launch_counted_ns: match u(&v, "launch_counted_ns") {
+                    Ok(n) => n,
+                    Err(_) => u(&v, "end_ns")?.saturating_sub(u(&v, "start_ns")?),
+                },
                 ..Default::default()
             }),
             "link" => cur.links.push(LinkRecord {

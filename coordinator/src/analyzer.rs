@@ -216,6 +216,8 @@ pub struct Analyzer {
     /// Link records whose remote rank is not known yet.
     unnamed_links: Mutex<Vec<(String, LinkRecord)>>,
     raw_intervals: Mutex<Vec<(String, RankInterval)>>,
+    /// What the agents say their probes cost each rank.
+    overhead: Mutex<crate::overhead::OverheadTally>,
     /// Per agent, the latest batch cut time (agent clock): everything that
     /// agent saw up to then has been ingested.
     watermarks: DashMap<String, u64>,
@@ -293,6 +295,7 @@ impl Analyzer {
             link_peers: Mutex::new(Default::default()),
             unnamed_links: Mutex::new(Vec::new()),
             raw_intervals: Mutex::new(Vec::new()),
+            overhead: Mutex::new(Default::default()),
             watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
             core: Mutex::new(core),
@@ -514,6 +517,7 @@ impl Analyzer {
                     .and_then(|_| validate::check_interval(i, b.mono_ns, slack))
                 {
                     Ok(()) if q.len() < cap => {
+                        lock(&self.overhead).add(&b.host, i);
                         q.push((b.host.clone(), i.clone()));
                         sum.accepted += 1;
                     }
@@ -840,6 +844,7 @@ impl Analyzer {
                     start: clock(&host, i.start_ns).0,
                     end: clock(&host, i.end_ns).0,
                     launches: i.launches,
+                    launch_counted_ns: i.launch_counted_ns,
                     sync_wait_ns: i.sync_wait_ns,
                     oncpu_ns: i.oncpu_ns,
                     runq_delay_ns: i.runq_delay_ns,
@@ -1751,6 +1756,7 @@ impl Analyzer {
             },
             agents: Vec::new(),
             slowdown: core.pace.slowing(),
+            overhead: lock(&self.overhead).report(),
         }
     }
 
@@ -1823,6 +1829,12 @@ impl Analyzer {
             .map(|(r, l)| (*r, *l / 1e9))
             .collect();
         lost.sort_by_key(|x| x.0);
+        // One guard: a second lock() in the literal below would wait for the
+        // first, whose temporary lives to the end of the statement.
+        let (probe_overhead_percent, job_probe_overhead_percent) = {
+            let o = lock(&self.overhead);
+            (o.rank_percents(), o.job_percent())
+        };
         Metrics {
             rank_lateness_ns: lateness,
             rank_wait_attributed_gpu_seconds: lost,
@@ -1838,6 +1850,8 @@ impl Analyzer {
             verdict_trackers: core.lifecycle.trackers(),
             pending_instances: core.pending.len(),
             recent_instances: core.recent.len(),
+            probe_overhead_percent,
+            job_probe_overhead_percent,
         }
     }
 }
@@ -1973,6 +1987,9 @@ pub struct Metrics {
     pub verdict_trackers: usize,
     pub pending_instances: usize,
     pub recent_instances: usize,
+    /// Per rank, percent of its time slowrank's probes cost (agents' figure).
+    pub probe_overhead_percent: Vec<(u32, f64)>,
+    pub job_probe_overhead_percent: Option<f64>,
 }
 
 impl Metrics {
@@ -2037,6 +2054,22 @@ impl Metrics {
                         (format!("{{host=\"{h}\",path=\"quic\"}}"), *quic as f64),
                     ]
                 })
+                .collect(),
+        );
+        gauge(
+            "slowrank_rank_probe_overhead_ratio",
+            "Share of the rank's time its agent's probes cost (measured trap cost × hits)",
+            self.probe_overhead_percent
+                .iter()
+                .map(|(r, p)| (format!("{{rank=\"{r}\"}}"), p / 100.0))
+                .collect(),
+        );
+        gauge(
+            "slowrank_job_probe_overhead_ratio",
+            "Share of all ranks' time slowrank's probes cost, time-weighted",
+            self.job_probe_overhead_percent
+                .iter()
+                .map(|p| (String::new(), p / 100.0))
                 .collect(),
         );
         gauge(

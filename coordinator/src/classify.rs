@@ -238,7 +238,11 @@ pub fn classify_straggler(
                     100.0 * c.offcpu_frac_peers
                 ));
             }
-            if c.launches_per_s_peers > 0.0 && c.launches_per_s < 0.9 * c.launches_per_s_peers {
+            if !c.launches_measured {
+                ev.push("launch rate not measured in this window (launches are counted only in deep windows and samples)".to_owned());
+            } else if c.launches_per_s_peers > 0.0
+                && c.launches_per_s < 0.9 * c.launches_per_s_peers
+            {
                 ev.push(format!(
                     "launch rate {:.0}/s vs {:.0}/s on peers",
                     c.launches_per_s, c.launches_per_s_peers
@@ -441,6 +445,7 @@ mod tests {
             offcpu_frac_peers: peers.2,
             launches_per_s: 1000.0,
             launches_per_s_peers: 1000.0,
+            launches_measured: true,
         }
     }
 

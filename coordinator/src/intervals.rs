@@ -11,6 +11,9 @@ pub struct IntervalObs {
     pub start: CoordNs,
     pub end: CoordNs,
     pub launches: u64,
+    /// Part of the interval the launch counters were attached (agents
+    /// count launches only in deep windows and samples); 0: not counted.
+    pub launch_counted_ns: u64,
     pub sync_wait_ns: u64,
     /// Scheduler split of the main thread's time (all 0: not measured).
     pub oncpu_ns: u64,
@@ -39,6 +42,9 @@ pub struct CpuEvidence {
     pub offcpu_frac_peers: f64,
     pub launches_per_s: f64,
     pub launches_per_s_peers: f64,
+    /// Whether both rates above were counted in this window (launch
+    /// counters are windowed): without it they say nothing.
+    pub launches_measured: bool,
 }
 
 impl CpuEvidence {
@@ -65,7 +71,8 @@ const KEEP: usize = 64;
 struct Fractions {
     /// (on-CPU, run queue, off-CPU outside syncs), when measured.
     sched: Option<(f64, f64, f64)>,
-    launches_per_s: f64,
+    /// Over the counted part of the window only; None: never counted.
+    launches_per_s: Option<f64>,
 }
 
 impl IntervalStore {
@@ -80,12 +87,13 @@ impl IntervalStore {
     /// Fractions of wall time over the intervals overlapping `[from, to]`.
     fn fractions(&self, rank: u32, from: CoordNs, to: CoordNs) -> Option<Fractions> {
         let q = self.per_rank.get(&rank)?;
-        let (mut dur, mut launches) = (0f64, 0f64);
+        let (mut dur, mut launches, mut counted) = (0f64, 0f64, 0f64);
         let (mut sdur, mut on, mut runq, mut off) = (0f64, 0f64, 0f64, 0f64);
         for o in q.iter().filter(|o| o.end >= from && o.start <= to) {
             let d = (o.end - o.start).max(1) as f64;
             dur += d;
             launches += o.launches as f64;
+            counted += o.launch_counted_ns.min((o.end - o.start).max(0) as u64) as f64;
             if o.sched_measured() {
                 sdur += d;
                 on += o.oncpu_ns as f64;
@@ -95,7 +103,7 @@ impl IntervalStore {
         }
         (dur > 0.0).then(|| Fractions {
             sched: (sdur > 0.0).then(|| (on / sdur, runq / sdur, off / sdur)),
-            launches_per_s: launches / dur * 1e9,
+            launches_per_s: (counted > 0.0).then(|| launches / counted * 1e9),
         })
     }
 
@@ -127,8 +135,10 @@ impl IntervalStore {
             runq_frac_peers: med(sched.iter().map(|x| x.1).collect()),
             offcpu_frac: off,
             offcpu_frac_peers: med(sched.iter().map(|x| x.2).collect()),
-            launches_per_s: me.launches_per_s,
-            launches_per_s_peers: med(others.iter().map(|f| f.launches_per_s).collect()),
+            launches_per_s: me.launches_per_s.unwrap_or(0.0),
+            launches_per_s_peers: med(others.iter().filter_map(|f| f.launches_per_s).collect()),
+            launches_measured: me.launches_per_s.is_some()
+                && others.iter().any(|f| f.launches_per_s.is_some()),
         })
     }
 }
@@ -142,11 +152,45 @@ mod tests {
             start,
             end: start + 200_000_000,
             launches: 100,
+            launch_counted_ns: 200_000_000,
             sync_wait_ns: sync,
             oncpu_ns: on,
             runq_delay_ns: runq,
             offcpu_ns: off,
         }
+    }
+
+    #[test]
+    fn launch_rate_is_over_counted_time_and_absent_when_never_counted() {
+        let mut s = IntervalStore::default();
+        // The suspect's counters ran a quarter of its interval: 100
+        // launches in 50 ms is 2,000/s, not 500/s.
+        s.add(
+            1,
+            IntervalObs {
+                launch_counted_ns: 50_000_000,
+                ..obs(0, 0, 0, 0, 0)
+            },
+        );
+        s.add(2, obs(0, 0, 0, 0, 0));
+        let e = s.evidence(1, &[1, 2], 0, 100_000_000).unwrap();
+        assert!(e.launches_measured);
+        assert!((e.launches_per_s - 2000.0).abs() < 1e-6, "{e:?}");
+        assert!((e.launches_per_s_peers - 500.0).abs() < 1e-6, "{e:?}");
+        // Never counted in the window: no launch evidence, not a zero rate.
+        let mut s = IntervalStore::default();
+        for r in [1, 2] {
+            s.add(
+                r,
+                IntervalObs {
+                    launches: 0,
+                    launch_counted_ns: 0,
+                    ..obs(0, 0, 0, 0, 0)
+                },
+            );
+        }
+        let e = s.evidence(1, &[1, 2], 0, 100_000_000).unwrap();
+        assert!(!e.launches_measured);
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod links;
 pub mod metrics_http;
 pub mod outputs;
 pub mod pace;
+pub mod overhead;
 pub mod report;
 pub mod sequential;
 pub mod serve;

@@ -41,6 +41,10 @@ pub struct Report {
     /// verdict explains it; null while it keeps its pace.
     #[serde(default)]
     pub slowdown: Option<crate::pace::Slowing>,
+    /// What slowrank's own probes cost the job, per rank and host, from the
+    /// agents' measured trap cost and hit counts (absent: no interval yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<crate::overhead::OverheadReport>,
 }
 
 /// One agent connection as seen by `slowrank serve`.
@@ -432,6 +436,9 @@ pub fn render_human(r: &Report) -> String {
             "        {} replayed records belong to instances split by a coordinator restart (not joinable here)",
             r.ingest.counters.replayed_unjoinable
         );
+    }
+    if let Some(o) = &r.overhead {
+        let _ = writeln!(s, "overhead: {}", o.summary);
     }
     s
 }

@@ -992,6 +992,8 @@ impl Generator {
                         oncpu_ns: dur.saturating_sub(runq + off),
                         runq_delay_ns: runq,
                         offcpu_ns: off,
+                        launch_counted_ns: clk.agent_ns(b) - clk.agent_ns(a),
+                        ..Default::default()
                     });
                 }
                 if s.links && !self.stalled {

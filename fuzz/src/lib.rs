@@ -110,6 +110,12 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
                 oncpu_ns: u.arbitrary()?,
                 runq_delay_ns: u.arbitrary()?,
                 offcpu_ns: u.arbitrary()?,
+                launch_counted_ns: u.arbitrary()?,
+                probe_hits: u.arbitrary()?,
+                probe_cost_ns: u.arbitrary()?,
+                trap_pair_ns: u.arbitrary()?,
+                launch_duty_ppm: u.arbitrary()?,
+                budget_narrowed: u.arbitrary()?,
             })
         })?,
         links: vec_of(u, |u| {

@@ -25,8 +25,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use slowrank_shared::probe::{
-    counter, cuda_count, CallEvent, CallKind, CudaCounts, ObjectSnapshot, StackEvent, MAX_ARGS,
-    SNAPSHOT_BYTES, STACK_WORDS,
+    counter, cuda_count, CallEvent, CallKind, CudaCounts, Followed, ObjectSnapshot, StackEvent,
+    MAX_ARGS, SNAPSHOT_BYTES, STACK_WORDS,
 };
 
 mod stacks;
@@ -35,9 +35,10 @@ mod stacks;
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-/// Followed process ids (tgid → rank, or u32::MAX when not yet known).
+/// Followed process ids (tgid → rank, or u32::MAX when not yet known, and
+/// the probe traps the process took: what slowrank costs it).
 #[map]
-static FOLLOWED: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+static FOLLOWED: HashMap<u32, Followed> = HashMap::with_max_entries(4096, 0);
 
 /// Processes descending from a watched root (the wrapped command or the
 /// launcher), added in-kernel at fork: their calls are reported before the
@@ -63,13 +64,34 @@ fn bump(index: u32) {
     }
 }
 
-/// Returns (pid, tid) when the current process is followed.
+/// Whether a probe fired at a function's entry or at its return (for the
+/// per-process hit counts in `FOLLOWED`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hit {
+    Entry,
+    Return,
+}
+
+/// Returns (pid, tid) when the current process is followed, and counts the
+/// hit against a followed process.
 #[inline(always)]
-fn followed() -> Option<(u32, u32)> {
+fn followed(hit: Hit) -> Option<(u32, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
-    // SAFETY: read-only lookups of plain u32 values.
-    if unsafe { FOLLOWED.get(pid) }.is_none() && unsafe { TREE.get(pid) }.is_none() {
+    if let Some(f) = FOLLOWED.get_ptr_mut(pid) {
+        // SAFETY: map value pointer valid for this program run; several
+        // threads of one process hit at once, hence the atomic add.
+        unsafe {
+            let slot = match hit {
+                Hit::Entry => core::ptr::addr_of_mut!((*f).entry_hits),
+                Hit::Return => core::ptr::addr_of_mut!((*f).return_hits),
+            };
+            atomic_add(slot, 1);
+        }
+        return Some((pid, pid_tgid as u32));
+    }
+    // SAFETY: read-only lookup of a plain u32 value.
+    if unsafe { TREE.get(pid) }.is_none() {
         bump(counter::UNFOLLOWED_HITS);
         return None;
     }
@@ -105,7 +127,9 @@ fn emit(
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     // SAFETY: the cookie helper only reads the context it is given.
     remember_out_ptr(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let mut args = [0u64; MAX_ARGS];
@@ -120,7 +144,9 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Return) else {
+        return 0;
+    };
     let ret: u64 = ctx.ret();
     emit(ctx.as_ptr(), CallKind::Return, [0; MAX_ARGS], ret, who);
     0
@@ -175,7 +201,9 @@ fn launches_of(pid: u32) -> u64 {
 /// register arguments, the first stack words and the process's launch count.
 #[uprobe]
 pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     // SAFETY: the cookie helper only reads the context it is given.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     remember_out_ptr(&ctx, cookie);
@@ -222,7 +250,9 @@ pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
 /// entry (`*comm` after `ncclCommInitRank`/`ncclCommSplit`) in `args[0]`.
 #[uretprobe]
 pub fn call_return_out(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Return) else {
+        return 0;
+    };
     let key = bpf_get_current_pid_tgid();
     let mut args = [0u64; MAX_ARGS];
     // SAFETY: read-only lookup of a plain u64.
@@ -317,7 +347,9 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
 /// ring-buffer event.
 #[uprobe]
 pub fn count_call(ctx: ProbeContext) -> u32 {
-    let Some((pid, _)) = followed() else { return 0 };
+    let Some((pid, _)) = followed(Hit::Entry) else {
+        return 0;
+    };
     // SAFETY: the cookie helper only reads the context it is given.
     let class =
         slowrank_shared::probe::cookie::class(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
@@ -379,7 +411,9 @@ where
 /// bytes of the first sge, wr_id, opcode, num_sge | send_flags << 32].
 #[uprobe]
 pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     let qp: u64 = ctx.arg(0).unwrap_or(0);
     let wr: u64 = ctx.arg(1).unwrap_or(0);
     let sg: u64 = user(wr + WR_SG_LIST_OFF);
@@ -400,7 +434,7 @@ pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
 /// (NCCL's proxy spins on it).
 #[uprobe]
 pub fn verbs_poll_entry(ctx: ProbeContext) -> u32 {
-    if followed().is_none() {
+    if followed(Hit::Entry).is_none() {
         return 0;
     }
     let wc: u64 = ctx.arg(2).unwrap_or(0);
@@ -413,7 +447,9 @@ pub fn verbs_poll_entry(ctx: ProbeContext) -> u32 {
 /// completions returned, index].
 #[uretprobe]
 pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Return) else {
+        return 0;
+    };
     let key = bpf_get_current_pid_tgid();
     // SAFETY: read-only lookup of a plain u64.
     let Some(&wc) = (unsafe { WC_PTRS.get(key) }) else {
@@ -449,7 +485,9 @@ pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
 /// dest_qp_num, dlid, new state].
 #[uprobe]
 pub fn verbs_modify_qp(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed() else { return 0 };
+    let Some(who) = followed(Hit::Entry) else {
+        return 0;
+    };
     let qp: u64 = ctx.arg(0).unwrap_or(0);
     let attr: u64 = ctx.arg(1).unwrap_or(0);
     let mask: u64 = ctx.arg(2).unwrap_or(0);

@@ -14,6 +14,7 @@ use slowrank_shared::{
 };
 
 use crate::{
+    budget::{self, CostSample, Sampler},
     catalog::{self, Role},
     clock::{self, HostClock},
     commlayout::{self, CommLayout},
@@ -21,6 +22,7 @@ use crate::{
     fold::{FoldDrops, Folder, Limits},
     probes::{ProbeError, Probes, RawEvent},
     sched::SchedStat,
+    selfcost::{CountWindow, HitLedger, TrapCost},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +39,19 @@ pub struct SymbolStatus {
     pub symbol: &'static str,
     /// Probe id, or why it is not attached.
     pub result: Result<u32, String>,
+    /// A windowed counter: attached only in deep windows and launch
+    /// samples (`result` is its state when the status was taken).
+    pub windowed: bool,
+}
+
+/// A launch/memcpy/malloc counter of one library file: attached only while
+/// counting is on (deep windows, launch samples), because it traps on every
+/// call the rank makes.
+#[derive(Debug, Clone)]
+struct Windowed {
+    path: PathBuf,
+    spec: catalog::ProbeSpec,
+    id: Option<u32>,
 }
 
 /// A library file the agent found and what it attached there.
@@ -48,6 +63,9 @@ pub struct LibStatus {
     /// Pids that map it (from /proc/PID/maps), as last seen.
     pub mapped_by: Vec<u32>,
 }
+
+/// Why a windowed counter shows as not attached.
+const WINDOWED_OFF: &str = "windowed: attached in deep windows and launch samples only";
 
 /// Splits given up on after this many polls (5 ms each) without an answer.
 const SPLIT_TRIES: u32 = 2000;
@@ -73,6 +91,16 @@ pub struct Agent {
     /// role) → probe id while attached.
     deep_targets: BTreeMap<(PathBuf, u64, DeepFn), Option<u32>>,
     deep: Deep,
+    windowed: Vec<Windowed>,
+    counting: CountWindow,
+    ledger: HitLedger,
+    trap: Option<TrapCost>,
+    sampler: Sampler,
+    /// Start and length of the current deep window, for its budgeted
+    /// share of launch counting.
+    deep_count: Option<(std::time::Instant, std::time::Duration)>,
+    /// Latest in-kernel counts per process, kept after it exits (run totals).
+    class_totals: BTreeMap<u32, [u64; slowrank_shared::probe::cuda_count::SLOTS]>,
 }
 
 /// Which provider function a deep target is.
@@ -109,7 +137,42 @@ impl Agent {
             seq: 0,
             deep_targets: BTreeMap::new(),
             deep: Deep::Off,
+            windowed: Vec::new(),
+            counting: CountWindow::default(),
+            ledger: HitLedger::default(),
+            trap: None,
+            class_totals: BTreeMap::new(),
+            deep_count: None,
+            sampler: Self::default_sampler(0.0),
         }
+    }
+
+    /// Launch sampling with the default period, window and budget, for a
+    /// host whose counted call costs `entry_ns`.
+    pub fn default_sampler(entry_ns: f64) -> Sampler {
+        Sampler::new(
+            budget::DEFAULT_MAX_OVERHEAD,
+            std::time::Duration::from_secs(budget::DEFAULT_PERIOD_S),
+            std::time::Duration::from_secs(budget::DEFAULT_WINDOW_S),
+            entry_ns,
+        )
+    }
+
+    /// This host's measured trap cost ([`crate::selfcost::measure`]) and the
+    /// launch sampling under the overhead budget. Without a trap cost the
+    /// agent reports hits but no cost, and the budget cannot narrow.
+    pub fn set_cost_model(&mut self, trap: Option<TrapCost>, sampler: Sampler) {
+        self.trap = trap;
+        self.sampler = sampler;
+    }
+
+    pub fn trap_cost(&self) -> Option<TrapCost> {
+        self.trap
+    }
+
+    /// The overhead budget's current plan.
+    pub fn budget_plan(&self) -> budget::Plan {
+        self.sampler.plan()
     }
 
     pub fn probes_mut(&mut self) -> &mut Probes {
@@ -169,6 +232,10 @@ impl Agent {
             self.poll();
             let counts = self.probes.cuda_counts()?;
             self.folder.launch_counts(&counts);
+            // Their last hits too, before the unfollow drops them.
+            self.ledger.counts(&counts);
+            self.ledger.hits(&self.probes.followed_hits()?);
+            self.class_totals.extend(counts.iter().copied());
         }
         for r in changes.gone {
             let pid = r.identity.pid;
@@ -188,6 +255,10 @@ impl Agent {
             );
             self.probes.follow(id.pid, Some(id.rank))?;
             self.folder.add_rank(id.clone(), now);
+            if !self.windowed.is_empty() {
+                // The job runs: its first launch sample a moment from now.
+                self.sampler.arm(now);
+            }
             // Before the job dlopens them: the files its loader will find.
             for (kind, path) in discover::library_path_libs(&r.lib_dirs) {
                 self.attach_lib(kind, &path);
@@ -238,8 +309,19 @@ impl Agent {
         };
         let mut symbols = Vec::new();
         for spec in catalog::default_set(kind) {
+            let windowed = spec.role == Role::Count;
             let result = if !exported.iter().any(|s| s == spec.symbol) {
                 Err("not exported by this library".to_owned())
+            } else if windowed {
+                self.windowed.push(Windowed {
+                    path: path.to_owned(),
+                    spec: *spec,
+                    id: None,
+                });
+                // Probed before any rank maps it (--lib, LD_LIBRARY_PATH):
+                // a job is starting.
+                self.sampler.arm(clock::mono_ns());
+                Err(WINDOWED_OFF.to_owned())
             } else {
                 match self.probes.attach_as(path, spec.symbol, spec.how) {
                     Ok(id) => {
@@ -257,6 +339,7 @@ impl Agent {
             symbols.push(SymbolStatus {
                 symbol: spec.symbol,
                 result,
+                windowed,
             });
         }
         let attached = symbols.iter().filter(|s| s.result.is_ok()).count();
@@ -270,6 +353,79 @@ impl Agent {
                 mapped_by: Vec::new(),
             },
         );
+        if self.windowed.iter().any(|w| w.id.is_some()) {
+            // Counting now: this file's counters join in.
+            self.attach_windowed();
+        }
+    }
+
+    /// Attaches the windowed counters while a deep window or a launch
+    /// sample runs, detaches them otherwise. Detached, they cost nothing: an
+    /// attached uprobe traps even when its program returns at once.
+    /// Detaching runs on a helper thread (seconds for the set on a loaded
+    /// VM; the launch symbols go first). Counted time ends when it starts:
+    /// it is the launch rate's denominator, while the traps of counters not
+    /// yet gone are still counted as hits, so the cost stays right.
+    fn update_counting(&mut self) {
+        let in_deep = match self.deep {
+            Deep::Off => false,
+            Deep::On => true,
+            // Against the current plan: a window opened before the budget
+            // narrowed is cut short when it does.
+            Deep::Until(_) => self
+                .deep_count
+                .is_some_and(|(start, dur)| start.elapsed() < self.sampler.deep_window(dur)),
+        };
+        let want = self.sampler.sampling(clock::mono_ns()) || in_deep;
+        let attached = self.windowed.iter().any(|w| w.id.is_some());
+        if want && !attached {
+            self.attach_windowed();
+            if self.windowed.iter().any(|w| w.id.is_some()) {
+                self.counting.set(true, clock::mono_ns());
+                tracing::info!("launch counters attached (deep window or launch sample)");
+            }
+        } else if !want && attached {
+            let ids: Vec<u32> = self
+                .windowed
+                .iter_mut()
+                .filter_map(|w| w.id.take())
+                .collect();
+            drop(self.probes.detach_background(&ids));
+            self.counting.set(false, clock::mono_ns());
+            self.set_windowed_status();
+            tracing::info!("launch counters detaching");
+        }
+    }
+
+    fn attach_windowed(&mut self) {
+        for i in 0..self.windowed.len() {
+            if self.windowed[i].id.is_some() {
+                continue;
+            }
+            let (path, spec) = (self.windowed[i].path.clone(), self.windowed[i].spec);
+            match self.probes.attach_as(&path, spec.symbol, spec.how) {
+                Ok(id) => {
+                    self.folder.set_role(id, spec.role);
+                    self.mark_generic(id, false);
+                    self.windowed[i].id = Some(id);
+                }
+                Err(e) => {
+                    tracing::warn!(symbol = spec.symbol, path = %path.display(), error = %error_chain(&e), "launch counter not attached")
+                }
+            }
+        }
+        self.set_windowed_status();
+    }
+
+    /// Mirrors the windowed counters' state into the library status (doctor).
+    fn set_windowed_status(&mut self) {
+        for w in &self.windowed {
+            if let Some(l) = self.libs.get_mut(&w.path) {
+                if let Some(s) = l.symbols.iter_mut().find(|s| s.symbol == w.spec.symbol) {
+                    s.result = w.id.ok_or_else(|| WINDOWED_OFF.to_owned());
+                }
+            }
+        }
     }
 
     /// Drains the ring buffer into the fold. Cheap; call often.
@@ -311,6 +467,7 @@ impl Agent {
                 self.set_deep(Deep::Off);
             }
         }
+        self.update_counting();
     }
 
     /// Switches the deep probe set (the verbs provider's post_send/poll_cq)
@@ -342,7 +499,9 @@ impl Agent {
                     }
                 }
                 (false, Some(id)) => {
-                    self.probes.detach(id);
+                    // Off the loop's thread: a poll_cq probe still attached
+                    // a moment longer costs less than a stalled drain.
+                    drop(self.probes.detach_background(&[id]));
                     self.deep_targets.insert(key, None);
                 }
                 _ => {}
@@ -354,11 +513,23 @@ impl Agent {
             .iter()
             .any(|(k, id)| k.2 == DeepFn::PostSend && id.is_some());
         self.folder.set_deep(on && posts_seen, clock::mono_ns());
+        self.update_counting();
     }
 
     /// Opens a deep window of `dur` from now (the control stream's entry
-    /// point; `--deep` keeps it open for good).
+    /// point; `--deep` keeps it open for good). The launch counters run in
+    /// it too, for as much of it as the overhead budget allows: the verbs
+    /// probes are the coordinator's evidence and keep the whole window.
     pub fn open_deep_window(&mut self, dur: std::time::Duration) {
+        let granted = self.sampler.deep_window(dur);
+        if granted < dur {
+            tracing::warn!(
+                window_s = dur.as_secs_f64(),
+                launch_counting_s = granted.as_secs_f64(),
+                "overhead budget: launch counting in the deep window shortened"
+            );
+        }
+        self.deep_count = Some((std::time::Instant::now(), dur));
         self.set_deep(Deep::Until(std::time::Instant::now() + dur));
     }
 
@@ -479,16 +650,27 @@ impl Agent {
         self.poll();
         let counts = self.probes.cuda_counts()?;
         self.folder.launch_counts(&counts);
+        self.ledger.counts(&counts);
+        self.class_totals.extend(counts.iter().copied());
+        let now = clock::mono_ns();
         if close_interval {
             self.folder
-                .close_intervals(clock::mono_ns(), |pid| SchedStat::read(pid).ok());
+                .close_intervals(now, |pid| SchedStat::read(pid).ok());
         }
-        let folded = self.folder.take();
+        let mut folded = self.folder.take();
+        if !folded.intervals.is_empty() {
+            self.ledger.hits(&self.probes.followed_hits()?);
+            let counted = if close_interval {
+                self.counting.take(now)
+            } else {
+                0
+            };
+            self.account(&mut folded.intervals, counted);
+        }
         if folded.is_empty() && self.calls.is_empty() {
             return Ok(None);
         }
         let counters = self.probes.counters()?;
-        let now = clock::mono_ns();
         let batch = Batch {
             host: host.to_owned(),
             agent_id: agent_id.to_owned(),
@@ -513,6 +695,63 @@ impl Agent {
         };
         self.seq += 1;
         Ok(Some(batch))
+    }
+
+    /// Fills the cost fields of closed intervals and feeds the budget.
+    /// `counted`: host-wide time the launch counters were on since the last
+    /// close.
+    fn account(&mut self, intervals: &mut [slowrank_shared::wire::RankInterval], counted: u64) {
+        let plan = self.sampler.plan();
+        let mut samples = Vec::with_capacity(intervals.len());
+        for i in intervals.iter_mut() {
+            let t = self.ledger.take(i.pid);
+            let dur = i.end_ns.saturating_sub(i.start_ns).max(1);
+            i.launch_counted_ns = counted.min(dur);
+            i.probe_hits = t.entry_hits + t.return_hits;
+            i.launch_duty_ppm = (plan.duty * 1e6) as u32;
+            i.budget_narrowed = plan.narrowed;
+            if let Some(trap) = self.trap {
+                let cost = trap.cost_ns(t.entry_hits, t.return_hits);
+                i.probe_cost_ns = cost as u64;
+                i.trap_pair_ns = trap.pair_ns.round().min(f64::from(u32::MAX)) as u32;
+                let always = (cost - t.counted_calls as f64 * trap.entry_ns).max(0.0);
+                samples.push(CostSample {
+                    always_on: always / dur as f64,
+                    counted_calls: t.counted_calls,
+                    counted_ns: i.launch_counted_ns,
+                });
+            }
+            if self.scanner.ranks().all(|r| r.identity.pid != i.pid) {
+                // Its last interval (the rank exited).
+                self.ledger.forget(i.pid);
+            }
+        }
+        if let Some(p) = self.sampler.observe(&samples) {
+            if p.narrowed {
+                tracing::warn!(
+                    duty_percent = 100.0 * p.duty,
+                    projected_percent = 100.0 * p.projected,
+                    "overhead budget: launch samples narrowed (the probes would cost more than --max-overhead)"
+                );
+            } else {
+                tracing::info!(
+                    duty_percent = 100.0 * p.duty,
+                    "overhead budget: launch samples back to their default"
+                );
+            }
+        }
+    }
+
+    /// Calls counted in-kernel per class over the run, every process the
+    /// agent saw (exited ones included).
+    pub fn counted_totals(&self) -> [u64; slowrank_shared::probe::cuda_count::SLOTS] {
+        let mut t = [0; slowrank_shared::probe::cuda_count::SLOTS];
+        for c in self.class_totals.values() {
+            for (a, b) in t.iter_mut().zip(c) {
+                *a += b;
+            }
+        }
+        t
     }
 
     /// Kernel-side counters (drops, unfollowed hits).

@@ -25,12 +25,36 @@ pub struct DoctorArgs {
 }
 
 pub fn run(args: DoctorArgs) -> Result<()> {
-    let probes = Probes::load().context(
+    let mut probes = Probes::load().context(
         "loading the eBPF programs failed: the agent needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN) and Linux ≥ 5.15",
     )?;
     println!("eBPF programs: loaded");
+    let trap = match slowrank_agent::selfcost::measure(&mut probes) {
+        Ok(t) => {
+            println!(
+                "trap cost on this host: {:.2} µs per uprobe hit, {:.2} µs per uprobe + uretprobe pair (an unprobed call: {:.0} ns)",
+                t.entry_ns / 1e3,
+                t.pair_ns / 1e3,
+                t.bare_ns
+            );
+            println!(
+                "  the always-on set pays one pair per collective and sync call; launch/memcpy/malloc counters (one uprobe per call) run only in deep windows and samples"
+            );
+            Some(t)
+        }
+        Err(e) => {
+            println!(
+                "trap cost on this host: NOT measured ({e:#}); probe cost will be reported unknown"
+            );
+            None
+        }
+    };
     let scanner = Scanner::new(&args.only_env, None)?;
     let mut agent = Agent::new(probes, scanner, HostClock::real(), Limits::default());
+    if let Some(t) = trap {
+        let defaults = Agent::default_sampler(t.entry_ns);
+        agent.set_cost_model(Some(t), defaults);
+    }
     let end = Instant::now() + Duration::from_secs_f64(args.watch.max(0.0));
     agent.scan()?;
     while Instant::now() < end {
@@ -126,6 +150,7 @@ pub fn run(args: DoctorArgs) -> Result<()> {
                     };
                     println!("    ok   {:<28} probe {:>3}  {}", s.symbol, id, hits);
                 }
+                Err(why) if s.windowed => println!("    win  {:<28} {}", s.symbol, why),
                 Err(why) => println!("    --   {:<28} {}", s.symbol, why),
             }
         }

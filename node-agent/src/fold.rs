@@ -856,6 +856,8 @@ impl Folder {
                 oncpu_ns: split.oncpu_ns,
                 runq_delay_ns: split.runq_ns,
                 offcpu_ns: split.offcpu_ns,
+                // Cost and counted time: filled by the agent (`selfcost`).
+                ..RankInterval::default()
             });
             for (&qp_num, q) in &mut p.qps {
                 let announce = !q.announced && q.dest_qp_num != 0;

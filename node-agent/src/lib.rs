@@ -4,6 +4,7 @@
 //! The binary in `main.rs` wires these together; tests use them directly.
 pub mod agent;
 pub mod announced;
+pub mod budget;
 pub mod catalog;
 pub mod clock;
 pub mod clockport;
@@ -16,6 +17,7 @@ pub mod gputime;
 pub mod output;
 pub mod probes;
 pub mod sched;
+pub mod selfcost;
 pub mod ship;
 pub mod spool;
 pub mod stack_collector;

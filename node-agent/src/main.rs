@@ -148,6 +148,21 @@ struct RunArgs {
     /// Bound of the in-memory spool kept while the coordinator is away.
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     spool_bytes: usize,
+    /// Most of a rank's time the probes may cost, in percent ("0.5%" or
+    /// "0.5"). The agent measures its trap cost at start and counts every
+    /// hit; when launch samples would push a rank over this, it samples less
+    /// often (possibly never) and shortens deep windows, and says so in its
+    /// log and in the report.
+    #[arg(long, default_value = "0.5%", value_name = "PERCENT", value_parser = parse_percent)]
+    max_overhead: f64,
+    /// How often the launch/memcpy/malloc counters are attached for a
+    /// sample (they trap on every call, so they are off otherwise; deep
+    /// windows count too). 0: only in deep windows.
+    #[arg(long, default_value_t = slowrank_agent::budget::DEFAULT_PERIOD_S, value_name = "SECS")]
+    launch_sample_every: u64,
+    /// Length of one launch sample.
+    #[arg(long, default_value_t = slowrank_agent::budget::DEFAULT_WINDOW_S, value_name = "SECS")]
+    launch_sample_for: u64,
     /// Test-only: offset added to every reported time (simulated host clock).
     #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
     sim_clock_offset_ns: i64,
@@ -198,9 +213,34 @@ async fn run(cli: RunArgs) -> Result<i32> {
     } else {
         HostClock::real()
     };
-    let probes = Probes::load().context("loading the eBPF programs")?;
+    let mut probes = Probes::load().context("loading the eBPF programs")?;
+    // Before anything is followed: the calibration follows the agent itself.
+    let trap = match slowrank_agent::selfcost::measure(&mut probes) {
+        Ok(t) => {
+            tracing::info!(
+                uprobe_ns = t.entry_ns.round(),
+                uprobe_uretprobe_pair_ns = t.pair_ns.round(),
+                unprobed_call_ns = t.bare_ns,
+                "measured this host's probe trap cost"
+            );
+            Some(t)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot measure the trap cost: probe hits are reported without their cost, and --max-overhead cannot be enforced");
+            None
+        }
+    };
     let scanner = Scanner::new(&cli.only_env, None)?;
     let mut agent = Agent::new(probes, scanner, host_clock, Limits::default());
+    agent.set_cost_model(
+        trap,
+        slowrank_agent::budget::Sampler::new(
+            cli.max_overhead,
+            Duration::from_secs(cli.launch_sample_every),
+            Duration::from_secs(cli.launch_sample_for.max(1)),
+            trap.map_or(0.0, |t| t.entry_ns),
+        ),
+    );
     let mut stacks = if cli.no_stacks {
         None
     } else {
@@ -418,6 +458,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
     )?;
     let drops = agent.drops();
     tracing::info!(?drops, "fold drops");
+    log_probe_hits(&agent);
     if let Some(o) = out.as_mut() {
         o.flush()?;
     }
@@ -443,6 +484,63 @@ async fn run(cli: RunArgs) -> Result<i32> {
         let _ = std::fs::remove_file(f);
     }
     Ok(exit_code)
+}
+
+/// "0.5%" or "0.5" → 0.005.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('%')
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?}: expected a percentage like 0.5%: {e}"))?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("{s:?}: a percentage between 0 and 100"));
+    }
+    Ok(v / 100.0)
+}
+
+/// At exit: calls per probe over the run (benchmarks divide them by steps).
+/// Paired probes trap twice per call (entry and return).
+fn log_probe_hits(agent: &Agent) {
+    use slowrank_agent::probes::Attach;
+    let totals = agent.counted_totals();
+    let mut classes = std::collections::BTreeMap::new();
+    for l in agent.libs() {
+        for s in &l.symbols {
+            let spec = slowrank_agent::catalog::default_set(l.kind)
+                .iter()
+                .find(|p| p.symbol == s.symbol);
+            match (spec.map(|p| p.how), &s.result) {
+                (Some(Attach::Count { class }), _) => {
+                    classes
+                        .entry(class)
+                        .or_insert_with(std::collections::BTreeSet::new)
+                        .insert(s.symbol);
+                }
+                (_, Ok(id)) if agent.hits(*id) > 0 => {
+                    tracing::info!(
+                        probe = s.symbol,
+                        calls = agent.hits(*id),
+                        windowed = false,
+                        "probe calls over the run"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    for (class, symbols) in classes {
+        let calls = totals[class as usize % totals.len()];
+        if calls > 0 {
+            tracing::info!(
+                probe = symbols.into_iter().collect::<Vec<_>>().join("|"),
+                calls,
+                windowed = true,
+                "probe calls over the run"
+            );
+        }
+    }
 }
 
 /// Cuts one batch and ships it.

@@ -43,6 +43,14 @@ const PROGRAMS: [&str; 9] = [
     MODIFY_QP_PROG,
 ];
 
+/// `slowrank_shared::probe::Followed` as user space reads it (aya's `Pod`
+/// is not implementable for a foreign type): [rank | pad << 32, entry hits,
+/// return hits].
+type FollowedRaw = [u64; 3];
+const _: () = assert!(
+    std::mem::size_of::<FollowedRaw>() == std::mem::size_of::<slowrank_shared::probe::Followed>()
+);
+
 /// How a function is probed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attach {
@@ -188,7 +196,31 @@ impl Probes {
     /// Attaches `symbol` in `path` the way `how` says; returns the probe id.
     /// Same rules as [`Probes::attach`]: exact paths, C-ABI functions only.
     pub fn attach_as(&mut self, path: &Path, symbol: &str, how: Attach) -> Result<u32, ProbeError> {
-        self.attach_at(path, UProbeAttachLocation::Symbol(symbol), symbol, how)
+        self.attach_at(
+            path,
+            UProbeAttachLocation::Symbol(symbol),
+            symbol,
+            how,
+            None,
+        )
+    }
+
+    /// Like [`Probes::attach_as`], limited to process `pid` (the kernel
+    /// filters: no other process traps). For the agent's self-measurement.
+    pub fn attach_own(
+        &mut self,
+        path: &Path,
+        symbol: &str,
+        how: Attach,
+        pid: u32,
+    ) -> Result<u32, ProbeError> {
+        self.attach_at(
+            path,
+            UProbeAttachLocation::Symbol(symbol),
+            symbol,
+            how,
+            Some(pid),
+        )
     }
 
     /// Attaches at a file offset (a function found through a function
@@ -205,6 +237,7 @@ impl Probes {
             UProbeAttachLocation::AbsoluteOffset(offset),
             &name,
             how,
+            None,
         )
     }
 
@@ -221,12 +254,54 @@ impl Probes {
         }
     }
 
+    /// Detaches every program of probes `ids` on a helper thread: each
+    /// uprobe detach waits for a kernel synchronisation (0.1–0.3 s each on a
+    /// loaded VM, seconds for a set), which must not stall the agent's loop.
+    /// The receiver fires (or hangs up) once all are gone; until then they
+    /// still trap.
+    pub fn detach_background(&mut self, ids: &[u32]) -> std::sync::mpsc::Receiver<()> {
+        let mut owned = Vec::new();
+        for id in ids {
+            for (prog, link) in self.links.remove(id).unwrap_or_default() {
+                let Some(p) = self.ebpf.program_mut(prog) else {
+                    continue;
+                };
+                let Ok(p) = <&mut UProbe>::try_from(p) else {
+                    continue;
+                };
+                match p.take_link(link) {
+                    Ok(l) => owned.push(l),
+                    Err(e) => tracing::warn!(probe = id, error = %e, "detach failed"),
+                }
+            }
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("slowrank-detach".into())
+            .spawn(move || {
+                use aya::programs::links::Link;
+                for l in owned {
+                    if let Err(e) = l.detach() {
+                        tracing::warn!(error = %e, "detach failed");
+                    }
+                }
+                let _ = tx.send(());
+            });
+        if let Err(e) = spawned {
+            // The closure and its links were dropped: dropping detaches
+            // (inline), and the receiver sees the sender gone.
+            tracing::warn!(error = %e, "no detach thread; detached inline");
+        }
+        rx
+    }
+
     fn attach_at(
         &mut self,
         path: &Path,
         location: UProbeAttachLocation<'_>,
         symbol: &str,
         how: Attach,
+        pid: Option<u32>,
     ) -> Result<u32, ProbeError> {
         let id = self.descs.len() as u32;
         let base = u64::from(id);
@@ -264,15 +339,14 @@ impl Probes {
                 }
                 UProbeAttachLocation::AbsoluteOffset(o) => UProbeAttachLocation::AbsoluteOffset(*o),
             };
-            let link =
-                attach_one(&mut self.ebpf, prog, path, loc, cookie, None).map_err(|source| {
-                    ProbeError::Attach {
-                        kind,
-                        symbol: symbol.to_owned(),
-                        path: path.to_owned(),
-                        source: Box::new(source),
-                    }
-                });
+            let link = attach_one(&mut self.ebpf, prog, path, loc, cookie, pid).map_err(|source| {
+                ProbeError::Attach {
+                    kind,
+                    symbol: symbol.to_owned(),
+                    path: path.to_owned(),
+                    source: Box::new(source),
+                }
+            });
             match link {
                 Ok(l) => links.push((prog, l)),
                 Err(e) => {
@@ -303,14 +377,34 @@ impl Probes {
             map: "FOLLOWED",
             source: Box::new(e),
         };
-        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+        let mut map: HashMap<_, u32, FollowedRaw> = HashMap::try_from(
             self.ebpf
                 .map_mut("FOLLOWED")
                 .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
         )
         .map_err(map_err)?;
-        map.insert(pid, rank.unwrap_or(u32::MAX), 0)
-            .map_err(map_err)
+        // Keep the hit counts of a process followed again (a rank learnt).
+        let mut v = map.get(&pid, 0).unwrap_or([0; 3]);
+        v[0] = u64::from(rank.unwrap_or(u32::MAX));
+        map.insert(pid, v, 0).map_err(map_err)
+    }
+
+    /// Probe traps per followed process so far: (pid, entry hits, return
+    /// hits), counted in-kernel by every program.
+    pub fn followed_hits(&self) -> Result<Vec<(u32, u64, u64)>, ProbeError> {
+        let map_err = |e| ProbeError::Map {
+            map: "FOLLOWED",
+            source: Box::new(e),
+        };
+        let map: HashMap<_, u32, FollowedRaw> = HashMap::try_from(
+            self.ebpf
+                .map("FOLLOWED")
+                .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
+        )
+        .map_err(map_err)?;
+        map.iter()
+            .map(|r| r.map(|(pid, v)| (pid, v[1], v[2])).map_err(map_err))
+            .collect()
     }
 
     /// Reports calls from `pid` and every process it forks from now on,
@@ -377,7 +471,7 @@ impl Probes {
             map: "FOLLOWED",
             source: Box::new(e),
         };
-        let mut map: HashMap<_, u32, u32> = HashMap::try_from(
+        let mut map: HashMap<_, u32, FollowedRaw> = HashMap::try_from(
             self.ebpf
                 .map_mut("FOLLOWED")
                 .ok_or(ProbeError::MissingMap("FOLLOWED"))?,

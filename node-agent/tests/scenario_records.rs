@@ -85,6 +85,13 @@ fn records_match_what_the_trainer_did() {
     }
     // The agent under test is the one cargo just built.
     std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
+    // Launches are counted only in deep windows and launch samples; this
+    // test checks the counting itself, so the samples run back to back
+    // (from a second after the first rank is found) whatever they cost.
+    std::env::set_var(
+        "SLOWRANK_AGENT_ARGS",
+        "--launch-sample-every 1 --launch-sample-for 1 --max-overhead 100%",
+    );
     let spec = Spec::load(&spec_path("tp2-pp2-dp2-small.toml")).expect("spec");
     let out = out_dir("records");
     let mut opts = RunOptions::job_only(&out);
@@ -285,6 +292,13 @@ fn records_match_what_the_trainer_did() {
     // Per-interval counters: launches were counted in-kernel.
     let launches: u64 = of("interval").map(|v| u(v, "launches")).sum();
     assert!(launches > 0, "no launches counted");
+    // And the intervals say when they were counted and what the probes cost.
+    assert!(of("interval").any(|v| u(v, "launch_counted_ns") > 0));
+    assert!(of("interval").all(|v| u(v, "launch_counted_ns") <= u(v, "end_ns") - u(v, "start_ns")));
+    let hits: u64 = of("interval").map(|v| u(v, "probe_hits")).sum();
+    let cost: u64 = of("interval").map(|v| u(v, "probe_cost_ns")).sum();
+    assert!(hits >= launches, "probe hits {hits} < launches {launches}");
+    assert!(cost > 0 && of("interval").all(|v| u(v, "trap_pair_ns") > 0));
     let before: u64 = of("collective").map(|v| u(v, "launches_before")).sum();
     assert!(
         before > 0 && before <= launches,

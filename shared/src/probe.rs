@@ -181,3 +181,27 @@ impl ObjectSnapshot {
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<ObjectSnapshot>()) })
     }
 }
+
+/// Value of the `FOLLOWED` map: a followed process's rank and the probe
+/// traps it took, counted in the program that already looked it up (one
+/// atomic add per hit), so the agent can say what its probes cost each rank.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// Global rank, or `u32::MAX` while not known.
+    pub rank: u32,
+    pub _pad: u32,
+    /// uprobe (function entry) hits.
+    pub entry_hits: u64,
+    /// uretprobe (function return) hits.
+    pub return_hits: u64,
+}
+
+impl Followed {
+    pub fn new(rank: u32) -> Self {
+        Self {
+            rank,
+            ..Self::default()
+        }
+    }
+}

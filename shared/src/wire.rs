@@ -29,7 +29,7 @@ use rkyv::{
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below.
-pub const SCHEMA_VERSION: u16 = 4;
+pub const SCHEMA_VERSION: u16 = 5;
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.
@@ -275,6 +275,27 @@ pub struct RankInterval {
     /// Neither on a CPU nor runnable: asleep or blocked, blocking GPU
     /// syncs included (`sync_wait_ns` says how much of it they were).
     pub offcpu_ns: u64,
+    /// How much of the interval the launch/memcpy/malloc counters were
+    /// attached (deep windows and launch samples; they are off otherwise,
+    /// to spare the job a trap per launch). `launches` counts only that
+    /// time: the rate is `launches / launch_counted_ns`; 0 = not counted.
+    pub launch_counted_ns: u64,
+    /// uprobe/uretprobe traps this rank took in the interval (counted
+    /// in-kernel, every probe of every set).
+    pub probe_hits: u64,
+    /// The agent's estimate of the rank's time those traps cost: hits ×
+    /// this host's trap cost measured at agent start.
+    pub probe_cost_ns: u64,
+    /// This host's measured cost of one uprobe + uretprobe pair (ns; 0 =
+    /// not measured).
+    pub trap_pair_ns: u32,
+    /// Share of time (ppm) the agent's overhead budget allows the launch
+    /// counters to be on; below the default sampling share when the budget
+    /// narrowed it.
+    pub launch_duty_ppm: u32,
+    /// The overhead budget (`--max-overhead`) made the agent narrow its
+    /// launch sampling or deep windows in this interval.
+    pub budget_narrowed: bool,
 }
 
 /// Per queue-pair traffic over an interval (deep probe set).

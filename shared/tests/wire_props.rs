@@ -79,7 +79,7 @@ fn collective() -> impl Strategy<Value = CollectiveRecord> {
 }
 
 fn interval() -> impl Strategy<Value = RankInterval> {
-    (any::<[u32; 2]>(), any::<[u64; 9]>()).prop_map(|(n, w)| RankInterval {
+    (any::<[u32; 4]>(), any::<[u64; 12]>(), any::<bool>()).prop_map(|(n, w, b)| RankInterval {
         pid: n[0],
         rank: n[1],
         start_ns: w[0],
@@ -91,6 +91,12 @@ fn interval() -> impl Strategy<Value = RankInterval> {
         oncpu_ns: w[6],
         runq_delay_ns: w[7],
         offcpu_ns: w[8],
+        launch_counted_ns: w[9],
+        probe_hits: w[10],
+        probe_cost_ns: w[11],
+        trap_pair_ns: n[2],
+        launch_duty_ppm: n[3],
+        budget_narrowed: b,
     })
 }
 

@@ -1,0 +1,265 @@
+//! What slowrank's own probes cost the job, from the agents' self-reports.
+//!
+//! Each agent measures its host's trap cost at start and counts every probe
+//! hit per rank in the kernel; every [`RankInterval`] carries the hits, their
+//! estimated cost, the time the windowed launch counters were on, and
+//! whether the agent's overhead budget narrowed its sampling. This module
+//! sums them per rank and per host for the report ("slowrank's probes cost
+//! this job ≈ X% of rank time") and `/metrics`. Plain data, no I/O.
+
+use std::collections::BTreeMap;
+
+use slowrank_shared::wire::RankInterval;
+
+#[derive(Debug, Default, Clone)]
+struct RankCost {
+    host: String,
+    hits: u64,
+    cost_ns: u64,
+    wall_ns: u64,
+    counted_ns: u64,
+    /// Intervals whose agent had no trap cost (cost unknown).
+    unmeasured: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct HostCost {
+    trap_pair_ns: u32,
+    launch_duty_ppm: u32,
+    narrowed_now: bool,
+    narrowed_intervals: u64,
+    intervals: u64,
+}
+
+/// Running sums over every interval accepted.
+#[derive(Debug, Default)]
+pub struct OverheadTally {
+    ranks: BTreeMap<u32, RankCost>,
+    hosts: BTreeMap<String, HostCost>,
+}
+
+/// One rank's line in the report.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankOverhead {
+    pub rank: u32,
+    pub host: String,
+    /// Estimated share of the rank's wall time spent in slowrank's probe
+    /// traps, in percent; null when its agent could not measure a trap cost.
+    pub percent: Option<f64>,
+    pub hits_per_s: f64,
+    pub observed_seconds: f64,
+    /// Share of the time the launch/memcpy/malloc counters were attached
+    /// (deep windows and samples), in percent.
+    pub launch_counted_percent: f64,
+}
+
+/// One agent host's line in the report.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostOverhead {
+    pub host: String,
+    /// Measured cost of one uprobe + uretprobe pair on that host (µs);
+    /// null when the agent could not measure it.
+    pub trap_pair_us: Option<f64>,
+    /// Share of time the agent's budget lets launch samples run (percent).
+    pub launch_sample_percent: f64,
+    /// The budget (`--max-overhead`) narrows launch counting now.
+    pub budget_narrowed: bool,
+    /// Intervals in which it did.
+    pub narrowed_intervals: u64,
+}
+
+/// `report.json`'s `overhead` section.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OverheadReport {
+    /// The sentence for humans.
+    pub summary: String,
+    /// Time-weighted over ranks, percent of rank time; null when no agent
+    /// measured its trap cost.
+    pub job_percent: Option<f64>,
+    pub max_rank_percent: Option<f64>,
+    pub ranks: Vec<RankOverhead>,
+    pub hosts: Vec<HostOverhead>,
+}
+
+impl OverheadTally {
+    pub fn add(&mut self, host: &str, i: &RankInterval) {
+        let wall = i.end_ns.saturating_sub(i.start_ns);
+        let r = self.ranks.entry(i.rank).or_default();
+        if r.host != host {
+            r.host = host.to_owned();
+        }
+        r.hits = r.hits.saturating_add(i.probe_hits);
+        // An agent cannot have cost a rank more than the interval's time.
+        r.cost_ns = r.cost_ns.saturating_add(i.probe_cost_ns.min(wall));
+        r.wall_ns = r.wall_ns.saturating_add(wall);
+        r.counted_ns = r.counted_ns.saturating_add(i.launch_counted_ns.min(wall));
+        if i.trap_pair_ns == 0 {
+            r.unmeasured += 1;
+        }
+        let h = self.hosts.entry(host.to_owned()).or_default();
+        if i.trap_pair_ns != 0 {
+            h.trap_pair_ns = i.trap_pair_ns;
+        }
+        h.launch_duty_ppm = i.launch_duty_ppm;
+        h.narrowed_now = i.budget_narrowed;
+        h.intervals += 1;
+        h.narrowed_intervals += u64::from(i.budget_narrowed);
+    }
+
+    fn percent(r: &RankCost) -> Option<f64> {
+        (r.wall_ns > 0 && r.unmeasured == 0).then(|| 100.0 * r.cost_ns as f64 / r.wall_ns as f64)
+    }
+
+    /// Per-rank percent of rank time (measured ranks only), for `/metrics`.
+    pub fn rank_percents(&self) -> Vec<(u32, f64)> {
+        self.ranks
+            .iter()
+            .filter_map(|(k, r)| Self::percent(r).map(|p| (*k, p)))
+            .collect()
+    }
+
+    /// Time-weighted job figure (percent), over ranks with a measured cost.
+    pub fn job_percent(&self) -> Option<f64> {
+        let (cost, wall) = self
+            .ranks
+            .values()
+            .filter(|r| Self::percent(r).is_some())
+            .fold((0u64, 0u64), |(c, w), r| {
+                (c.saturating_add(r.cost_ns), w.saturating_add(r.wall_ns))
+            });
+        (wall > 0).then(|| 100.0 * cost as f64 / wall as f64)
+    }
+
+    pub fn report(&self) -> Option<OverheadReport> {
+        if self.ranks.is_empty() {
+            return None;
+        }
+        let ranks: Vec<RankOverhead> = self
+            .ranks
+            .iter()
+            .map(|(k, r)| {
+                let secs = r.wall_ns as f64 / 1e9;
+                RankOverhead {
+                    rank: *k,
+                    host: r.host.clone(),
+                    percent: Self::percent(r),
+                    hits_per_s: if secs > 0.0 {
+                        r.hits as f64 / secs
+                    } else {
+                        0.0
+                    },
+                    observed_seconds: secs,
+                    launch_counted_percent: if r.wall_ns > 0 {
+                        100.0 * r.counted_ns as f64 / r.wall_ns as f64
+                    } else {
+                        0.0
+                    },
+                }
+            })
+            .collect();
+        let hosts: Vec<HostOverhead> = self
+            .hosts
+            .iter()
+            .map(|(h, c)| HostOverhead {
+                host: h.clone(),
+                trap_pair_us: (c.trap_pair_ns > 0).then(|| f64::from(c.trap_pair_ns) / 1e3),
+                launch_sample_percent: f64::from(c.launch_duty_ppm) / 1e4,
+                budget_narrowed: c.narrowed_now,
+                narrowed_intervals: c.narrowed_intervals,
+            })
+            .collect();
+        let job = self.job_percent();
+        let worst = ranks
+            .iter()
+            .filter_map(|r| r.percent.map(|p| (r.rank, p)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let mut summary = match (job, worst) {
+            (Some(j), Some((rank, p))) => format!(
+                "slowrank's probes cost this job ≈ {j:.2}% of rank time (most: rank {rank} at {p:.2}%)"
+            ),
+            _ => "slowrank's probe cost is unknown: no agent measured its trap cost".to_owned(),
+        };
+        let narrowed: Vec<&str> = hosts
+            .iter()
+            .filter(|h| h.narrowed_intervals > 0)
+            .map(|h| h.host.as_str())
+            .collect();
+        if !narrowed.is_empty() {
+            summary.push_str(&format!(
+                "; the overhead budget narrowed launch counting (samples, deep windows) on {}",
+                narrowed.join(", ")
+            ));
+        }
+        Some(OverheadReport {
+            summary,
+            job_percent: job,
+            max_rank_percent: worst.map(|w| w.1),
+            ranks,
+            hosts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iv(rank: u32, start: u64, end: u64, cost: u64, narrowed: bool) -> RankInterval {
+        RankInterval {
+            rank,
+            start_ns: start,
+            end_ns: end,
+            probe_hits: cost / 1000,
+            probe_cost_ns: cost,
+            trap_pair_ns: 2000,
+            launch_counted_ns: (end - start) / 10,
+            launch_duty_ppm: 66_666,
+            budget_narrowed: narrowed,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn job_figure_is_time_weighted_over_ranks() {
+        let mut t = OverheadTally::default();
+        // Rank 0: 1 ms of 1 s (0.1%); rank 1: 6 ms of 2 s (0.3%).
+        t.add("a", &iv(0, 0, 1_000_000_000, 1_000_000, false));
+        t.add("b", &iv(1, 0, 1_000_000_000, 3_000_000, false));
+        t.add("b", &iv(1, 1_000_000_000, 2_000_000_000, 3_000_000, true));
+        let r = t.report().expect("report");
+        assert!((r.job_percent.unwrap() - 7.0 / 3e3 * 100.0).abs() < 1e-9);
+        assert_eq!(r.max_rank_percent, Some(0.3));
+        assert_eq!(r.ranks[1].hits_per_s, 3000.0);
+        assert!((r.ranks[0].launch_counted_percent - 10.0).abs() < 1e-9);
+        assert_eq!(r.hosts[0].trap_pair_us, Some(2.0));
+        assert!(r.hosts[1].budget_narrowed);
+        assert!(r.summary.contains("≈ 0.23% of rank time"), "{}", r.summary);
+        assert!(
+            r.summary.contains("narrowed launch counting"),
+            "{}",
+            r.summary
+        );
+        assert_eq!(t.rank_percents(), vec![(0, 0.1), (1, 0.3)]);
+    }
+
+    #[test]
+    fn a_hostile_cost_is_capped_and_unmeasured_agents_say_so() {
+        let mut t = OverheadTally::default();
+        t.add("a", &iv(0, 0, 1000, u64::MAX, false));
+        assert_eq!(t.job_percent(), Some(100.0));
+        let mut t = OverheadTally::default();
+        t.add(
+            "a",
+            &RankInterval {
+                rank: 3,
+                end_ns: 1000,
+                probe_hits: 10,
+                ..Default::default()
+            },
+        );
+        let r = t.report().expect("report");
+        assert_eq!(r.job_percent, None);
+        assert!(r.summary.contains("unknown"), "{}", r.summary);
+        assert!(t.rank_percents().is_empty());
+    }
+}
