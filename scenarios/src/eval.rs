@@ -912,8 +912,9 @@ fn run_spec(
 /// Counterfactual runs of `s` (faulted run `main`) under `dir/counterfactual/`:
 /// writes every fault's cost into `dir/truth.json`. With `pairs` > 0, also
 /// runs the fault-free spec `pairs` more times and returns that many noise
-/// pairs, each against the same reference (a healthy spec's own run, else
-/// the `without-all` run).
+/// pairs, each against the same reference: the `without-all` run, or for a
+/// healthy spec its own run (another, `healthy-0`, when the counterfactual
+/// mode differs from the evaluated run's).
 fn counterfactual(
     s: &Spec,
     dir: &Path,
@@ -927,7 +928,15 @@ fn counterfactual(
     let mut logs: BTreeMap<String, (StepLog, u64)> = BTreeMap::new();
     let mut variants = cf::plan(s);
     let twin = |j: u64| format!("healthy-{j}");
-    for j in 1..=pairs {
+    // A pair is two runs in the same mode: a healthy spec's own run is the
+    // reference only when the noise runs are made the same way.
+    let own_reference = variants.is_empty() && opts.counterfactual_mode == opts.mode;
+    let first = if pairs > 0 && variants.is_empty() && !own_reference {
+        0
+    } else {
+        1
+    };
+    for j in first..=pairs {
         variants.push(cf::Variant {
             name: twin(j),
             removed: (0..s.faults.len()).collect(),
@@ -960,7 +969,7 @@ fn counterfactual(
     let path = dir.join("truth.json");
     let text = serde_json::to_string_pretty(&truth).expect("truth serialises");
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (a, na) = match logs.get("without-all") {
+    let (a, na) = match logs.get("without-all").or(logs.get(&twin(0))) {
         Some((l, n)) => (l, *n),
         None => (&main.steps, completed),
     };

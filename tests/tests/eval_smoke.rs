@@ -135,7 +135,7 @@ fn eval_quick_and_random_smoke() {
     let quick = eval(
         &l,
         &base.join("quick"),
-        &["--quick", "--iterations", "130", "--noise-pairs", "2"],
+        &["--quick", "--iterations", "115", "--noise-pairs", "2"],
     );
     check_runs(&quick, "--quick");
     assert_eq!(quick["runs"].as_array().unwrap().len(), 4);
