@@ -94,14 +94,17 @@ pub fn spec(seed: u64, n: u64, o: &RandomOptions) -> Spec {
     let world = d.pick(&worlds);
     let hosts_choices: Vec<u32> = [1u32, 2, 4, 8]
         .into_iter()
-        .filter(|h| world % h == 0 && world / h <= 32)
+        .filter(|h| world.is_multiple_of(*h) && world / h <= 32)
         .collect();
     let hosts = d.pick(&hosts_choices);
     let rph = world / hosts;
     // Layout family; tp stays inside a host (as Megatron places it).
     let family = d.pick(&["dp", "tp_dp", "pp_dp", "tp_pp_dp"]);
     let tp_of = |d: &mut Draw| {
-        let c: Vec<u32> = [2u32, 4].into_iter().filter(|t| rph % t == 0).collect();
+        let c: Vec<u32> = [2u32, 4]
+            .into_iter()
+            .filter(|t| rph.is_multiple_of(*t))
+            .collect();
         if c.is_empty() {
             1
         } else {

@@ -154,6 +154,9 @@ fn eval_quick_and_random_smoke() {
             "30",
             "--noise-pairs",
             "1",
+            // Faster (no agent start per counterfactual run), and the
+            // path where a healthy spec's pair needs a reference of its own.
+            "--counterfactual-job-only",
         ],
     );
     check_runs(&random, "--random 4");
