@@ -10,11 +10,13 @@ use slowrank_sim::rng::{hash, unit};
 use crate::spec::{ClockSpec, Fault, FaultKind, HostMode, Parallel, Spec, Step, HOST_FUNCTIONS};
 
 /// Default cap on ranks per random spec. Each rank is a process with a
-/// compute-stream, a DP-stream and a proxy thread; on a 2-vCPU machine 16
-/// of them (plus agents and the coordinator) keep steps of ≈ 100 ms
-/// host-bound only a little, while 32 and 64 make every step host-bound
-/// (the GPU work no longer sets the pace, so GPU/NIC faults cost nothing).
-/// `--max-ranks 64` lifts it on a bigger machine.
+/// compute-stream, a DP-stream and a proxy thread, all on 2 vCPUs; where
+/// the CPUs rather than the GPU work set the pace, a GPU or NIC fault
+/// costs nothing measurable. Single 300 ms-GPU-step runs, job only, taken
+/// while other builds loaded the machine (load 13–30), were inconclusive
+/// (16 ranks 0.34–1.7 s a step, 32 ranks 0.6–4.4 s, 64 ranks 0.44–0.76 s;
+/// BENCHMARKS.md, 2026-11-25): 16 is the conservative default until an
+/// idle measurement; `--max-ranks 64` lifts it.
 pub const DEFAULT_MAX_RANKS: u32 = 16;
 
 /// Default iterations per random spec: a late onset (70 % in) still leaves
