@@ -2,7 +2,7 @@
 # Reproduces the eval, sweep, overhead, wire and flood numbers of
 # BENCHMARKS.md. Root (agent mode), after
 #   cargo build -p slowrank-scenarios -p slowrank-agent -p slowrank-coordinator
-# Usage: scripts/benchmarks.sh [eval|sweep|overhead|wire|flood|summary|all]...
+# Usage: scripts/benchmarks.sh [eval|random|sweep|overhead|wire|flood|summary|all]...
 # Output under $BENCH_OUT (default /tmp/slowrank-bench); small files only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,14 @@ mkdir -p "$B"
 run_eval() {   # full matrix: every spec × $SEEDS seeds
   rm -rf "$B/eval"
   $S eval --seeds "${SEEDS:-1}" --out "$B/eval" > "$B/eval.txt" 2> "$B/eval.log"
+}
+run_random() {  # issue 20: random specs with counterfactual costs and a noise floor (release)
+  # RANDOM_SEED: report on a seed no threshold was chosen on (say which in BENCHMARKS.md).
+  cargo build --release -q -p slowrank-scenarios -p slowrank-agent -p slowrank-coordinator || return 1
+  rm -rf "$B/random"
+  SLOWRANK_AGENT_BIN="$PWD/target/release/slowrank-agent" SLOWRANK_COORDINATOR_BIN="$PWD/target/release/slowrank" \
+    ./target/release/slowrank-scenario eval --random "${RANDOM_N:-100}" --seed "${RANDOM_SEED:?set RANDOM_SEED}" \
+    ${RANDOM_STEP_MS:+--step-ms "$RANDOM_STEP_MS"} --out "$B/random" > "$B/random.txt" 2> "$B/random.log"
 }
 run_sweep() {  # detection latency vs slowdown factor (dp8-compute-slow)
   rm -rf "$B/sweep"
@@ -74,7 +82,7 @@ run_flood() {  # scale: 1,024 / 4,096 / 16,384 ranks at 100 collectives/s each
 }
 for what in "$@"; do
   case $what in
-    eval) run_eval ;; sweep) run_sweep ;; overhead) run_overhead ;; wire) run_wire ;;
+    eval) run_eval ;; random) run_random ;; sweep) run_sweep ;; overhead) run_overhead ;; wire) run_wire ;;
     flood) run_flood ;;
     summary) python3 scripts/bench_summary.py "$B" ;;
     all) run_eval; run_sweep; run_overhead; run_wire; run_flood; python3 scripts/bench_summary.py "$B" ;;

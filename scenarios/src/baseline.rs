@@ -78,6 +78,9 @@ fn flag(seq: impl Iterator<Item = (u64, u32)>, window: usize, need: usize) -> Re
                 link: None,
                 opened_iteration: Some(it),
                 first_opened_iteration: Some(it),
+                cost_fraction: None,
+                closed_iteration: None,
+                structural: None,
             })
             .collect(),
         hangs: Vec::new(),

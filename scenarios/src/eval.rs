@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::{
     baseline,
+    counterfactual::{NoiseFloor, NoisePair},
     orchestrate::Mode,
     run::{run, RunOptions},
     score::{self, ReportView, Score},
@@ -26,7 +27,14 @@ use crate::{
 };
 
 /// Fault / finding classes in table order.
-pub const CLASSES: [&str; 5] = ["compute", "communication", "host", "link", "hang"];
+pub const CLASSES: [&str; 6] = [
+    "compute",
+    "communication",
+    "host",
+    "link",
+    "hang",
+    "structural",
+];
 /// Row/column for "no fault here" / "nothing reported".
 pub const NONE: &str = "none";
 
@@ -68,12 +76,15 @@ pub fn fault_class(k: FaultKind) -> &'static str {
         FaultKind::Host => "host",
         FaultKind::Link => "link",
         FaultKind::Hang => "hang",
+        FaultKind::StageImbalance | FaultKind::WorkImbalance => "structural",
     }
 }
 
 /// The class a verdict reports: its kind, or `link` when it names a link.
 pub fn verdict_class(v: &score::VerdictView) -> String {
-    if v.link.is_some() {
+    if v.kind == "structural" || v.structural.is_some() {
+        "structural".into()
+    } else if v.link.is_some() {
         "link".into()
     } else {
         v.kind.clone()
@@ -93,6 +104,34 @@ pub struct MethodRun {
     pub latency_iterations: Vec<f64>,
     /// The same in seconds, where the detection iteration has a step time.
     pub latency_seconds: Vec<f64>,
+    /// Per scored fault: its measured cost and how soon it was named.
+    pub named: Vec<NamedFault>,
+    /// Per verdict matching a scored fault: reported against measured cost.
+    pub costs: Vec<CostPoint>,
+    /// Faults whose measured cost is below the harness's resolution: not
+    /// scored (nor the findings matching only them).
+    pub below_resolution: u64,
+    /// Matching verdicts closed while their fault was still active.
+    pub cleared_while_active: u64,
+}
+
+/// A scored fault: its class, measured cost and time to name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NamedFault {
+    pub class: String,
+    /// Counterfactual cost fraction (`None`: not measured, e.g. a hang).
+    pub measured: Option<f64>,
+    pub matched: bool,
+    /// Iterations from onset to the first correct finding.
+    pub latency_iterations: Option<f64>,
+}
+
+/// One verdict's cost claim against the truth.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostPoint {
+    pub class: String,
+    pub reported: f64,
+    pub measured: f64,
 }
 
 /// Maps the method's iteration numbering onto the truth's, and truth
@@ -107,6 +146,11 @@ pub struct Timeline<'a> {
 }
 
 impl Timeline<'_> {
+    /// Truth iteration of reported iteration `it`.
+    pub fn to_truth(&self, it: u64) -> u64 {
+        ((it as f64 * self.scale).round() as i64 + self.offset).max(0) as u64
+    }
+
     /// Median wall-clock end (ns) of truth iteration `it` over the ranks.
     pub fn wall_end_ns(&self, it: u64) -> Option<u64> {
         let steps = self.steps?;
@@ -140,12 +184,38 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
     let s: Score = score::score(truth, report);
     let mut out = MethodRun::default();
     let mut tp: Vec<(&'static str, usize)> = Vec::new();
+    let mut excused: Vec<(&'static str, usize)> = Vec::new();
     for (f, ft) in s.faults.iter().zip(&truth.faults) {
-        out.faults.push((fault_class(f.kind).into(), f.matched));
+        let class = fault_class(f.kind);
+        if ft.windows.is_empty() {
+            // Never on (its onset came after a hang stopped the job): nothing to find.
+            excused.extend(f.matched_by.iter().map(|b| (b.what, b.index)));
+            continue;
+        }
+        if ft.cost.as_ref().is_some_and(|c| c.below_resolution()) {
+            out.below_resolution += 1;
+            excused.extend(f.matched_by.iter().map(|b| (b.what, b.index)));
+            continue;
+        }
+        out.faults.push((class.into(), f.matched));
         for b in &f.matched_by {
             tp.push((b.what, b.index));
         }
+        let mut named = NamedFault {
+            class: class.into(),
+            measured: ft.cost.as_ref().map(|c| c.fraction),
+            matched: f.matched,
+            latency_iterations: None,
+        };
+        for b in f.matched_by.iter().filter(|b| b.what == "verdict") {
+            let v = &report.verdicts[b.index];
+            let closed = v.closed_iteration.filter(|_| !v.active);
+            if closed.is_some_and(|c| active_in_truth(ft, tl.to_truth(c), truth)) {
+                out.cleared_while_active += 1;
+            }
+        }
         if !f.matched {
+            out.named.push(named);
             continue;
         }
         // Detection = the earliest raised finding among those that matched.
@@ -163,11 +233,14 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
             })
             .min();
         let (Some(d), Some(w)) = (detected, ft.windows.first()) else {
+            out.named.push(named);
             continue;
         };
-        let d_truth = ((d as f64 * tl.scale).round() as i64 + tl.offset).max(0) as u64;
-        out.latency_iterations
-            .push(d_truth.saturating_sub(w.onset_iteration) as f64);
+        let d_truth = tl.to_truth(d);
+        let lat = d_truth.saturating_sub(w.onset_iteration) as f64;
+        out.latency_iterations.push(lat);
+        named.latency_iterations = Some(lat);
+        out.named.push(named);
         if let Some(end) = tl.wall_end_ns(d_truth) {
             out.latency_seconds
                 .push(end.saturating_sub(w.onset_wall_ns) as f64 / 1e9);
@@ -186,11 +259,33 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
         .chain((0..report.hangs.len()).map(|i| ("hang", i, "hang".to_string())))
         .collect();
     for (what, i, class) in &all {
-        out.findings
-            .push((class.clone(), tp.contains(&(*what, *i))));
+        let ok = tp.contains(&(*what, *i));
+        if ok || !excused.contains(&(*what, *i)) {
+            out.findings.push((class.clone(), ok));
+        }
+    }
+    for c in &s.costs {
+        let Some(ft) = c
+            .fault
+            .and_then(|f| truth.faults.iter().find(|t| t.index == f))
+        else {
+            continue;
+        };
+        if let (Some(r), Some(m), false) = (c.reported, c.measured, c.below_resolution) {
+            out.costs.push(CostPoint {
+                class: fault_class(ft.kind).into(),
+                reported: r,
+                measured: m,
+            });
+        }
     }
     out.confusion = confusion(&faulted, &all, report);
     out
+}
+
+/// Was fault `f` active in truth iteration `it`?
+fn active_in_truth(f: &crate::truth::FaultTruth, it: u64, truth: &Truth) -> bool {
+    crate::counterfactual::active_iterations(f, truth.iterations_completed).contains(&it)
 }
 
 /// Confusion pairs: per fault, (its class, the class of every distinct
@@ -284,6 +379,46 @@ pub struct Metrics {
     pub false_findings: u64,
     pub latency_iterations: Quantiles,
     pub latency_seconds: Quantiles,
+    /// Class → |reported − measured| cost and reported / measured.
+    pub cost_error: BTreeMap<String, CostError>,
+    /// Measured-cost bin → faults, named, iterations to name.
+    pub time_to_name: BTreeMap<String, TimeToName>,
+    /// Faults below the harness's resolution (not scored).
+    pub below_resolution: u64,
+    /// Matching verdicts closed while their fault was still active.
+    pub cleared_while_active: u64,
+}
+
+/// Cost error of one class: distributions of `|reported − measured|` (as
+/// fractions of the step) and of `reported / measured`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CostError {
+    pub abs: Quantiles,
+    pub ratio: Quantiles,
+}
+
+/// Time to name of the faults in one measured-cost bin.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TimeToName {
+    pub faults: u64,
+    pub named: u64,
+    /// Iterations from onset to the first correct finding (named faults).
+    pub iterations: Quantiles,
+}
+
+/// Bins of measured cost for time to name (issue 20): below 3 % of the
+/// step a fault is barely worth naming, above 10 % it is urgent.
+pub const COST_BINS: [(&str, f64); 3] = [("<3%", 0.03), ("3-10%", 0.10), (">10%", f64::INFINITY)];
+
+/// The bin of a measured cost (`unmeasured` without one).
+pub fn cost_bin(measured: Option<f64>) -> &'static str {
+    match measured {
+        None => "unmeasured",
+        Some(m) => COST_BINS
+            .iter()
+            .find(|(_, hi)| m < *hi)
+            .map_or(">10%", |(n, _)| n),
+    }
 }
 
 /// A method's run plus what aggregation needs to know about the run.
@@ -302,7 +437,30 @@ pub fn aggregate(runs: &[RunInput]) -> Metrics {
     }
     let mut lat_i = Vec::new();
     let mut lat_s = Vec::new();
+    let mut cost_abs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut cost_ratio: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut ttn: BTreeMap<String, (u64, u64, Vec<f64>)> = BTreeMap::new();
     for r in runs {
+        m.below_resolution += r.m.below_resolution;
+        m.cleared_while_active += r.m.cleared_while_active;
+        for c in &r.m.costs {
+            cost_abs
+                .entry(c.class.clone())
+                .or_default()
+                .push((c.reported - c.measured).abs());
+            if c.measured > 0.0 {
+                cost_ratio
+                    .entry(c.class.clone())
+                    .or_default()
+                    .push(c.reported / c.measured);
+            }
+        }
+        for n in &r.m.named {
+            let e = ttn.entry(cost_bin(n.measured).into()).or_default();
+            e.0 += 1;
+            e.1 += u64::from(n.matched);
+            e.2.extend(n.latency_iterations);
+        }
         for (c, ok) in &r.m.faults {
             let e = m.per_class.entry(c.clone()).or_default();
             e.faults += 1;
@@ -341,6 +499,28 @@ pub fn aggregate(runs: &[RunInput]) -> Metrics {
         (m.healthy_hours > 0.0).then(|| m.healthy_false_findings as f64 / m.healthy_hours);
     m.latency_iterations = quantiles(&lat_i);
     m.latency_seconds = quantiles(&lat_s);
+    for (c, v) in &cost_abs {
+        m.cost_error.insert(
+            c.clone(),
+            CostError {
+                abs: quantiles(v),
+                ratio: quantiles(cost_ratio.get(c).map_or(&[][..], |r| &r[..])),
+            },
+        );
+    }
+    m.time_to_name = ttn
+        .into_iter()
+        .map(|(b, (faults, named, lat))| {
+            (
+                b,
+                TimeToName {
+                    faults,
+                    named,
+                    iterations: quantiles(&lat),
+                },
+            )
+        })
+        .collect();
     m
 }
 
@@ -406,12 +586,77 @@ pub struct RunResult {
     pub error: Option<String>,
     /// Method name → scored run.
     pub methods: BTreeMap<String, MethodRun>,
+    /// The counterfactual runs made (`without-all`, `without-<i>`, ...).
+    pub counterfactual: Vec<String>,
+    /// Why a fault has no measured cost (a counterfactual run failed).
+    pub counterfactual_error: Option<String>,
+    /// The report's step time against the job's.
+    pub step_time: Option<StepCheck>,
+    /// Baseline findings, computed before the run directory is trimmed.
+    #[serde(skip)]
+    baselines: Vec<(&'static str, ReportView)>,
+}
+
+/// How many of the last iterations the report's `job.step_time_ms` is
+/// compared over ("median of the last few steps").
+pub const STEP_CHECK_ITERATIONS: u64 = 10;
+
+/// The report's step time is right when within this share of the job's
+/// measured step (issue 20: a report that counts buckets as steps is off
+/// by a factor, not by a few percent).
+pub const STEP_TOLERANCE: f64 = 0.05;
+
+/// `job.step_time_ms` against the job's median step over its last
+/// [`STEP_CHECK_ITERATIONS`] iterations.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepCheck {
+    pub reported_ms: f64,
+    pub measured_ms: f64,
+    /// reported / measured.
+    pub ratio: f64,
+    /// Within [`STEP_TOLERANCE`].
+    pub within: bool,
+}
+
+/// Compares a report's step time with the steps of its run.
+pub fn step_check(report: &ReportView, steps: &StepLog, completed: u64) -> Option<StepCheck> {
+    let reported = report.job.as_ref()?.step_time_ms?;
+    let its: Vec<u64> = (completed.saturating_sub(STEP_CHECK_ITERATIONS)..completed).collect();
+    let measured = crate::counterfactual::median_step_ms(steps, &its)?;
+    let ratio = reported / measured;
+    Some(StepCheck {
+        reported_ms: reported,
+        measured_ms: measured,
+        ratio,
+        within: (ratio - 1.0).abs() <= STEP_TOLERANCE,
+    })
 }
 
 pub const SLOWRANK: &str = "slowrank";
 
-/// Scores a finished run directory for slowrank and the baselines.
-pub fn score_run_dir(dir: &Path) -> Result<BTreeMap<String, MethodRun>, String> {
+/// The baselines' findings from a finished run directory (before its agent
+/// records are trimmed).
+fn baseline_reports(
+    dir: &Path,
+    steps: &StepLog,
+    completed: u64,
+) -> Result<Vec<(&'static str, ReportView)>, String> {
+    let longest = baseline::longest_step(steps, baseline::WINDOW, baseline::NEED);
+    let colls = baseline::read_agent_collectives(dir).map_err(|e| e.to_string())?;
+    let per_iter = baseline::instances_per_iteration(&colls, completed);
+    let shortest =
+        baseline::shortest_collective(&colls, per_iter, baseline::WINDOW, baseline::NEED);
+    Ok(vec![
+        (baseline::LONGEST_STEP, longest),
+        (baseline::SHORTEST_COLLECTIVE, shortest),
+    ])
+}
+
+/// Scores a finished run directory for slowrank and the given baselines.
+pub fn score_run_dir(
+    dir: &Path,
+    baselines: &[(&'static str, ReportView)],
+) -> Result<BTreeMap<String, MethodRun>, String> {
     let s =
         score::score_dir(dir).map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
     drop(s);
@@ -436,19 +681,9 @@ pub fn score_run_dir(dir: &Path) -> Result<BTreeMap<String, MethodRun>, String> 
         scale: 1.0,
         steps: Some(&steps),
     };
-    let longest = baseline::longest_step(&steps, baseline::WINDOW, baseline::NEED);
-    out.insert(
-        baseline::LONGEST_STEP.to_string(),
-        method_run(&truth, &longest, &truth_tl),
-    );
-    let colls = baseline::read_agent_collectives(dir).map_err(|e| e.to_string())?;
-    let per_iter = baseline::instances_per_iteration(&colls, truth.iterations_completed);
-    let shortest =
-        baseline::shortest_collective(&colls, per_iter, baseline::WINDOW, baseline::NEED);
-    out.insert(
-        baseline::SHORTEST_COLLECTIVE.to_string(),
-        method_run(&truth, &shortest, &truth_tl),
-    );
+    for (name, r) in baselines {
+        out.insert(name.to_string(), method_run(&truth, r, &truth_tl));
+    }
     Ok(out)
 }
 
@@ -471,7 +706,43 @@ pub struct EvalOptions {
     /// Keep every run directory whole (default: keep only truth, report, steps, spec).
     pub keep_runs: bool,
     pub mode: Mode,
+    /// `--random N --seed S`: N generated specs instead of spec files.
+    pub random: Option<(u64, u64)>,
+    pub random_opts: crate::random::RandomOptions,
+    /// Every spec's GPU work per step stretched to about this (ms).
+    pub step_ms: Option<f64>,
+    /// At least this many pairs of identical healthy runs for the noise floor.
+    pub noise_pairs: u64,
+    /// How the counterfactual and noise runs are made (default: as the
+    /// evaluated runs, so the probes' own cost is the same on both sides).
+    pub counterfactual_mode: Mode,
 }
+
+impl EvalOptions {
+    /// Defaults for `specs` into `out`, agent mode.
+    pub fn new(specs: Vec<PathBuf>, out: PathBuf) -> Self {
+        Self {
+            specs,
+            seeds: 1,
+            out,
+            quick: false,
+            iterations: None,
+            sweep_factors: Vec::new(),
+            sweep_step_ms: None,
+            keep_runs: false,
+            mode: Mode::WithAgents,
+            random: None,
+            random_opts: Default::default(),
+            step_ms: None,
+            noise_pairs: DEFAULT_NOISE_PAIRS,
+            counterfactual_mode: Mode::WithAgents,
+        }
+    }
+}
+
+/// Pairs of identical healthy runs measured by default: issue 20 asks for
+/// at least 10 behind the noise floor.
+pub const DEFAULT_NOISE_PAIRS: u64 = 10;
 
 /// The whole evaluation, as written to `DIR/eval.json`.
 #[derive(Debug, Clone, Serialize)]
@@ -480,6 +751,12 @@ pub struct EvalResult {
     pub command: String,
     pub seeds: u64,
     pub quick: bool,
+    /// The harness's noise floor over this evaluation's healthy pairs.
+    pub noise: NoiseFloor,
+    /// Runs whose report's step time is within [`STEP_TOLERANCE`] of the
+    /// job's, of those with a step time; and the ratios' quantiles.
+    pub step_time_within: (u64, u64),
+    pub step_time_ratio: Quantiles,
     pub runs: Vec<RunResult>,
     /// Method → metrics over all runs.
     pub methods: BTreeMap<String, Metrics>,
@@ -509,6 +786,12 @@ pub fn collect_specs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>, EvalError> {
     Ok(out)
 }
 
+/// `s` with its kernels stretched so one step's GPU work takes about `ms`.
+pub fn stretch(s: &mut Spec, ms: f64) {
+    let kernels = (s.step.forward_kernels + s.step.backward_kernels).max(1);
+    s.step.kernel_us = ms * 1e3 / f64::from(kernels);
+}
+
 /// Specs of a latency sweep: `base` with its first fault's factor replaced,
 /// and with `step_ms` its kernels stretched so that one step's GPU work
 /// takes about that long. The detection costs that are fixed in seconds (a
@@ -521,8 +804,7 @@ pub fn sweep_specs(base: &Spec, factors: &[f64], step_ms: Option<f64>) -> Vec<Sp
             let mut s = base.clone();
             s.name = format!("{}-x{f}", base.name);
             if let Some(ms) = step_ms {
-                let kernels = (s.step.forward_kernels + s.step.backward_kernels).max(1);
-                s.step.kernel_us = ms * 1e3 / f64::from(kernels);
+                stretch(&mut s, ms);
                 s.name = format!("{}-step{ms}ms", s.name);
             }
             if let Some(fault) = s.faults.first_mut() {
@@ -548,11 +830,15 @@ fn trim_run_dir(dir: &Path) {
     }
 }
 
-/// Runs the evaluation and writes `DIR/eval.json`.
-pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalError> {
+/// The specs to run, each with its run directory.
+fn eval_plan(opts: &EvalOptions) -> Result<Vec<(PathBuf, Spec)>, EvalError> {
     let mut specs: Vec<Spec> = Vec::new();
-    for p in collect_specs(&opts.specs)? {
-        specs.push(Spec::load(&p)?);
+    if let Some((n, seed)) = opts.random {
+        specs = crate::random::specs(seed, n, &opts.random_opts);
+    } else {
+        for p in collect_specs(&opts.specs)? {
+            specs.push(Spec::load(&p)?);
+        }
     }
     if opts.quick {
         specs.retain(|s| QUICK_SPECS.contains(&s.name.as_str()));
@@ -565,65 +851,232 @@ pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalE
             .ok_or_else(|| EvalError::NoSweepBase("dp8-compute-slow".into()))?;
         specs = sweep_specs(&base, &opts.sweep_factors, opts.sweep_step_ms);
     }
+    let mut out = Vec::new();
+    for (n, spec) in specs.iter().enumerate() {
+        let seeds = if opts.random.is_some() {
+            1
+        } else {
+            opts.seeds.max(1)
+        };
+        for k in 0..seeds {
+            let mut s = spec.clone();
+            s.seed = spec.seed.wrapping_add(k * 1000);
+            if let Some(iters) = opts.iterations {
+                s.iterations = iters;
+                s.faults.retain(|f| f.start_iteration < iters);
+            }
+            if let Some(ms) = opts.step_ms {
+                stretch(&mut s, ms);
+            }
+            let dir = if opts.random.is_some() {
+                opts.out.join(n.to_string())
+            } else {
+                opts.out.join(format!("{}-seed{}", s.name, s.seed))
+            };
+            out.push((dir, s));
+        }
+    }
+    Ok(out)
+}
+
+fn run_options(dir: &Path, mode: Mode) -> RunOptions {
+    RunOptions {
+        out: dir.to_owned(),
+        mode,
+        trainer: None,
+        timeout: None,
+        progress: false,
+        trace: false,
+        netns: true,
+    }
+}
+
+/// Writes `dir/spec.toml` (so a failing run reruns alone) and runs it.
+fn run_spec(
+    s: &Spec,
+    dir: &Path,
+    mode: Mode,
+    keep: bool,
+) -> Result<crate::run::RunSummary, String> {
+    s.validate().map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let text = toml::to_string(s).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("spec.toml"), text).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let r = run(s, &run_options(dir, mode)).map_err(|e| format!("{e}"));
+    if !keep {
+        trim_run_dir(dir);
+    }
+    r
+}
+
+/// Counterfactual runs of `s` (faulted run `main`) under `dir/counterfactual/`:
+/// writes every fault's cost into `dir/truth.json`. With `pairs` > 0, also
+/// runs the fault-free spec `pairs` more times and returns that many noise
+/// pairs, each against the same reference: the `without-all` run, or for a
+/// healthy spec its own run (another, `healthy-0`, when the counterfactual
+/// mode differs from the evaluated run's).
+fn counterfactual(
+    s: &Spec,
+    dir: &Path,
+    main: &crate::run::RunSummary,
+    opts: &EvalOptions,
+    pairs: u64,
+) -> Result<(Vec<String>, Vec<NoisePair>), String> {
+    use crate::counterfactual as cf;
+    let cdir = dir.join("counterfactual");
+    let mut made = Vec::new();
+    let mut logs: BTreeMap<String, (StepLog, u64)> = BTreeMap::new();
+    let mut variants = cf::plan(s);
+    let twin = |j: u64| format!("healthy-{j}");
+    // A pair is two runs in the same mode: a healthy spec's own run is the
+    // reference only when the noise runs are made the same way.
+    let own_reference = variants.is_empty() && opts.counterfactual_mode == opts.mode;
+    let first = if pairs > 0 && variants.is_empty() && !own_reference {
+        0
+    } else {
+        1
+    };
+    for j in first..=pairs {
+        variants.push(cf::Variant {
+            name: twin(j),
+            removed: (0..s.faults.len()).collect(),
+        });
+    }
+    for v in &variants {
+        let spec = cf::without(s, &v.removed);
+        tracing::info!(spec = %s.name, variant = %v.name, "counterfactual run");
+        let r = run_spec(
+            &spec,
+            &cdir.join(&v.name),
+            opts.counterfactual_mode,
+            opts.keep_runs,
+        )
+        .map_err(|e| format!("counterfactual {}: {e}", v.name))?;
+        logs.insert(v.name.clone(), (r.steps, r.truth.iterations_completed));
+        made.push(v.name.clone());
+    }
+    let completed = main.truth.iterations_completed;
+    let mut truth = main.truth.clone();
+    for ft in &mut truth.faults {
+        let alone = logs.get(&format!("without-{}", ft.index));
+        let all = logs.get("without-all");
+        let Some((without_it, _)) = alone.or(all) else {
+            continue;
+        };
+        let all_removed = alone.and(all).map(|(l, _)| l);
+        ft.cost = cf::cost(ft, completed, &main.steps, without_it, all_removed);
+    }
+    let path = dir.join("truth.json");
+    let text = serde_json::to_string_pretty(&truth).expect("truth serialises");
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (a, na) = match logs.get("without-all").or(logs.get(&twin(0))) {
+        Some((l, n)) => (l, *n),
+        None => (&main.steps, completed),
+    };
+    let noise = (1..=pairs)
+        .filter_map(|j| {
+            let (b, nb) = &logs[&twin(j)];
+            let its = cf::healthy_iterations(s, na.min(*nb));
+            cf::median_step_ms(a, &its)
+                .zip(cf::median_step_ms(b, &its))
+                .map(|(x, y)| NoisePair::new(&s.name, s.seed, x, y))
+        })
+        .collect();
+    Ok((made, noise))
+}
+
+/// Writes the noise floor's resolution into every fault cost of a run's truth.
+fn set_resolution(dir: &Path, resolution: Option<f64>) -> Result<(), String> {
+    let path = dir.join("truth.json");
+    let mut truth: Truth = read_json(&path)?;
+    for c in truth.faults.iter_mut().filter_map(|f| f.cost.as_mut()) {
+        c.resolution = resolution;
+    }
+    let text = serde_json::to_string_pretty(&truth).expect("truth serialises");
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs the evaluation and writes `DIR/eval.json`.
+pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalError> {
+    let plan = eval_plan(opts)?;
     std::fs::create_dir_all(&opts.out).map_err(|source| EvalError::Write {
         path: opts.out.clone(),
         source,
     })?;
+    // Spread the noise pairs over the first runs, as few per run as will do.
+    let per_run = opts.noise_pairs.div_ceil(plan.len().max(1) as u64);
     let mut runs = Vec::new();
-    for spec in &specs {
-        for k in 0..opts.seeds.max(1) {
-            let mut s = spec.clone();
-            s.seed = spec.seed.wrapping_add(k * 1000);
-            if let Some(n) = opts.iterations {
-                s.iterations = n;
-                s.faults.retain(|f| f.start_iteration < n);
-            }
-            let dir = opts.out.join(format!("{}-seed{}", s.name, s.seed));
-            let healthy = s.faults.is_empty();
-            let mut rr = RunResult {
-                spec: s.name.clone(),
-                seed: s.seed,
-                dir: dir.clone(),
-                healthy,
-                hours: 0.0,
-                error: None,
-                methods: BTreeMap::new(),
-            };
-            tracing::info!(spec = %s.name, seed = s.seed, "eval run");
-            let ro = RunOptions {
-                out: dir.clone(),
-                mode: opts.mode,
-                trainer: None,
-                timeout: None,
-                progress: false,
-                trace: false,
-                netns: true,
-            };
-            match s
-                .validate()
-                .map_err(|e| e.to_string())
-                .and_then(|()| run(&s, &ro).map_err(|e| format!("{e}")))
-            {
-                Ok(summary) => {
-                    let t = &summary.truth;
-                    rr.hours = t.ended_wall_ns.saturating_sub(t.started_wall_ns) as f64 / 3.6e12;
-                    match score_run_dir(&dir) {
-                        Ok(m) => rr.methods = m,
-                        Err(e) => rr.error = Some(e),
-                    }
+    let mut pairs = Vec::new();
+    for (dir, s) in &plan {
+        let healthy = s.faults.is_empty();
+        let mut rr = RunResult {
+            spec: s.name.clone(),
+            seed: s.seed,
+            dir: dir.clone(),
+            healthy,
+            hours: 0.0,
+            error: None,
+            methods: BTreeMap::new(),
+            counterfactual: Vec::new(),
+            counterfactual_error: None,
+            step_time: None,
+            baselines: Vec::new(),
+        };
+        tracing::info!(spec = %s.name, seed = s.seed, "eval run");
+        // Baselines read the agents' records, which trimming removes.
+        let main = run_spec(s, dir, opts.mode, true);
+        match main {
+            Ok(summary) => {
+                let t = &summary.truth;
+                rr.hours = t.ended_wall_ns.saturating_sub(t.started_wall_ns) as f64 / 3.6e12;
+                match baseline_reports(dir, &summary.steps, t.iterations_completed) {
+                    Ok(b) => rr.baselines = b,
+                    Err(e) => rr.error = Some(e),
                 }
-                Err(e) => rr.error = Some(e),
+                if !opts.keep_runs {
+                    trim_run_dir(dir);
+                }
+                let n = per_run.min(opts.noise_pairs.saturating_sub(pairs.len() as u64));
+                match counterfactual(s, dir, &summary, opts, n) {
+                    Ok((made, noise)) => {
+                        rr.counterfactual = made;
+                        pairs.extend(noise);
+                    }
+                    Err(e) => rr.counterfactual_error = Some(e),
+                }
             }
-            if let Some(e) = &rr.error {
-                tracing::warn!(spec = %s.name, seed = s.seed, "run not scored: {e}");
+            Err(e) => {
+                rr.error = Some(e);
+                if !opts.keep_runs {
+                    trim_run_dir(dir);
+                }
             }
-            if !opts.keep_runs {
-                trim_run_dir(&dir);
-            }
-            runs.push(rr);
+        }
+        if let Some(e) = &rr.error {
+            tracing::warn!(spec = %s.name, seed = s.seed, "run not scored: {e}");
+        }
+        if let Some(e) = &rr.counterfactual_error {
+            tracing::warn!(spec = %s.name, seed = s.seed, "no measured cost: {e}");
+        }
+        runs.push(rr);
+    }
+    let noise = crate::counterfactual::noise_floor(pairs);
+    for rr in runs.iter_mut().filter(|r| r.error.is_none()) {
+        let scored = set_resolution(&rr.dir, noise.resolution)
+            .and_then(|()| score_run_dir(&rr.dir, &rr.baselines));
+        match scored {
+            Ok(m) => rr.methods = m,
+            Err(e) => rr.error = Some(e),
+        }
+        if let (Ok(report), Ok(steps), Ok(truth)) = (
+            read_json::<ReportView>(&rr.dir.join("report.json")),
+            StepLog::read_csv(&rr.dir.join("steps.csv")),
+            read_json::<Truth>(&rr.dir.join("truth.json")),
+        ) {
+            rr.step_time = step_check(&report, &steps, truth.iterations_completed);
         }
     }
-    let result = summarize(runs, opts, command);
+    let result = summarize(runs, opts, command, noise);
     let path = opts.out.join("eval.json");
     let text = serde_json::to_string_pretty(&result).expect("serializable");
     std::fs::write(&path, text).map_err(|source| EvalError::Write { path, source })?;
@@ -652,8 +1105,15 @@ fn metrics_of<'a>(runs: impl Iterator<Item = &'a RunResult>) -> BTreeMap<String,
         .collect()
 }
 
-pub fn summarize(runs: Vec<RunResult>, opts: &EvalOptions, command: String) -> EvalResult {
+pub fn summarize(
+    runs: Vec<RunResult>,
+    opts: &EvalOptions,
+    command: String,
+    noise: NoiseFloor,
+) -> EvalResult {
     let methods = metrics_of(runs.iter());
+    let checks: Vec<&StepCheck> = runs.iter().filter_map(|r| r.step_time.as_ref()).collect();
+    let ratios: Vec<f64> = checks.iter().map(|c| c.ratio).collect();
     let mut per_spec = BTreeMap::new();
     let names: std::collections::BTreeSet<String> = runs.iter().map(|r| r.spec.clone()).collect();
     for n in names {
@@ -664,6 +1124,12 @@ pub fn summarize(runs: Vec<RunResult>, opts: &EvalOptions, command: String) -> E
         command,
         seeds: opts.seeds,
         quick: opts.quick,
+        noise,
+        step_time_within: (
+            checks.iter().filter(|c| c.within).count() as u64,
+            checks.len() as u64,
+        ),
+        step_time_ratio: quantiles(&ratios),
         runs,
         methods,
         per_spec,
@@ -672,6 +1138,10 @@ pub fn summarize(runs: Vec<RunResult>, opts: &EvalOptions, command: String) -> E
 
 fn pct(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{:.0}%", v * 100.0))
+}
+
+fn pct1(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.1}%", v * 100.0))
 }
 
 fn num(x: Option<f64>) -> String {
@@ -683,7 +1153,35 @@ pub fn render(r: &EvalResult) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let ok = r.runs.iter().filter(|x| x.error.is_none()).count();
+    let _ = writeln!(o, "{}", r.command);
     let _ = writeln!(o, "{} run(s), {} scored", r.runs.len(), ok);
+    let n = &r.noise;
+    let _ = writeln!(
+        o,
+        "harness noise floor: {} of the step (p90 over {} pair(s) of identical healthy runs; median {}); costs below {} are below the harness's resolution",
+        pct1(n.floor),
+        n.pairs.len(),
+        pct1(n.median),
+        pct1(n.resolution),
+    );
+    let _ = writeln!(
+        o,
+        "report step time within {:.0}% of the job's: {}/{} run(s); reported/measured median {} p90 {}",
+        STEP_TOLERANCE * 100.0,
+        r.step_time_within.0,
+        r.step_time_within.1,
+        r.step_time_ratio.median.map_or("-".into(), |v| format!("{v:.2}")),
+        r.step_time_ratio.p90.map_or("-".into(), |v| format!("{v:.2}")),
+    );
+    for x in r.runs.iter().filter(|x| x.counterfactual_error.is_some()) {
+        let _ = writeln!(
+            o,
+            "  no measured cost: {} seed {}: {}",
+            x.spec,
+            x.seed,
+            x.counterfactual_error.as_deref().unwrap_or("")
+        );
+    }
     for x in r.runs.iter().filter(|x| x.error.is_some()) {
         let _ = writeln!(
             o,
@@ -734,6 +1232,45 @@ pub fn render(r: &EvalResult) -> String {
             m.latency_seconds
                 .p90
                 .map_or("-".into(), |v| format!("{v:.2}")),
+        );
+        let _ = writeln!(
+            o,
+            "faults below the harness's resolution (not scored): {}; matching verdicts closed while their fault was active: {}",
+            m.below_resolution, m.cleared_while_active
+        );
+        if !m.cost_error.is_empty() {
+            let _ = writeln!(
+                o,
+                "cost error (share of step) {:<14} {:>4} {:>10} {:>10} {:>12} {:>12}",
+                "class", "n", "|err| med", "|err| p90", "ratio med", "ratio p90"
+            );
+            for (c, e) in &m.cost_error {
+                let _ = writeln!(
+                    o,
+                    "                           {:<14} {:>4} {:>10} {:>10} {:>12} {:>12}",
+                    c,
+                    e.abs.n,
+                    pct1(e.abs.median),
+                    pct1(e.abs.p90),
+                    e.ratio.median.map_or("-".into(), |v| format!("{v:.2}")),
+                    e.ratio.p90.map_or("-".into(), |v| format!("{v:.2}")),
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "time to name by measured cost: {}",
+            m.time_to_name
+                .iter()
+                .map(|(b, t)| format!(
+                    "{b}: {}/{} named, median {} p90 {} it",
+                    t.named,
+                    t.faults,
+                    num(t.iterations.median),
+                    num(t.iterations.p90)
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
         );
         let mut cols: Vec<String> = CLASSES.iter().map(|c| c.to_string()).collect();
         cols.push(NONE.into());
@@ -941,6 +1478,18 @@ mod tests {
             confusion: vec![("compute".into(), "compute".into())],
             latency_iterations: vec![4.0],
             latency_seconds: vec![0.5],
+            named: vec![NamedFault {
+                class: "compute".into(),
+                measured: Some(0.2),
+                matched: true,
+                latency_iterations: Some(4.0),
+            }],
+            costs: vec![CostPoint {
+                class: "compute".into(),
+                reported: 0.3,
+                measured: 0.2,
+            }],
+            ..Default::default()
         };
         let miss = MethodRun {
             faults: vec![("compute".into(), false)],
@@ -989,6 +1538,123 @@ mod tests {
         assert_eq!(m.latency_seconds.n, 1);
     }
 
+    fn with_cost(mut f: serde_json::Value, fraction: f64) -> serde_json::Value {
+        f["cost"] = json!({"iterations": 30, "step_with_ms": 100.0,
+            "step_without_ms": 100.0 * (1.0 - fraction), "difference_ms": 100.0 * fraction,
+            "fraction": fraction, "resolution": 0.02});
+        f
+    }
+
+    #[test]
+    fn costs_time_to_name_resolution_and_clearing() {
+        let t = truth(json!([
+            with_cost(fault(0, "compute", &[5], 10), 0.2),
+            with_cost(fault(1, "host", &[2], 10), 0.01),
+            with_cost(fault(2, "compute", &[1], 10), 0.05)
+        ]));
+        let mut v0 = verdict(5, "compute", 14, None);
+        v0["cost_fraction"] = json!(0.3);
+        v0["active"] = json!(false);
+        v0["closed_iteration"] = json!(30);
+        let mut v1 = verdict(2, "host", 12, None);
+        v1["cost_fraction"] = json!(0.5);
+        let mut v3 = verdict(6, "compute", 12, None);
+        v3["cost_fraction"] = json!(0.1);
+        let r = report(vec![v0, v1, v3], json!([]));
+        let tl = Timeline {
+            offset: 0,
+            scale: 1.0,
+            steps: None,
+        };
+        let m = method_run(&t, &r, &tl);
+        // The 1 % host fault is below the 2 % resolution: not scored, and
+        // its verdict is neither true nor false.
+        assert_eq!(m.below_resolution, 1);
+        assert_eq!(
+            m.faults,
+            vec![("compute".into(), true), ("compute".into(), false)]
+        );
+        assert_eq!(
+            m.findings,
+            vec![("compute".into(), true), ("compute".into(), false)]
+        );
+        assert_eq!(
+            m.costs,
+            vec![CostPoint {
+                class: "compute".into(),
+                reported: 0.3,
+                measured: 0.2
+            }]
+        );
+        assert_eq!(m.named.len(), 2);
+        assert_eq!(m.named[0].latency_iterations, Some(4.0));
+        assert_eq!(
+            (m.named[1].matched, m.named[1].measured),
+            (false, Some(0.05))
+        );
+        // Closed at 30 while the fault (open window from 10) was on.
+        assert_eq!(m.cleared_while_active, 1);
+        let agg = aggregate(&[RunInput {
+            m: &m,
+            healthy: false,
+            hours: 0.1,
+        }]);
+        let e = &agg.cost_error["compute"];
+        assert!((e.abs.median.unwrap() - 0.1).abs() < 1e-9);
+        assert!((e.ratio.median.unwrap() - 1.5).abs() < 1e-9);
+        assert_eq!(agg.time_to_name[">10%"].named, 1);
+        assert_eq!(agg.time_to_name["3-10%"].faults, 1);
+        assert_eq!(agg.time_to_name["3-10%"].named, 0);
+        assert_eq!(agg.below_resolution, 1);
+        assert_eq!(cost_bin(Some(0.029)), "<3%");
+        assert_eq!(cost_bin(Some(0.1)), ">10%");
+        assert_eq!(cost_bin(None), "unmeasured");
+    }
+
+    #[test]
+    fn structural_verdicts_score_as_their_own_class() {
+        let mut f = fault(0, "stage_imbalance", &[6, 7], 10);
+        f["spec"] = json!({"kind": "stage_imbalance", "stage": 1, "start_iteration": 10});
+        let t = truth(json!([
+            f,
+            fault(1, "work_imbalance", &[0, 1, 2, 3, 4, 5, 6, 7], 5)
+        ]));
+        let mut wrong_stage = verdict(0, "structural", 12, None);
+        wrong_stage["structural"] = json!({"cause": "stage_imbalance", "stage": 0});
+        let mut right = verdict(0, "structural", 14, None);
+        right["structural"] = json!({"cause": "stage_imbalance", "stage": 1});
+        let r = report(vec![wrong_stage, right], json!([]));
+        let tl = Timeline {
+            offset: 0,
+            scale: 1.0,
+            steps: None,
+        };
+        let m = method_run(&t, &r, &tl);
+        assert_eq!(
+            m.faults,
+            vec![("structural".into(), true), ("structural".into(), false)]
+        );
+        assert_eq!(
+            m.findings,
+            vec![("structural".into(), false), ("structural".into(), true)]
+        );
+    }
+
+    #[test]
+    fn step_check_compares_the_last_steps() {
+        let st = steps(); // 1 s steps
+        let mut r = report(vec![], json!([]));
+        r.job = Some(score::JobView {
+            step_time_ms: Some(1030.0),
+            ..Default::default()
+        });
+        let c = step_check(&r, &st, 50).expect("check");
+        assert!((c.measured_ms - 1000.0).abs() < 1e-9);
+        assert!(c.within);
+        r.job.as_mut().unwrap().step_time_ms = Some(250.0);
+        assert!(!step_check(&r, &st, 50).unwrap().within);
+    }
+
     #[test]
     fn rfc3339_and_report_offset() {
         assert_eq!(
@@ -1010,6 +1676,7 @@ mod tests {
         r.job = Some(score::JobView {
             started: Some("1970-01-01T00:00:03.5Z".into()),
             iterations_observed: None,
+            step_time_ms: None,
         });
         // Iteration 3 ends at 4 s, the first end after 3.5 s.
         assert_eq!(report_offset(&r, &st), 3);

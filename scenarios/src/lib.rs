@@ -11,17 +11,21 @@
 //! - [`score`]: a run's report against its truth.
 //! - [`scratch`]: test output directories that clean up after a pass.
 //! - [`flood`]: synthetic many-agent load into one coordinator.
+//! - [`counterfactual`]: what a fault cost the job, against runs without it.
+//! - [`random`]: random specs for `eval --random`.
 //! - [`eval`]: many runs scored into accuracy/latency tables, with [`baseline`]s.
 
 pub mod baseline;
 pub mod children;
 pub mod command;
+pub mod counterfactual;
 pub mod eval;
 pub mod flood;
 pub mod layout;
 pub mod libs;
 pub mod netns;
 pub mod orchestrate;
+pub mod random;
 pub mod run;
 pub mod score;
 pub mod scratch;

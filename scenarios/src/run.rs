@@ -454,9 +454,10 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             .map(|(i, f)| FaultTruth {
                 index: i,
                 kind: f.kind,
-                ranks: f.targets(),
+                ranks: spec.fault_ranks(f),
                 spec: f.clone(),
                 windows: windows.windows_of(i),
+                cost: None,
             })
             .collect(),
         blocked,

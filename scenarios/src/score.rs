@@ -55,6 +55,9 @@ pub struct ReportView {
 /// The report's `job` section, as far as evaluation needs it.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct JobView {
+    /// The report's step time (median of the last few steps).
+    #[serde(default)]
+    pub step_time_ms: Option<f64>,
     /// Wall time (RFC 3339) of the first instance the coordinator saw: its iteration 0.
     #[serde(default)]
     pub started: Option<String>,
@@ -67,6 +70,8 @@ pub struct JobView {
 pub struct VerdictView {
     #[serde(default)]
     pub id: Option<u64>,
+    /// Absent (0) in a structural verdict, which names no rank.
+    #[serde(default)]
     pub rank: u32,
     #[serde(default)]
     pub host: String,
@@ -86,6 +91,23 @@ pub struct VerdictView {
     /// First raising of a verdict that was closed and reopened since.
     #[serde(default)]
     pub first_opened_iteration: Option<u64>,
+    /// Share of the job's step the verdict says its subject costs.
+    #[serde(default)]
+    pub cost_fraction: Option<f64>,
+    /// When an inactive verdict was closed.
+    #[serde(default)]
+    pub closed_iteration: Option<u64>,
+    /// Structural verdicts (`kind: "structural"`): their cause.
+    #[serde(default)]
+    pub structural: Option<StructuralView>,
+}
+
+/// `{"cause": "stage_imbalance", "stage": 3}` / `{"cause": "work_imbalance"}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StructuralView {
+    pub cause: String,
+    #[serde(default)]
+    pub stage: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -137,6 +159,65 @@ pub struct Score {
     pub faults: Vec<FaultScore>,
     pub false_findings: Vec<Finding>,
     pub passed: bool,
+    /// Per verdict: its reported cost against the measured one.
+    pub costs: Vec<VerdictCost>,
+}
+
+/// A verdict's `cost_fraction` against what its fault really cost the job
+/// (`truth.json`'s counterfactual cost, written by `eval`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerdictCost {
+    /// Index in the report's `verdicts`.
+    pub verdict: usize,
+    /// The fault it matched (spec index), if any.
+    pub fault: Option<usize>,
+    pub reported: Option<f64>,
+    /// The fault's measured cost fraction; 0 for a verdict matching no fault.
+    pub measured: Option<f64>,
+    /// `|reported − measured|`.
+    pub abs_error: Option<f64>,
+    /// `reported / measured` (when measured > 0).
+    pub ratio: Option<f64>,
+    /// The measured cost is below the harness's resolution (twice its
+    /// noise floor): neither right nor wrong.
+    pub below_resolution: bool,
+}
+
+/// Reported against measured cost of every verdict.
+fn verdict_costs(truth: &Truth, report: &ReportView, faults: &[FaultScore]) -> Vec<VerdictCost> {
+    (0..report.verdicts.len())
+        .map(|i| {
+            let fault = faults.iter().find(|f| {
+                f.matched_by
+                    .iter()
+                    .any(|b| b.what == "verdict" && b.index == i)
+            });
+            let cost = fault.and_then(|f| {
+                truth
+                    .faults
+                    .iter()
+                    .find(|t| t.index == f.index)
+                    .and_then(|t| t.cost.as_ref())
+            });
+            // A verdict naming nothing real: the job lost nothing to it.
+            let measured = match fault {
+                Some(_) => cost.map(|c| c.fraction),
+                None => Some(0.0),
+            };
+            let reported = report.verdicts[i].cost_fraction;
+            VerdictCost {
+                verdict: i,
+                fault: fault.map(|f| f.index),
+                reported,
+                measured,
+                abs_error: reported.zip(measured).map(|(r, m)| (r - m).abs()),
+                ratio: reported
+                    .zip(measured)
+                    .and_then(|(r, m)| (m > 0.0).then(|| r / m)),
+                below_resolution: cost.is_some_and(|c| c.below_resolution()),
+            }
+        })
+        .collect()
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ScoreError> {
@@ -241,6 +322,23 @@ fn verdict_covers(f: &FaultTruth, v: &VerdictView) -> Vec<u32> {
             _ => Vec::new(),
         },
         FaultKind::Hang => Vec::new(),
+        FaultKind::StageImbalance | FaultKind::WorkImbalance => {
+            let want = if f.kind == FaultKind::StageImbalance {
+                "stage_imbalance"
+            } else {
+                "work_imbalance"
+            };
+            match &v.structural {
+                Some(st)
+                    if kind == "structural"
+                        && st.cause == want
+                        && (f.kind == FaultKind::WorkImbalance || st.stage == f.spec.stage) =>
+                {
+                    f.ranks.clone()
+                }
+                _ => Vec::new(),
+            }
+        }
     }
 }
 
@@ -319,6 +417,7 @@ pub fn score(truth: &Truth, report: &ReportView) -> Score {
     Score {
         scenario: truth.scenario.clone(),
         outcome: truth.outcome,
+        costs: verdict_costs(truth, report, &faults),
         faults,
         false_findings,
         passed,
@@ -371,6 +470,30 @@ pub fn render(s: &Score) -> String {
                 ranks,
                 f.onset_iteration.map_or("-".into(), |i| i.to_string()),
                 if f.matched { "matched" } else { "MISSED" },
+            );
+        }
+    }
+    if !s.costs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<8} {:<6} {:>9} {:>9} {:>8}  (cost: share of the job's step)",
+            "verdict", "fault", "reported", "measured", "ratio"
+        );
+        let p = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}%", v * 100.0));
+        for c in &s.costs {
+            let _ = writeln!(
+                out,
+                "{:<8} {:<6} {:>9} {:>9} {:>8}{}",
+                c.verdict,
+                c.fault.map_or("-".into(), |f| f.to_string()),
+                p(c.reported),
+                p(c.measured),
+                c.ratio.map_or("-".into(), |r| format!("{r:.2}")),
+                if c.below_resolution {
+                    "  below the harness's resolution"
+                } else {
+                    ""
+                }
             );
         }
     }

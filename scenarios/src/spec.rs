@@ -111,6 +111,22 @@ pub enum FaultKind {
     Communication,
     Link,
     Hang,
+    /// Structural: one pipeline stage has more work on every replica
+    /// (partition imbalance; `stage`, `factor`): every rank of that stage
+    /// runs its kernels `factor` times longer.
+    StageImbalance,
+    /// Structural: per-iteration work that moves between ranks (sequence
+    /// lengths): each targeted rank's kernels take `1 + (factor − 1)·u²`
+    /// times longer in each iteration, `u` uniform in [0, 1) drawn per
+    /// (seed, rank, iteration) — most batches short, a few long.
+    WorkImbalance,
+}
+
+impl FaultKind {
+    /// Structural causes: no single rank is at fault.
+    pub fn is_structural(self) -> bool {
+        matches!(self, FaultKind::StageImbalance | FaultKind::WorkImbalance)
+    }
 }
 
 /// How a host fault slows the rank's CPU side.
@@ -151,6 +167,9 @@ pub struct Fault {
     pub mode: Option<HostMode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// stage_imbalance: the slower pipeline stage (0-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<u32>,
     pub start_iteration: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_iteration: Option<u64>,
@@ -267,6 +286,24 @@ impl Spec {
             SpecError::Parse(m) => SpecError::Parse(format!("{}: {m}", path.display())),
             other => other,
         })
+    }
+
+    /// The ranks fault `f` acts on: its `rank`/`ranks`; for a
+    /// `stage_imbalance` every rank of its stage; for a `work_imbalance`
+    /// without ranks, every rank.
+    pub fn fault_ranks(&self, f: &Fault) -> Vec<u32> {
+        match (f.kind, f.stage) {
+            (FaultKind::StageImbalance, Some(stage)) => {
+                let l = self.layout();
+                (0..self.world_size())
+                    .filter(|r| l.coords(*r).pp == stage)
+                    .collect()
+            }
+            (FaultKind::WorkImbalance, _) if f.targets().is_empty() => {
+                (0..self.world_size()).collect()
+            }
+            _ => f.targets(),
+        }
     }
 
     pub fn world_size(&self) -> u32 {
@@ -395,7 +432,24 @@ impl Spec {
 
     fn validate_fault(&self, f: &Fault) -> Result<(), String> {
         let world = self.world_size();
-        let targets = f.targets();
+        match (f.kind, f.stage) {
+            (FaultKind::StageImbalance, None) => {
+                return Err("a stage_imbalance fault needs `stage`".into())
+            }
+            (FaultKind::StageImbalance, Some(s)) if self.parallel.pp < 2 || s >= self.parallel.pp => {
+                return Err(format!(
+                    "stage = {s} is not a pipeline stage (pp = {}; a stage imbalance needs pp >= 2)",
+                    self.parallel.pp
+                ))
+            }
+            (FaultKind::StageImbalance, _) if f.rank.is_some() || f.ranks.is_some() => {
+                return Err("a stage_imbalance fault names its `stage`, not ranks".into())
+            }
+            (FaultKind::StageImbalance, _) => {}
+            (_, Some(_)) => return Err("`stage` applies only to a stage_imbalance fault".into()),
+            _ => {}
+        }
+        let targets = self.fault_ranks(f);
         if targets.is_empty() {
             return Err("needs `rank` (or `ranks`)".into());
         }
@@ -461,7 +515,14 @@ impl Spec {
         only_for(
             "factor",
             f.factor.is_some(),
-            &[Compute, Host, Communication, Link],
+            &[
+                Compute,
+                Host,
+                Communication,
+                Link,
+                StageImbalance,
+                WorkImbalance,
+            ],
         )?;
         if let Some(func) = &f.function {
             if !HOST_FUNCTIONS.contains(&func.as_str()) {
@@ -619,6 +680,45 @@ drift_ppm = [0, 30]
         .unwrap();
         let on: Vec<u64> = (0..40).filter(|i| s.faults[0].active_at(*i)).collect();
         assert_eq!(on, vec![10, 11, 12, 20, 21, 22, 30, 31, 32]);
+    }
+
+    #[test]
+    fn structural_faults_name_a_stage_or_every_rank() {
+        let pp = BASE.replace("pp = 1", "pp = 2").replace("dp = 8", "dp = 4");
+        let s = Spec::parse(&format!(
+            "{pp}[[fault]]\nkind = \"stage_imbalance\"\nstage = 1\nfactor = 1.2\nstart_iteration = 3\n[[fault]]\nkind = \"work_imbalance\"\nfactor = 2\nstart_iteration = 0\n"
+        ))
+        .unwrap();
+        // Megatron order: rank = pp*(dp*tp) + dp*tp + tp → stage 1 is 4..8.
+        assert_eq!(s.fault_ranks(&s.faults[0]), vec![4, 5, 6, 7]);
+        assert_eq!(s.fault_ranks(&s.faults[1]), (0..8).collect::<Vec<_>>());
+        for (extra, want) in [
+            (
+                "kind = \"stage_imbalance\"\nstart_iteration = 1\n",
+                "needs `stage`",
+            ),
+            (
+                "kind = \"stage_imbalance\"\nstage = 2\nstart_iteration = 1\n",
+                "not a pipeline stage",
+            ),
+            (
+                "kind = \"stage_imbalance\"\nstage = 0\nrank = 1\nstart_iteration = 1\n",
+                "not ranks",
+            ),
+            (
+                "kind = \"compute\"\nstage = 0\nrank = 1\nstart_iteration = 1\n",
+                "only to a stage_imbalance",
+            ),
+        ] {
+            let err = Spec::parse(&format!("{pp}[[fault]]\n{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{extra:?}: {err}");
+        }
+        let err = with("[[fault]]\nkind = \"stage_imbalance\"\nstage = 0\nstart_iteration = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs pp >= 2"), "{err}");
     }
 
     #[test]

@@ -88,6 +88,11 @@ pub struct FaultTruth {
     /// When the fault was actually on (one window, or several when
     /// intermittent), as observed by the injected ranks.
     pub windows: Vec<Window>,
+    /// What it cost the job, measured against a run without it
+    /// ([`crate::counterfactual`]); written by `eval`, absent after a plain
+    /// `run` and for a hang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::counterfactual::FaultCost>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -66,11 +66,14 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Evaluate: run every spec (default scenarios/specs/) --seeds times in
-    /// agent mode, score each against its truth, and print per-class
-    /// precision/recall, false verdicts per healthy hour, a confusion table
-    /// and detection latency, for slowrank and two naive baselines on the
-    /// same runs. Writes OUT/eval.json.
+    /// Evaluate: run every spec (default scenarios/specs/, or --random N
+    /// generated ones) --seeds times in agent mode, and again without its
+    /// faults (the counterfactual: what each fault really cost the job);
+    /// score each against its truth, and print the harness's noise floor,
+    /// per-class precision/recall, cost error, time to name by measured
+    /// cost, false verdicts per healthy hour, a confusion table and the
+    /// report's step time against the job's, for slowrank and two naive
+    /// baselines on the same runs. Writes OUT/eval.json.
     Eval {
         /// Spec files or directories of specs.
         specs: Vec<PathBuf>,
@@ -102,6 +105,33 @@ enum Cmd {
         /// Print eval.json instead of the tables.
         #[arg(long)]
         json: bool,
+        /// Instead of spec files: N specs drawn by the random generator
+        /// (layouts, step shapes, noise, clock skew, 0–2 faults of every
+        /// kind incl. structural, healthy runs), written to OUT/<n>/spec.toml
+        /// so any one reruns alone with `run OUT/<n>/spec.toml`.
+        #[arg(long, value_name = "N")]
+        random: Option<u64>,
+        /// Seed of --random (choose thresholds on one seed, report on another).
+        #[arg(long, default_value_t = 1, requires = "random")]
+        seed: u64,
+        /// With --random: most ranks per spec (8–64; 16 fits a 2-vCPU machine).
+        #[arg(long, default_value_t = slowrank_scenarios::random::DEFAULT_MAX_RANKS, requires = "random")]
+        max_ranks: u32,
+        /// Stretch every spec's kernels so one step's GPU work takes about MS:
+        /// the harness's own noise (2 cores shared by every rank's threads)
+        /// is then a smaller share of the step.
+        #[arg(long, value_name = "MS")]
+        step_ms: Option<f64>,
+        /// Pairs of identical healthy runs behind the printed noise floor
+        /// (each costs one extra run).
+        #[arg(long, default_value_t = slowrank_scenarios::eval::DEFAULT_NOISE_PAIRS)]
+        noise_pairs: u64,
+        /// Make the counterfactual runs (the same spec without its faults,
+        /// which measure what each fault cost) and the noise runs without
+        /// agents. Default: with agents, like the evaluated run, so the
+        /// probes' own cost is on both sides of the difference.
+        #[arg(long)]
+        counterfactual_job_only: bool,
     },
     /// Synthetic load: play N ranks (8 per simulated host, one QUIC
     /// connection per host) into a child `slowrank serve`, with a hidden slow
@@ -189,23 +219,35 @@ fn real_main() -> anyhow::Result<ExitCode> {
             sweep_step_ms,
             keep_runs,
             json,
+            random,
+            seed,
+            max_ranks,
+            step_ms,
+            noise_pairs,
+            counterfactual_job_only,
         } => {
             let specs = if specs.is_empty() {
                 vec![PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/specs"))]
             } else {
                 specs
             };
-            let opts = slowrank_scenarios::eval::EvalOptions {
-                specs,
-                seeds: if quick { 1 } else { seeds },
-                out,
-                quick,
-                iterations,
-                sweep_factors,
-                sweep_step_ms,
-                keep_runs,
-                mode: Mode::WithAgents,
-            };
+            let mut opts = slowrank_scenarios::eval::EvalOptions::new(specs, out);
+            opts.seeds = if quick { 1 } else { seeds };
+            opts.quick = quick;
+            opts.iterations = iterations;
+            opts.sweep_factors = sweep_factors;
+            opts.sweep_step_ms = sweep_step_ms;
+            opts.keep_runs = keep_runs;
+            opts.random = random.map(|n| (n, seed));
+            opts.random_opts.max_ranks = max_ranks;
+            if let Some(n) = iterations {
+                opts.random_opts.iterations = n;
+            }
+            opts.step_ms = step_ms;
+            opts.noise_pairs = noise_pairs;
+            if counterfactual_job_only {
+                opts.counterfactual_mode = Mode::JobOnly;
+            }
             let command = std::env::args().collect::<Vec<_>>().join(" ");
             let r = slowrank_scenarios::eval::run_eval(&opts, command)?;
             if json {

@@ -49,6 +49,8 @@ pub struct Injector {
     faults: Vec<(usize, Fault)>,
     active: Vec<bool>,
     ctl: &'static Control,
+    /// Seed of the per-iteration work draws of a `work_imbalance`.
+    seed: u64,
     /// Communication bandwidth is shaped by `tc`, not written here.
     wire: bool,
     hog: Option<Hog>,
@@ -81,7 +83,7 @@ impl Injector {
             .faults
             .iter()
             .enumerate()
-            .filter(|(_, f)| f.targets().contains(&rank))
+            .filter(|(_, f)| spec.fault_ranks(f).contains(&rank))
             .map(|(i, f)| (i, f.clone()))
             .collect();
         Self {
@@ -90,6 +92,7 @@ impl Injector {
             active: vec![false; faults.len()],
             faults,
             ctl: Control::current(),
+            seed: spec.seed,
             wire: std::env::var_os(env::WIRE).is_some(),
             hog: None,
         }
@@ -125,9 +128,15 @@ impl Injector {
                 })?;
             }
         }
+        // Work that moves between ranks is drawn anew every iteration.
+        let moving = self.active().any(|f| f.kind == FaultKind::WorkImbalance);
+        if moving && !changed {
+            self.apply_compute(iteration);
+        }
         if !changed {
             return Ok(());
         }
+        self.apply_compute(iteration);
         self.apply_gpu_and_network();
         self.apply_contention();
         if self.active().any(|f| f.kind == FaultKind::Hang) {
@@ -136,13 +145,23 @@ impl Injector {
         Ok(())
     }
 
-    fn apply_gpu_and_network(&self) {
+    /// GPU speed: compute faults, a slower pipeline stage and this
+    /// iteration's share of moving work, multiplied.
+    fn apply_compute(&self, iteration: u64) {
         let compute: f64 = self
             .active()
-            .filter(|f| f.kind == FaultKind::Compute)
-            .map(Fault::slowdown)
+            .map(|f| match f.kind {
+                FaultKind::Compute | FaultKind::StageImbalance => f.slowdown(),
+                FaultKind::WorkImbalance => {
+                    work_factor(f.slowdown(), self.seed, u64::from(self.rank), iteration)
+                }
+                _ => 1.0,
+            })
             .product();
         self.ctl.set_compute_factor(compute);
+    }
+
+    fn apply_gpu_and_network(&self) {
         let (mut lat, mut bw) = (0u64, 1f64);
         for f in self.active().filter(|f| f.kind == FaultKind::Communication) {
             let (l, b) = f.network();
@@ -273,10 +292,41 @@ impl Injector {
     }
 }
 
+/// A `work_imbalance` rank's work in one iteration: `1 + (max − 1)·u²`
+/// with `u` uniform in [0, 1) from (seed, rank, iteration), so the same
+/// spec and seed give the same work in every run (the counterfactual
+/// compares like with like) while the heaviest rank moves between
+/// iterations.
+pub fn work_factor(max: f64, seed: u64, rank: u64, iteration: u64) -> f64 {
+    // A constant word keeps these draws apart from the kernels' jitter.
+    let u = slowrank_sim::rng::unit(slowrank_sim::rng::hash(&[seed, rank, iteration, 0x5e9_1e7]));
+    1.0 + (max - 1.0) * u * u
+}
+
 /// A rank that stopped issuing collectives: stuck here for ever.
 #[inline(never)]
 pub fn hang_forever() -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::work_factor;
+
+    #[test]
+    fn moving_work_is_reproducible_bounded_and_moves() {
+        let w: Vec<f64> = (0..8).map(|r| work_factor(3.0, 7, r, 10)).collect();
+        assert!(w.iter().all(|x| (1.0..3.0).contains(x)), "{w:?}");
+        assert_eq!(work_factor(3.0, 7, 2, 10), w[2], "same seed, same work");
+        let heaviest = |it: u64| {
+            (0..8u64)
+                .max_by(|a, b| work_factor(3.0, 7, *a, it).total_cmp(&work_factor(3.0, 7, *b, it)))
+                .unwrap()
+        };
+        let ranks: std::collections::BTreeSet<u64> = (0..50).map(heaviest).collect();
+        assert!(ranks.len() >= 5, "the heaviest rank moves: {ranks:?}");
+        assert_eq!(work_factor(1.0, 7, 2, 10), 1.0);
     }
 }
