@@ -375,7 +375,7 @@ fn fmt_ranks(r: &[u32]) -> String {
 
 /// The function name without its module path and generic noise, so the
 /// table stays readable (the JSON keeps the full name).
-fn short_frame(frame: &str) -> &str {
+pub(crate) fn short_frame(frame: &str) -> &str {
     let cut = frame.rfind(">::").map(|i| i + 3).or_else(|| {
         // `a::b::c` → `c`, but keep `GPU:kernel` whole.
         frame.rfind("::").map(|i| i + 2)

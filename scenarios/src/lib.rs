@@ -22,6 +22,7 @@ pub mod layout;
 pub mod libs;
 pub mod netns;
 pub mod orchestrate;
+pub mod progress;
 pub mod run;
 pub mod score;
 pub mod scratch;
