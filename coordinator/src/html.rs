@@ -44,11 +44,21 @@ pub fn with_refresh(html: &str, seconds: u32) -> String {
 pub struct Page<'a> {
     pub report: &'a Report,
     pub timeline: &'a Timeline,
-    /// Per verdict id: the diff flame graph's SVG text.
-    pub flames: Vec<(u64, String)>,
+    /// The diff flame graphs, in the order shown.
+    pub flames: Vec<FlameSvg>,
     /// Reload every this many seconds (the page served live); `None` for a
     /// file.
     pub refresh_s: Option<u32>,
+}
+
+/// One differential flame graph of a verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlameSvg {
+    pub verdict: u64,
+    /// Which part of the diff ("training thread, on-CPU", ...).
+    pub title: String,
+    /// The SVG text (inferno's, with its script).
+    pub svg: String,
 }
 
 /// HTML-escapes text and attribute values.
@@ -188,7 +198,7 @@ fn banner(s: &mut String, r: &Report) {
     s.push_str("</div>");
 }
 
-fn verdicts(s: &mut String, r: &Report, flames: &[(u64, String)]) {
+fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
     s.push_str("<section id=\"verdicts\"><h2>Verdicts</h2>");
     if r.verdicts.is_empty() {
         s.push_str("<p class=\"note\">None.</p></section>");
@@ -254,7 +264,7 @@ fn verdicts(s: &mut String, r: &Report, flames: &[(u64, String)]) {
                     )
                 })
                 .collect();
-            let link = if flames.iter().any(|(id, _)| *id == v.id) {
+            let link = if flames.iter().any(|g| g.verdict == v.id) {
                 format!(" (<a href=\"#flame-{}\">flame graph</a>)", v.id)
             } else {
                 String::new()
@@ -626,49 +636,71 @@ fn step_chart(s: &mut String, r: &Report, t: &Timeline) {
     s.push_str("</svg><div class=\"note\">Duration of each training iteration (merged iterations: their mean). Red dashed lines: verdict onsets.</div></section>");
 }
 
-fn flames(s: &mut String, r: &Report, flames: &[(u64, String)]) {
+fn frame_table(s: &mut String, frames: &[crate::flame::FrameDiff]) {
+    if frames.is_empty() {
+        s.push_str("<p class=\"note\">No frame stands out.</p>");
+        return;
+    }
+    s.push_str("<table class=\"frames\"><thead><tr><th>frame</th><th>thread</th><th class=\"num\">rank share</th><th class=\"num\">reference</th></tr></thead><tbody>");
+    for t in frames.iter().take(5) {
+        let _ = write!(
+            s,
+            "<tr><td><code title=\"{}\">{}</code></td><td>{}</td><td class=\"num\">{:.1}%</td><td class=\"num\">{:.1}%</td></tr>",
+            esc(&t.path),
+            esc(crate::report::short_frame(&t.frame)),
+            esc(&t.thread),
+            100.0 * t.flagged_share,
+            100.0 * t.reference_share
+        );
+    }
+    s.push_str("</tbody></table>");
+}
+
+fn flames(s: &mut String, r: &Report, flames: &[FlameSvg]) {
     s.push_str("<section id=\"flames\"><h2>Where the slow rank's code differs</h2>");
     let mut any = false;
     for v in &r.verdicts {
-        let (Some(f), Some((_, svg))) = (&v.flamegraph, flames.iter().find(|(id, _)| *id == v.id))
-        else {
+        let Some(f) = &v.flamegraph else { continue };
+        let graphs: Vec<&FlameSvg> = flames.iter().filter(|g| g.verdict == v.id).collect();
+        if graphs.is_empty() {
             continue;
-        };
+        }
         any = true;
         let _ = write!(
             s,
-            "<h3 id=\"flame-{}\">Verdict #{}: rank {} vs rank {} ({} view)</h3>\
-             <p class=\"note\">Red: more of rank {}'s time than on the healthy reference; blue: less. \
-             Click a frame to zoom, Ctrl-F in the graph to search.</p>",
-            v.id,
-            v.id,
-            v.rank,
-            f.reference_rank,
-            esc(&f.view),
-            v.rank
+            "<h3 id=\"flame-{}\">Verdict #{}: rank {} vs rank {} (a healthy peer)</h3>\
+             <p class=\"note\">Red: more of rank {}'s time than on the reference; blue: less. \
+             Click a frame to zoom, Ctrl-F in a graph to search.</p>",
+            v.id, v.id, v.rank, f.reference_rank, v.rank
         );
-        if !f.top_frames.is_empty() {
-            s.push_str("<table class=\"frames\"><thead><tr><th>frame</th><th>thread</th><th class=\"num\">rank share</th><th class=\"num\">reference</th></tr></thead><tbody>");
-            for t in f.top_frames.iter().take(5) {
-                let _ = write!(
-                    s,
-                    "<tr><td><code title=\"{}\">{}</code></td><td>{}</td><td class=\"num\">{:.1}%</td><td class=\"num\">{:.1}%</td></tr>",
-                    esc(&t.path),
-                    esc(crate::report::short_frame(&t.frame)),
-                    esc(&t.thread),
-                    100.0 * t.flagged_share,
-                    100.0 * t.reference_share
-                );
+        for g in graphs {
+            let part = f.views.iter().find(|p| p.title == g.title);
+            match part {
+                Some(p) => {
+                    let _ = write!(
+                        s,
+                        "<h4>{} <span class=\"note\">({:.0}% of the rank's thread time vs {:.0}% on rank {})</span></h4>",
+                        esc(&g.title),
+                        100.0 * p.flagged_share,
+                        100.0 * p.reference_share,
+                        f.reference_rank
+                    );
+                    frame_table(s, &p.top_frames);
+                }
+                None => {
+                    let _ = write!(s, "<h4>{}</h4>", esc(&g.title));
+                    frame_table(s, &f.top_frames);
+                }
             }
-            s.push_str("</tbody></table>");
+            let _ = write!(
+                s,
+                "<object class=\"flame\" type=\"image/svg+xml\" data=\"data:image/svg+xml;base64,{}\" \
+                 aria-label=\"differential flame graph of rank {}: {}\"></object>",
+                base64(g.svg.as_bytes()),
+                v.rank,
+                esc(&g.title)
+            );
         }
-        let _ = write!(
-            s,
-            "<object class=\"flame\" type=\"image/svg+xml\" data=\"data:image/svg+xml;base64,{}\" \
-             aria-label=\"differential flame graph of rank {}\"></object>",
-            base64(svg.as_bytes()),
-            v.rank
-        );
     }
     if !any {
         s.push_str("<p class=\"note\">No flame graph: no verdict had stacks to compare.</p>");

@@ -57,24 +57,41 @@ pub fn write_all(
     write_atomic(dir, TRACE_JSON, serde_json::to_string(trace)?.as_bytes())
 }
 
-/// The diff flame graphs' SVG text per verdict id, for the page. A graph
-/// is looked for where the report says it was written, then under
+/// The diff flame graphs' SVG text for the page: a CPU diff's parts
+/// (training thread on-CPU, off-CPU, all threads), else its one diff. A
+/// graph is looked for where the report says it was written, then under
 /// `dir/flame/` (a run directory copied elsewhere); one that cannot be read
 /// is left out of the page (its verdict still says where it was).
-pub fn load_flames(dir: &Path, report: &Report) -> Vec<(u64, String)> {
-    report
-        .verdicts
-        .iter()
-        .filter_map(|v| {
-            let f = v.flamegraph.as_ref()?;
-            let p = PathBuf::from(&f.diff_svg);
-            let moved = p.file_name().map(|n| dir.join("flame").join(n));
-            let text = fs::read_to_string(&p)
-                .ok()
-                .or_else(|| moved.and_then(|m| fs::read_to_string(m).ok()))?;
-            Some((v.id, text))
-        })
-        .collect()
+pub fn load_flames(dir: &Path, report: &Report) -> Vec<crate::html::FlameSvg> {
+    let read = |path: &str| {
+        let p = PathBuf::from(path);
+        let moved = p.file_name().map(|n| dir.join("flame").join(n));
+        fs::read_to_string(&p)
+            .ok()
+            .or_else(|| moved.and_then(|m| fs::read_to_string(m).ok()))
+    };
+    let mut out = Vec::new();
+    for v in &report.verdicts {
+        let Some(f) = &v.flamegraph else { continue };
+        let graphs: Vec<(String, &str)> = if f.views.is_empty() {
+            vec![(format!("{} view", f.view), f.diff_svg.as_str())]
+        } else {
+            f.views
+                .iter()
+                .map(|p| (p.title.clone(), p.diff_svg.as_str()))
+                .collect()
+        };
+        for (title, path) in graphs {
+            if let Some(svg) = read(path) {
+                out.push(crate::html::FlameSvg {
+                    verdict: v.id,
+                    title,
+                    svg,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Writes `timeline.json` (the page's series, for `slowrank report

@@ -223,7 +223,7 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     // Scrape it ourselves while it runs: keep the last page that has a
     // verdict, and the live report page once one is open.
     let deadline = Instant::now() + Duration::from_secs(400);
-    let (mut with_verdict, mut any_page, mut live_page) = (None, None, None);
+    let (mut with_verdict, mut any_page, mut live_page) = (None, None, false);
     let status = loop {
         if let Some(s) = scenario.0.try_wait().expect("wait scenario") {
             break s;
@@ -231,8 +231,12 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
         assert!(Instant::now() < deadline, "the scenario ran past 400 s");
         if let Some((200, body)) = get(metrics_addr, "/metrics") {
             if body.contains("slowrank_verdict_active{") {
-                if live_page.is_none() {
-                    live_page = get(metrics_addr, "/");
+                // The page is the one last written with the report files
+                // (every 3 s), so it may trail /metrics by that much.
+                if let Some((200, html)) = get(metrics_addr, "/") {
+                    live_page |= html.contains("class=\"verdict active\"")
+                        && html.contains("id=\"heatmap\"")
+                        && html.contains("http-equiv=\"refresh\"");
                 }
                 with_verdict = Some(body.clone());
             }
@@ -264,9 +268,7 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     }
 
     // 2. The live page at / while the verdict was open.
-    let (code, html) = live_page.expect("GET / while a verdict was open");
-    assert_eq!(code, 200);
-    assert!(html.contains("class=\"verdict active\"") && html.contains("id=\"heatmap\""));
+    assert!(live_page, "GET / never showed the open verdict while it was open");
 
     // 3. The Prometheus server scraped it: the verdict and lost-time series
     //    (range queries: the coordinator has stopped, its series are stale
