@@ -357,8 +357,8 @@ pub struct FlameView {
     /// What it shows, in words.
     pub title: String,
     pub diff_svg: String,
-    /// Share of the flagged rank's thread time in this part (all threads:
-    /// 1), and the same on the reference.
+    /// Share of the flagged rank's training-thread time in this part (all
+    /// threads: 1), and the same on the reference.
     pub flagged_share: f64,
     pub reference_share: f64,
     pub top_frames: Vec<FrameDiff>,
@@ -579,7 +579,12 @@ pub fn wait_of(stack: &str) -> Wait {
     let frames: Vec<&str> = stack.split(';').collect();
     let any = |f: &dyn Fn(&str) -> bool| frames.iter().any(|x| f(x));
     let lower = |x: &str| x.to_ascii_lowercase();
-    if any(&|x| x.starts_with("cuda") && lower(x).contains("synchronize") || x.starts_with("cuStreamSynchronize") || x.starts_with("cuCtxSynchronize") || x.starts_with("cuEventSynchronize")) {
+    if any(&|x| {
+        x.starts_with("cuda") && lower(x).contains("synchronize")
+            || x.starts_with("cuStreamSynchronize")
+            || x.starts_with("cuCtxSynchronize")
+            || x.starts_with("cuEventSynchronize")
+    }) {
         Wait::GpuSync
     } else if any(&|x| x.starts_with("nccl") || x.starts_with("pnccl")) {
         Wait::Collective
@@ -601,7 +606,12 @@ pub fn wait_of(stack: &str) -> Wait {
     }) {
         Wait::Io
     } else if any(&|x| {
-        x.contains("futex") || x.contains("pthread_mutex") || x.contains("lll_lock") || x.contains("pthread_cond") || x.contains("Condvar") || x.contains("Mutex")
+        x.contains("futex")
+            || x.contains("pthread_mutex")
+            || x.contains("lll_lock")
+            || x.contains("pthread_cond")
+            || x.contains("Condvar")
+            || x.contains("Mutex")
     }) {
         Wait::Lock
     } else {
@@ -685,7 +695,17 @@ fn part_diff(
         unit,
         true,
     )?;
-    let share = |x: &Folded, all: &Folded| x.total() as f64 / all.total().max(1) as f64;
+    // A training-thread part as a share of that thread's time; all
+    // threads: 1.
+    let share = |x: &Folded, all: &Folded| {
+        let train: u64 = all
+            .stacks
+            .iter()
+            .filter(|(k, _)| part == Part::AllThreads || is_training_thread(root_of(k)))
+            .map(|(_, w)| *w)
+            .sum();
+        x.total() as f64 / train.max(1) as f64
+    };
     Ok(Some(FlameView {
         part: part.key().to_owned(),
         title: part.title().to_owned(),
@@ -863,7 +883,11 @@ mod tests {
         assert_eq!(cat(Wait::Collective.label()), 5);
         assert_eq!(cat(Wait::Lock.label()), 3);
         assert_eq!(cat(Wait::Sleep.label()), 2);
-        assert_eq!(off.total(), 80, "the proxy thread is not the training thread");
+        assert_eq!(
+            off.total(),
+            80,
+            "the proxy thread is not the training thread"
+        );
         assert_eq!(select(&f, Part::AllThreads), f);
         // A thread the agent marked as issuing the collectives counts too.
         assert!(is_training_thread("python [train]"));
@@ -876,14 +900,23 @@ mod tests {
         // training thread's load_batch a sliver of the whole process.
         let healthy = folded(&[
             ("t [main];step;load_batch;clock_nanosleep;__schedule_[k]", 4),
-            ("t [main];step;sync;cudaStreamSynchronize;__schedule_[k]", 50),
+            (
+                "t [main];step;sync;cudaStreamSynchronize;__schedule_[k]",
+                50,
+            ),
             ("t [main];step;compute", 46),
             ("gpu-stream;wait;futex_wait_[k];__schedule_[k]", 1000),
             ("nccl-proxy;wait;futex_wait_[k];__schedule_[k]", 500),
         ]);
         let slow = folded(&[
-            ("t [main];step;load_batch;clock_nanosleep;__schedule_[k]", 40),
-            ("t [main];step;sync;cudaStreamSynchronize;__schedule_[k]", 20),
+            (
+                "t [main];step;load_batch;clock_nanosleep;__schedule_[k]",
+                40,
+            ),
+            (
+                "t [main];step;sync;cudaStreamSynchronize;__schedule_[k]",
+                20,
+            ),
             ("t [main];step;compute", 40),
             ("gpu-stream;wait;futex_wait_[k];__schedule_[k]", 1100),
             ("nccl-proxy;wait;futex_wait_[k];__schedule_[k]", 400),
@@ -945,10 +978,17 @@ mod tests {
         let parts: Vec<&str> = r.views.iter().map(|v| v.part.as_str()).collect();
         assert_eq!(parts, ["train-oncpu", "train-offcpu", "all-threads"]);
         for v in &r.views {
-            assert!(std::path::Path::new(&v.diff_svg).is_file(), "{}", v.diff_svg);
+            assert!(
+                std::path::Path::new(&v.diff_svg).is_file(),
+                "{}",
+                v.diff_svg
+            );
         }
         assert_eq!(r.top_frames[0].frame, "load_batch");
         assert_eq!(r.views[1].top_frames[0].frame, "load_batch");
+        // On- and off-CPU make up the training thread.
+        assert!((r.views[0].flagged_share + r.views[1].flagged_share - 1.0).abs() < 1e-9);
+        assert!((r.views[2].flagged_share - 1.0).abs() < 1e-9);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -485,9 +485,15 @@ fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
             s,
             "<g class=\"onset\"><line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" \
              stroke=\"#1c2833\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>\
-             <text x=\"{x:.1}\" y=\"{:.1}\" font-size=\"11\" font-weight=\"600\">▼ #{} {} {}</text>",
+             <text x=\"{x:.1}\" y=\"{:.1}\" font-size=\"11\" font-weight=\"600\"{}>▼ #{} {} {}</text>",
             top - 2.0,
             top - 6.0,
+            // Near the right edge the label runs leftwards, not off the plot.
+            if x > ax.x0 + 0.8 * ax.width {
+                " text-anchor=\"end\""
+            } else {
+                ""
+            },
             v.id,
             esc(v.kind.as_str()),
             match &v.link {
@@ -517,8 +523,8 @@ fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
         s,
         "<div class=\"note\">Each cell: how much later than the median member the rank reached the \
          collectives of its reference communicator in that iteration (summed over them), in ms. \
-         <span style=\"background:{};padding:0 6px\">late</span> \
-         <span style=\"background:{};padding:0 6px\">early</span>; full colour at ±{full:.1} ms{}. \
+         <span style=\"background:{};color:#fff;padding:0 6px\">late</span> \
+         <span style=\"background:{};color:#fff;padding:0 6px\">early</span>; full colour at ±{full:.1} ms{}. \
          Dashed lines: where each verdict was first seen. Hover a cell for its value.{}</div>",
         colour(LEVELS),
         colour(-LEVELS),
@@ -679,7 +685,7 @@ fn flames(s: &mut String, r: &Report, flames: &[FlameSvg]) {
                 Some(p) => {
                     let _ = write!(
                         s,
-                        "<h4>{} <span class=\"note\">({:.0}% of the rank's thread time vs {:.0}% on rank {})</span></h4>",
+                        "<h4>{} <span class=\"note\">({:.0}% of the training thread's time vs {:.0}% on rank {})</span></h4>",
                         esc(&g.title),
                         100.0 * p.flagged_share,
                         100.0 * p.reference_share,
@@ -955,10 +961,11 @@ mod tests {
         let html = render(&Page {
             report: &report,
             timeline: &timeline,
-            flames: vec![(
-                report.verdicts[0].id,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\"/>".into(),
-            )],
+            flames: vec![FlameSvg {
+                verdict: report.verdicts[0].id,
+                title: "cpu view".into(),
+                svg: "<svg xmlns=\"http://www.w3.org/2000/svg\"/>".into(),
+            }],
             refresh_s: None,
         });
         assert!(

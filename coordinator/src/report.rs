@@ -267,7 +267,7 @@ pub fn render_human(r: &Report) -> String {
                         .iter()
                         .map(|p| {
                             let head = format!(
-                                "    {} ({:.0}% of its time vs {:.0}%):",
+                                "    {} ({:.0}% of the thread's time vs {:.0}%):",
                                 p.title,
                                 100.0 * p.flagged_share,
                                 100.0 * p.reference_share

@@ -58,9 +58,9 @@ fn check_exprs(what: &str, exprs: &[String], fams: &HashMap<String, Type>) {
         let refs = metric_refs(e);
         assert!(!refs.is_empty(), "{what}: `{e}` queries no slowrank metric");
         for (name, in_rate) in refs {
-            let kind = fams
-                .get(&name)
-                .unwrap_or_else(|| panic!("{what}: `{e}` queries {name}, which /metrics does not export"));
+            let kind = fams.get(&name).unwrap_or_else(|| {
+                panic!("{what}: `{e}` queries {name}, which /metrics does not export")
+            });
             match kind {
                 Type::Counter => assert!(
                     in_rate,
@@ -82,8 +82,9 @@ fn grafana_dashboard_queries_only_exported_metrics_and_is_well_formed() {
     assert!(d["uid"].as_str().is_some_and(|u| !u.is_empty()));
     let vars = d["templating"]["list"].as_array().expect("templating.list");
     assert!(
-        vars.iter()
-            .any(|v| v["type"] == "datasource" && v["name"] == "datasource" && v["query"] == "prometheus"),
+        vars.iter().any(|v| v["type"] == "datasource"
+            && v["name"] == "datasource"
+            && v["query"] == "prometheus"),
         "a Prometheus datasource variable named datasource"
     );
     let panels = d["panels"].as_array().expect("panels");
@@ -92,7 +93,10 @@ fn grafana_dashboard_queries_only_exported_metrics_and_is_well_formed() {
     let mut titles = Vec::new();
     for p in panels {
         let title = p["title"].as_str().expect("panel title").to_owned();
-        assert!(ids.insert(p["id"].as_u64().expect("panel id")), "{title}: duplicate id");
+        assert!(
+            ids.insert(p["id"].as_u64().expect("panel id")),
+            "{title}: duplicate id"
+        );
         assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
         let g = &p["gridPos"];
         let (x, y, w, h) = (
@@ -104,7 +108,10 @@ fn grafana_dashboard_queries_only_exported_metrics_and_is_well_formed() {
         assert!(w > 0 && h > 0 && x + w <= 24, "{title}: gridPos {g}");
         for cx in x..x + w {
             for cy in y..y + h {
-                assert!(cells.insert((cx, cy)), "{title} overlaps another panel at {cx},{cy}");
+                assert!(
+                    cells.insert((cx, cy)),
+                    "{title} overlaps another panel at {cx},{cy}"
+                );
             }
         }
         let exprs: Vec<String> = p["targets"]
@@ -125,7 +132,10 @@ fn grafana_dashboard_queries_only_exported_metrics_and_is_well_formed() {
         "ingest drops",
         "agent",
     ] {
-        assert!(titles.iter().any(|t| t.contains(want)), "no panel for {want}: {titles:?}");
+        assert!(
+            titles.iter().any(|t| t.contains(want)),
+            "no panel for {want}: {titles:?}"
+        );
     }
 }
 

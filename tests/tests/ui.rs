@@ -140,21 +140,29 @@ fn run(cmd: &mut Command) -> (bool, String) {
 #[test]
 fn alert_rules_pass_promtool() {
     let Some(promtool) = which("promtool") else {
-        skip("alert_rules_pass_promtool", "promtool not installed (Debian package prometheus)");
+        skip(
+            "alert_rules_pass_promtool",
+            "promtool not installed (Debian package prometheus)",
+        );
         return;
     };
     let dir = workspace().join("deploy/prometheus");
-    let (ok, out) = run(Command::new(&promtool)
-        .current_dir(&dir)
-        .args(["check", "rules", "slowrank-alerts.yml"]));
+    let (ok, out) = run(Command::new(&promtool).current_dir(&dir).args([
+        "check",
+        "rules",
+        "slowrank-alerts.yml",
+    ]));
     assert!(ok, "promtool check rules:\n{out}");
-    let (ok, out) = run(Command::new(&promtool)
-        .current_dir(&dir)
-        .args(["test", "rules", "slowrank-alerts.test.yml"]));
+    let (ok, out) = run(Command::new(&promtool).current_dir(&dir).args([
+        "test",
+        "rules",
+        "slowrank-alerts.test.yml",
+    ]));
     assert!(ok, "promtool test rules:\n{out}");
-    let (ok, out) = run(Command::new(&promtool)
-        .current_dir(&dir)
-        .args(["check", "config", "prometheus.yml"]));
+    let (ok, out) =
+        run(Command::new(&promtool)
+            .current_dir(&dir)
+            .args(["check", "config", "prometheus.yml"]));
     assert!(ok, "promtool check config:\n{out}");
 }
 
@@ -169,7 +177,10 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     let (Some(promtool), Some(prometheus), Some(chromium)) =
         (which("promtool"), which("prometheus"), which("chromium"))
     else {
-        skip(TEST, "promtool, prometheus or chromium not installed (run scripts/setup.sh)");
+        skip(
+            TEST,
+            "promtool, prometheus or chromium not installed (run scripts/setup.sh)",
+        );
         return;
     };
     let (launcher, trainer) = build();
@@ -192,8 +203,14 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     let prom_log = std::fs::File::create(scratch.join("prometheus.log")).unwrap();
     let _prom = Kill(
         Command::new(&prometheus)
-            .arg(format!("--config.file={}", scratch.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", scratch.join("tsdb").display()))
+            .arg(format!(
+                "--config.file={}",
+                scratch.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                scratch.join("tsdb").display()
+            ))
             .arg(format!("--web.listen-address={prom_addr}"))
             .stdout(Stdio::null())
             .stderr(prom_log)
@@ -246,7 +263,10 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     };
     let log = std::fs::read_to_string(scratch.join("scenario.log")).unwrap_or_default();
     assert!(status.success(), "scenario failed: {status}\n{log}");
-    assert!(any_page.is_some(), "never scraped /metrics at {metrics_addr}\n{log}");
+    assert!(
+        any_page.is_some(),
+        "never scraped /metrics at {metrics_addr}\n{log}"
+    );
     let page = with_verdict.unwrap_or_else(|| {
         panic!(
             "no verdict on /metrics during the run; report:\n{}",
@@ -261,14 +281,23 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
         promtool.display(),
         scratch.join("metrics.txt").display()
     )));
-    assert!(ok && lint.trim().is_empty(), "promtool check metrics:\n{lint}\n--- page ---\n{page}");
+    assert!(
+        ok && lint.trim().is_empty(),
+        "promtool check metrics:\n{lint}\n--- page ---\n{page}"
+    );
     let mut helps = std::collections::HashSet::new();
     for l in page.lines().filter(|l| l.starts_with("# HELP ")) {
-        assert!(helps.insert(l.split(' ').nth(2).unwrap().to_owned()), "second HELP: {l}");
+        assert!(
+            helps.insert(l.split(' ').nth(2).unwrap().to_owned()),
+            "second HELP: {l}"
+        );
     }
 
     // 2. The live page at / while the verdict was open.
-    assert!(live_page, "GET / never showed the open verdict while it was open");
+    assert!(
+        live_page,
+        "GET / never showed the open verdict while it was open"
+    );
 
     // 3. The Prometheus server scraped it: the verdict and lost-time series
     //    (range queries: the coordinator has stopped, its series are stale
@@ -282,7 +311,8 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     let active = query("max_over_time(slowrank_verdict_active{rank=\"5\",kind=\"compute\"}[10m])");
     let r = &active["data"]["result"];
     assert!(
-        r.as_array().is_some_and(|a| a.iter().any(|s| s["value"][1] == "1")),
+        r.as_array()
+            .is_some_and(|a| a.iter().any(|s| s["value"][1] == "1")),
         "prometheus has no open compute verdict on rank 5: {active}"
     );
     let lost = query("max_over_time(slowrank_verdict_lost_gpu_seconds{rank=\"5\"}[10m])");
@@ -325,7 +355,11 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
     // Console messages of the page (errors, failed loads, CSP) are logged as
     // CONSOLE lines; the page has none.
     let console: Vec<&str> = stderr.lines().filter(|l| l.contains("CONSOLE")).collect();
-    assert!(console.is_empty(), "console messages:\n{}", console.join("\n"));
+    assert!(
+        console.is_empty(),
+        "console messages:\n{}",
+        console.join("\n")
+    );
     assert!(dom.contains("<svg id=\"heatmap\""), "no heatmap in the DOM");
     assert!(dom.contains("class=\"cell\""), "heatmap without cells");
     assert!(dom.contains("class=\"onset\""), "no verdict onset marked");
@@ -334,7 +368,10 @@ fn metrics_prometheus_and_report_page_on_a_real_scenario() {
         "no verdict row for rank 5"
     );
     assert!(dom.contains("<svg id=\"stepchart\""), "no step chart");
-    assert!(dom.contains("<object class=\"flame\""), "no flame graph embedded");
+    assert!(
+        dom.contains("<object class=\"flame\""),
+        "no flame graph embedded"
+    );
     assert!(dom.contains("id=\"clocks\"") && dom.contains("id=\"ingest\""));
     // A picture of it, for a person to judge.
     let shot = std::env::var_os("SLOWRANK_UI_SCREENSHOT")
