@@ -547,7 +547,8 @@ pub fn is_off_cpu(stack: &str) -> bool {
 /// What an off-CPU stretch waited in, from the frames on its stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
-    /// A CUDA sync call: waiting for the GPU.
+    /// A CUDA sync call (any frame named `…synchronize`): waiting for the
+    /// GPU.
     GpuSync,
     /// Inside NCCL: waiting for peers or the network.
     Collective,
@@ -579,11 +580,12 @@ pub fn wait_of(stack: &str) -> Wait {
     let frames: Vec<&str> = stack.split(';').collect();
     let any = |f: &dyn Fn(&str) -> bool| frames.iter().any(|x| f(x));
     let lower = |x: &str| x.to_ascii_lowercase();
+    // `cudaStreamSynchronize`, `cuCtxSynchronize`, `torch.cuda.synchronize`
+    // or the job's own wrapper (`Trainer::synchronize`): the CUDA frames
+    // themselves are often missing (no frame pointers in libcudart).
     if any(&|x| {
-        x.starts_with("cuda") && lower(x).contains("synchronize")
-            || x.starts_with("cuStreamSynchronize")
-            || x.starts_with("cuCtxSynchronize")
-            || x.starts_with("cuEventSynchronize")
+        let name = x.rsplit("::").next().unwrap_or(x);
+        lower(name).contains("synchronize")
     }) {
         Wait::GpuSync
     } else if any(&|x| x.starts_with("nccl") || x.starts_with("pnccl")) {
@@ -865,6 +867,7 @@ mod tests {
             ("py [main];train;sync;cudaStreamSynchronize;futex_wait_[k];schedule_[k];__schedule_[k]", 40),
             ("py [main];train;allreduce;ncclAllReduce;futex_wait_[k];__schedule_[k]", 5),
             ("py [main];train;pin;pthread_mutex_lock;futex_wait_[k];__schedule_[k]", 3),
+            ("py [main];train;app::Trainer::synchronize;std::Condvar::wait;futex_wait_[k];__schedule_[k]", 7),
             ("py [main];train;nap;clock_nanosleep;do_nanosleep_[k];__schedule_[k]", 2),
             ("nccl-proxy;poll;futex_wait_[k];__schedule_[k]", 500),
         ]);
@@ -879,13 +882,13 @@ mod tests {
                 .sum()
         };
         assert_eq!(cat(Wait::Io.label()), 30);
-        assert_eq!(cat(Wait::GpuSync.label()), 40);
+        assert_eq!(cat(Wait::GpuSync.label()), 47);
         assert_eq!(cat(Wait::Collective.label()), 5);
         assert_eq!(cat(Wait::Lock.label()), 3);
         assert_eq!(cat(Wait::Sleep.label()), 2);
         assert_eq!(
             off.total(),
-            80,
+            87,
             "the proxy thread is not the training thread"
         );
         assert_eq!(select(&f, Part::AllThreads), f);
