@@ -22,6 +22,8 @@ pub const MAX_HEATMAP_RANKS: usize = 64;
 /// coloured: a rank a quarter of a step late every iteration is as loud as
 /// the page gets; the verdict thresholds start at a few percent.
 pub const FULL_SCALE_STEP_FRACTION: f64 = 0.25;
+/// Lines of onset labels above the heatmap before they reuse a line.
+const MAX_ONSET_LINES: usize = 4;
 /// Colour levels per sign: adjacent cells of the same level merge into one
 /// rectangle, which keeps a long steady job's page small.
 const LEVELS: i32 = 8;
@@ -422,7 +424,10 @@ fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
         cols: t.rows.len(),
     };
     let cell_h = (420.0 / ranks.len() as f64).clamp(6.0, 22.0);
-    let top = 22.0;
+    // One line of onset labels per verdict (up to MAX_ONSET_LINES, then
+    // they cycle), so verdicts opened close together stay legible.
+    let lines = onsets(r, t).len().clamp(1, MAX_ONSET_LINES);
+    let top = 10.0 + 13.0 * lines as f64;
     let h = top + cell_h * ranks.len() as f64 + 30.0;
     let _ = write!(
         s,
@@ -479,15 +484,16 @@ fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
     // Onsets: a line through the heatmap at the iteration each verdict was
     // first seen, a marker on its rank's row.
     let bottom = top + cell_h * ranks.len() as f64;
-    for (c, v) in onsets(r, t) {
+    for (n, (c, v)) in onsets(r, t).into_iter().enumerate() {
         let x = ax.x(c);
+        let label_y = top - 6.0 - 13.0 * (n % MAX_ONSET_LINES) as f64;
         let _ = write!(
             s,
             "<g class=\"onset\"><line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" \
              stroke=\"#1c2833\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>\
              <text x=\"{x:.1}\" y=\"{:.1}\" font-size=\"11\" font-weight=\"600\"{}>▼ #{} {} {}</text>",
-            top - 2.0,
-            top - 6.0,
+            label_y + 3.0,
+            label_y,
             // Near the right edge the label runs leftwards, not off the plot.
             if x > ax.x0 + 0.8 * ax.width {
                 " text-anchor=\"end\""
