@@ -399,7 +399,7 @@ fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
     s.push_str("<section id=\"heatmap-section\"><h2>Arrival lateness, rank × iteration</h2>");
     let (ranks, total) = heatmap_ranks(r, t);
     if t.rows.is_empty() || ranks.is_empty() {
-        s.push_str("<p class=\"note\">No iteration sealed yet.</p></section>");
+        s.push_str("<p class=\"note\">No per-iteration series yet: no iteration sealed, or no timeline.json next to report.json.</p></section>");
         return;
     }
     let step = median_step(t);
