@@ -79,7 +79,8 @@ const MAX_QUEUED_BATCHES: usize = 512;
 pub struct ServeConfig {
     pub listen: SocketAddr,
     pub token: String,
-    /// Directory for report.json, report.txt and trace.json.
+    /// Directory for report.json, report.txt, trace.json, timeline.json and
+    /// report.html.
     pub out_dir: Option<PathBuf>,
     pub write_every: Duration,
     pub tick_every: Duration,
