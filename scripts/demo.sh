@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 export CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS=fallback
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "[demo] ERROR: the demo attaches eBPF uprobes and must run as root (try: sudo $0)" >&2
+  echo "[demo] ERROR: the demo attaches eBPF uprobes and must run as root (sudo bash $0 where you have sudo)" >&2
   exit 1
 fi
 bash scripts/setup.sh
@@ -36,6 +36,7 @@ if ls "$out"/flame/*diff.svg >/dev/null 2>&1; then
   echo "[demo] differential flame graphs: $(ls "$out"/flame/*diff.svg | tr '\n' ' ')"
 fi
 echo "[demo] Perfetto/Chrome trace of the aligned timeline: $out/trace.json"
+echo "[demo] the report as a page (open it in a browser; no network needed): $out/report.html"
 echo
 echo "[demo] ---- scored against the injected truth ----"
 ./target/debug/slowrank-scenario score "$out"

@@ -52,14 +52,26 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 command -v bpftrace >/dev/null 2>&1 || need+=(bpftrace)
-if [ ${#need[@]} -gt 0 ]; then
+# prometheus (promtool and the server) and chromium check what users see:
+# the /metrics page, the alert rules and the HTML report (tests/tests/ui.rs).
+# Installed without their recommends (node exporter, fonts, ...).
+lean=()
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || lean+=(prometheus)
+command -v chromium >/dev/null 2>&1 || lean+=(chromium)
+if [ $((${#need[@]} + ${#lean[@]})) -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
-    say "installing Debian packages: ${need[*]}"
+    say "installing Debian packages: ${need[*]} ${lean[*]}"
     apt-get update -qq || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
-      || die "apt-get install ${need[*]} failed"
+    if [ ${#need[@]} -gt 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
+        || die "apt-get install ${need[*]} failed"
+    fi
+    if [ ${#lean[@]} -gt 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null \
+        || die "apt-get install ${lean[*]} failed"
+    fi
   else
-    say "WARNING: not root; cannot install ${need[*]} (tests that need them will say so)"
+    say "WARNING: not root; cannot install ${need[*]} ${lean[*]} (tests that need them will say so)"
   fi
 else
   say "Debian packages: present"

@@ -190,6 +190,8 @@ struct Core {
     held_for_deep: Option<u64>,
     /// Durations of the last sealed iterations (ns), oldest first.
     steps: VecDeque<f64>,
+    /// Per-iteration lateness and step time for the report page.
+    timeline: crate::timeline::Timeline,
 }
 
 /// The coordinator's reasoning core.
@@ -277,6 +279,7 @@ impl Analyzer {
             nic_peers: HashMap::new(),
             held_for_deep: None,
             steps: VecDeque::new(),
+            timeline: Default::default(),
         };
         Self {
             joiner: Joiner::new(cfg.join.clone()),
@@ -1078,6 +1081,8 @@ impl Analyzer {
             }
         }
         let mut scores = core.stats.score(k, bucket, step);
+        let d = core.iteration.duration_of(k);
+        core.timeline.record(k, d, &scores);
         let world = self
             .ranks
             .iter()
@@ -1798,6 +1803,11 @@ impl Analyzer {
         crate::trace::render(&sections, &hosts)
     }
 
+    /// The per-iteration series of the report page (`timeline.json`).
+    pub fn timeline(&self) -> crate::timeline::Timeline {
+        lock(&self.core).timeline.clone()
+    }
+
     /// Gauges and counters for `/metrics`.
     pub fn metrics(&self) -> Metrics {
         let core = lock(&self.core);
@@ -1852,6 +1862,12 @@ impl Analyzer {
             recent_instances: core.recent.len(),
             probe_overhead_percent,
             job_probe_overhead_percent,
+            step_ns: core.iteration.step_ns(),
+            verdicts: core
+                .lifecycle
+                .verdicts()
+                .map(crate::metrics_text::VerdictRow::of)
+                .collect(),
         }
     }
 }
@@ -1990,125 +2006,16 @@ pub struct Metrics {
     /// Per rank, percent of its time slowrank's probes cost (agents' figure).
     pub probe_overhead_percent: Vec<(u32, f64)>,
     pub job_probe_overhead_percent: Option<f64>,
+    /// The job's step time now (median of recent iterations), when known.
+    pub step_ns: Option<f64>,
+    /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds).
+    pub verdicts: Vec<crate::metrics_text::VerdictRow>,
 }
 
 impl Metrics {
-    /// Prometheus text exposition format.
+    /// Prometheus text exposition format (families in [`crate::metrics_text`]).
     pub fn to_prometheus(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let mut gauge = |name: &str, help: &str, rows: Vec<(String, f64)>| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for (labels, v) in rows {
-                let _ = writeln!(s, "{name}{labels} {v}");
-            }
-        };
-        gauge(
-            "slowrank_rank_lateness_seconds",
-            "EWMA of the rank's lateness vs the median arrival on its reference communicator",
-            self.rank_lateness_ns
-                .iter()
-                .map(|(r, l)| (format!("{{rank=\"{r}\"}}"), l / 1e9))
-                .collect(),
-        );
-        gauge(
-            "slowrank_rank_attributed_wait_gpu_seconds",
-            "GPU time others spent waiting, attributed to this rank as a root",
-            self.rank_wait_attributed_gpu_seconds
-                .iter()
-                .map(|(r, l)| (format!("{{rank=\"{r}\"}}"), *l))
-                .collect(),
-        );
-        gauge(
-            "slowrank_verdicts_active",
-            "Open verdicts",
-            vec![(String::new(), self.verdicts_active as f64)],
-        );
-        gauge(
-            "slowrank_verdicts_total",
-            "Verdicts ever opened",
-            vec![(String::new(), self.verdicts_total as f64)],
-        );
-        gauge(
-            "slowrank_hangs_active",
-            "Hung collective instances",
-            vec![(String::new(), self.hangs_active as f64)],
-        );
-        gauge(
-            "slowrank_clock_error_seconds",
-            "Clock error bound per host",
-            self.clock_error_ns
-                .iter()
-                .filter(|(_, e)| e.is_finite())
-                .map(|(h, e)| (format!("{{host=\"{h}\"}}"), e / 1e9))
-                .collect(),
-        );
-        gauge(
-            "slowrank_clock_probes",
-            "Clock probes answered per host, by path: udp (kernel-stamped clock port) or quic (the fallback)",
-            self.clock_probes
-                .iter()
-                .flat_map(|(h, udp, quic)| {
-                    [
-                        (format!("{{host=\"{h}\",path=\"udp\"}}"), *udp as f64),
-                        (format!("{{host=\"{h}\",path=\"quic\"}}"), *quic as f64),
-                    ]
-                })
-                .collect(),
-        );
-        gauge(
-            "slowrank_rank_probe_overhead_ratio",
-            "Share of the rank's time its agent's probes cost (measured trap cost × hits)",
-            self.probe_overhead_percent
-                .iter()
-                .map(|(r, p)| (format!("{{rank=\"{r}\"}}"), p / 100.0))
-                .collect(),
-        );
-        gauge(
-            "slowrank_job_probe_overhead_ratio",
-            "Share of all ranks' time slowrank's probes cost, time-weighted",
-            self.job_probe_overhead_percent
-                .iter()
-                .map(|p| (String::new(), p / 100.0))
-                .collect(),
-        );
-        gauge(
-            "slowrank_open_instances",
-            "Collective instances waiting for members",
-            vec![(String::new(), self.open_instances as f64)],
-        );
-        gauge(
-            "slowrank_iterations_sealed",
-            "Iterations analysed",
-            vec![(String::new(), self.iterations_sealed as f64)],
-        );
-        let mut rows = vec![
-            ("batches", self.ingest.batches),
-            ("duplicate_batches", self.ingest.duplicate_batches),
-            ("missing_batches", self.ingest.missing_batches),
-            ("records_accepted", self.ingest.records_accepted),
-            ("ringbuf_drops", self.ingest.ringbuf_drops),
-            ("spool_drops", self.ingest.spool_drops),
-            ("nccl_errors", self.ingest.nccl_errors),
-            ("evicted_instances", self.evicted_instances),
-        ];
-        rows.sort();
-        let _ = writeln!(
-            s,
-            "# HELP slowrank_ingest_total Ingest counters\n# TYPE slowrank_ingest_total counter"
-        );
-        for (k, v) in rows {
-            let _ = writeln!(s, "slowrank_ingest_total{{what=\"{k}\"}} {v}");
-        }
-        let _ = writeln!(s, "# HELP slowrank_records_rejected_total Rejected records by reason\n# TYPE slowrank_records_rejected_total counter");
-        for (k, v) in &self.ingest.records_rejected {
-            let _ = writeln!(s, "slowrank_records_rejected_total{{reason=\"{k}\"}} {v}");
-        }
-        let _ = writeln!(s, "# HELP slowrank_batches_rejected_total Whole batches refused by reason\n# TYPE slowrank_batches_rejected_total counter");
-        for (k, v) in &self.ingest.batches_rejected {
-            let _ = writeln!(s, "slowrank_batches_rejected_total{{reason=\"{k}\"}} {v}");
-        }
-        s
+        self.exposition().render()
     }
 }
 

@@ -234,7 +234,7 @@ pub fn top_frames(
         if !path.contains(';') {
             continue; // a thread name: compared within, not across threads
         }
-        if threads == Threads::Main && !root_of(path).ends_with(MAIN_SUFFIX) {
+        if threads == Threads::Main && !is_training_thread(root_of(path)) {
             continue;
         }
         let d = f.get(path).copied().unwrap_or(0.0) - r.get(path).copied().unwrap_or(0.0);
@@ -342,6 +342,26 @@ pub struct FlameRef {
     pub window_start_ns: u64,
     pub window_end_ns: u64,
     pub top_frames: Vec<FrameDiff>,
+    /// CPU view only: the same diff split the way it reads best — the
+    /// training thread on-CPU, the training thread off-CPU grouped by what
+    /// it waited in, and every thread (see [`Part`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub views: Vec<FlameView>,
+}
+
+/// One part of a CPU diff, with its own differential flame graph.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FlameView {
+    /// `train-oncpu`, `train-offcpu` or `all-threads`.
+    pub part: String,
+    /// What it shows, in words.
+    pub title: String,
+    pub diff_svg: String,
+    /// Share of the flagged rank's training-thread time in this part (all
+    /// threads: 1), and the same on the reference.
+    pub flagged_share: f64,
+    pub reference_share: f64,
+    pub top_frames: Vec<FrameDiff>,
 }
 
 pub fn view_name(view: StackView) -> &'static str {
@@ -441,7 +461,18 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
         unit,
         true,
     )?;
+    let views = if req.view == StackView::Cpu {
+        Part::ALL
+            .iter()
+            .filter_map(|&part| {
+                part_diff(&flagged, &reference, part, req, reference_rank, unit).transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        Vec::new()
+    };
     Ok(FlameRef {
+        views,
         diff_svg: diff_svg.display().to_string(),
         flagged_svg: flagged_svg.display().to_string(),
         reference_svg: reference_svg.display().to_string(),
@@ -457,6 +488,239 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
             }
         },
     })
+}
+
+/// A part of a rank's CPU profile (see [`FlameView`]). The training
+/// thread is the one that runs the loop and issues the collectives and
+/// launches; its on-CPU time is what its code does, its off-CPU time what
+/// it waits for. The other threads (NCCL proxy, CUDA stream and driver
+/// threads) are parked most of the time on every rank, so in a whole-
+/// process diff their waiting dwarfs the training thread's difference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    TrainOnCpu,
+    TrainOffCpu,
+    AllThreads,
+}
+
+impl Part {
+    pub const ALL: [Part; 3] = [Part::TrainOnCpu, Part::TrainOffCpu, Part::AllThreads];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Part::TrainOnCpu => "train-oncpu",
+            Part::TrainOffCpu => "train-offcpu",
+            Part::AllThreads => "all-threads",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Part::TrainOnCpu => "training thread, on-CPU",
+            Part::TrainOffCpu => "training thread, off-CPU by what it waited in",
+            Part::AllThreads => "all threads, on- and off-CPU",
+        }
+    }
+}
+
+/// Root-frame suffix of the thread that issues a rank's collectives, when
+/// the agent knows it apart from the main thread.
+pub const TRAIN_SUFFIX: &str = " [train]";
+
+/// Whether a root frame (thread name) is the rank's training thread: the
+/// one the agent marked as issuing its collectives, else the process's
+/// main thread (which runs the loop in PyTorch and in the scenarios).
+pub fn is_training_thread(root: &str) -> bool {
+    root.ends_with(TRAIN_SUFFIX) || root.ends_with(MAIN_SUFFIX)
+}
+
+/// An off-CPU stack: captured as the thread left the CPU, so it ends in
+/// the scheduler (`docs/stacks.md`). A CPU sample caught inside
+/// `schedule` itself counts as off-CPU too; that is microseconds.
+pub fn is_off_cpu(stack: &str) -> bool {
+    stack
+        .rsplit(';')
+        .take(4)
+        .any(|f| f == "__schedule_[k]" || f == "schedule_[k]")
+}
+
+/// What an off-CPU stretch waited in, from the frames on its stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A CUDA sync call (any frame named `…synchronize`): waiting for the
+    /// GPU.
+    GpuSync,
+    /// Inside NCCL: waiting for peers or the network.
+    Collective,
+    /// A read, write, poll or block-device wait.
+    Io,
+    /// A mutex, condition variable or futex outside the two above.
+    Lock,
+    /// A sleep (`nanosleep`): the program chose to wait.
+    Sleep,
+    Other,
+}
+
+impl Wait {
+    pub fn label(self) -> &'static str {
+        match self {
+            Wait::GpuSync => "[off-CPU: GPU sync]",
+            Wait::Collective => "[off-CPU: collective]",
+            Wait::Io => "[off-CPU: I/O]",
+            Wait::Lock => "[off-CPU: lock]",
+            Wait::Sleep => "[off-CPU: sleep]",
+            Wait::Other => "[off-CPU: other]",
+        }
+    }
+}
+
+/// The first match wins, in this order: a CUDA sync or NCCL call waits in
+/// a futex or a sleep underneath, and it is the call that says why.
+pub fn wait_of(stack: &str) -> Wait {
+    let frames: Vec<&str> = stack.split(';').collect();
+    let any = |f: &dyn Fn(&str) -> bool| frames.iter().any(|x| f(x));
+    let lower = |x: &str| x.to_ascii_lowercase();
+    // `cudaStreamSynchronize`, `cuCtxSynchronize`, `torch.cuda.synchronize`
+    // or the job's own wrapper (`Trainer::synchronize`): the CUDA frames
+    // themselves are often missing (no frame pointers in libcudart).
+    if any(&|x| {
+        let name = x.rsplit("::").next().unwrap_or(x);
+        lower(name).contains("synchronize")
+    }) {
+        Wait::GpuSync
+    } else if any(&|x| x.starts_with("nccl") || x.starts_with("pnccl")) {
+        Wait::Collective
+    } else if any(&|x| x.contains("nanosleep")) {
+        Wait::Sleep
+    } else if any(&|x| {
+        let k = x.strip_suffix("_[k]").unwrap_or(x);
+        k.starts_with("vfs_read")
+            || k.starts_with("vfs_write")
+            || k.starts_with("ksys_read")
+            || k.starts_with("ksys_write")
+            || k.starts_with("ksys_pread")
+            || k.starts_with("io_schedule")
+            || k.starts_with("do_sys_poll")
+            || k.starts_with("do_select")
+            || k.starts_with("do_epoll_wait")
+            || k.starts_with("sock_recvmsg")
+            || k.starts_with("blk_")
+    }) {
+        Wait::Io
+    } else if any(&|x| {
+        x.contains("futex")
+            || x.contains("pthread_mutex")
+            || x.contains("lll_lock")
+            || x.contains("pthread_cond")
+            || x.contains("Condvar")
+            || x.contains("Mutex")
+    }) {
+        Wait::Lock
+    } else {
+        Wait::Other
+    }
+}
+
+/// The stacks of `f` that belong to `part`; off-CPU stacks get a
+/// `[off-CPU: …]` frame under the thread so the graph groups them by what
+/// they waited in.
+pub fn select(f: &Folded, part: Part) -> Folded {
+    select_as(f, part, true)
+}
+
+/// [`select`], with or without the wait frames: the top frames are found
+/// without them, or the wait category would "explain" every difference
+/// under it and hide the function where the waiting comes from.
+fn select_as(f: &Folded, part: Part, label: bool) -> Folded {
+    let mut out = Folded::default();
+    for (stack, &w) in &f.stacks {
+        let root = root_of(stack);
+        let key = match part {
+            Part::AllThreads => stack.clone(),
+            _ if !is_training_thread(root) => continue,
+            Part::TrainOnCpu if is_off_cpu(stack) => continue,
+            Part::TrainOnCpu => stack.clone(),
+            Part::TrainOffCpu if !is_off_cpu(stack) => continue,
+            Part::TrainOffCpu if !label => stack.clone(),
+            Part::TrainOffCpu => match stack.split_once(';') {
+                Some((root, rest)) => format!("{root};{};{rest}", wait_of(stack).label()),
+                None => continue,
+            },
+        };
+        *out.stacks.entry(key).or_default() += w;
+    }
+    out
+}
+
+/// The diff of one part, written next to the main one; `None` when
+/// neither side has stacks in it.
+fn part_diff(
+    flagged: &Folded,
+    reference: &Folded,
+    part: Part,
+    req: &DiffRequest<'_>,
+    reference_rank: u32,
+    unit: &str,
+) -> Result<Option<FlameView>, FlameError> {
+    let (f, r) = (select(flagged, part), select(reference, part));
+    if f.total() == 0 || r.total() == 0 {
+        return Ok(None);
+    }
+    let svg = req.out_dir.join(format!(
+        "rank{}-{}-vs-rank{reference_rank}-diff.svg",
+        req.flagged,
+        part.key()
+    ));
+    let mut lines = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options {
+            normalize: true,
+            strip_hex: false,
+        },
+        BufReader::new(r.lines().as_bytes()),
+        BufReader::new(f.lines().as_bytes()),
+        &mut lines,
+    )
+    .map_err(|source| FlameError::Write {
+        path: svg.clone(),
+        source,
+    })?;
+    render(
+        &String::from_utf8_lossy(&lines),
+        &svg,
+        &format!(
+            "rank {} vs rank {reference_rank}, {}: red = more on rank {}",
+            req.flagged,
+            part.title(),
+            req.flagged
+        ),
+        unit,
+        true,
+    )?;
+    // A training-thread part as a share of that thread's time; all
+    // threads: 1.
+    let share = |x: &Folded, all: &Folded| {
+        let train: u64 = all
+            .stacks
+            .iter()
+            .filter(|(k, _)| part == Part::AllThreads || is_training_thread(root_of(k)))
+            .map(|(_, w)| *w)
+            .sum();
+        x.total() as f64 / train.max(1) as f64
+    };
+    Ok(Some(FlameView {
+        part: part.key().to_owned(),
+        title: part.title().to_owned(),
+        diff_svg: svg.display().to_string(),
+        flagged_share: share(&f, flagged),
+        reference_share: share(&r, reference),
+        top_frames: top_frames(
+            &select_as(flagged, part, false),
+            &select_as(reference, part, false),
+            Threads::All,
+            req.top,
+        ),
+    }))
 }
 
 /// How much of `[start_ns, end_ns)` the rank's windows cover.
@@ -510,8 +774,9 @@ pub struct Layout {
 pub fn view_for(kind: crate::classify::Kind) -> (StackView, Threads) {
     match kind {
         crate::classify::Kind::Compute => (StackView::Launch, Threads::All),
-        crate::classify::Kind::Host => (StackView::Cpu, Threads::Main),
-        _ => (StackView::Cpu, Threads::All),
+        // The training thread is where a rank is late; the other threads'
+        // differences are in the all-threads view (`FlameRef::views`).
+        _ => (StackView::Cpu, Threads::Main),
     }
 }
 
@@ -553,7 +818,7 @@ pub fn annotate(
             // No launch sites were recorded (`serve --launch-sites` is off):
             // the CPU view still shows whether the rank's CPU side differs.
             Err(FlameError::Empty(_) | FlameError::NoReference) if view == StackView::Launch => {
-                diff(&request(StackView::Cpu, Threads::All))
+                diff(&request(StackView::Cpu, Threads::Main))
             }
             r => r,
         };
@@ -592,6 +857,142 @@ mod tests {
         assert!((top[0].flagged_share - 0.30).abs() < 1e-9);
         assert!((top[0].reference_share - 0.05).abs() < 1e-9);
         assert!(top.iter().all(|t| t.frame != "sleep" && t.frame != "main"));
+    }
+
+    #[test]
+    fn parts_split_the_training_thread_on_and_off_cpu_by_what_it_waited_in() {
+        let f = folded(&[
+            ("py [main];train;load_batch;read;vfs_read_[k];schedule_[k];__schedule_[k]", 30),
+            ("py [main];train;forward;launch", 20),
+            ("py [main];train;sync;cudaStreamSynchronize;futex_wait_[k];schedule_[k];__schedule_[k]", 40),
+            ("py [main];train;allreduce;ncclAllReduce;futex_wait_[k];__schedule_[k]", 5),
+            ("py [main];train;pin;pthread_mutex_lock;futex_wait_[k];__schedule_[k]", 3),
+            ("py [main];train;app::Trainer::synchronize;std::Condvar::wait;futex_wait_[k];__schedule_[k]", 7),
+            ("py [main];train;nap;clock_nanosleep;do_nanosleep_[k];__schedule_[k]", 2),
+            ("nccl-proxy;poll;futex_wait_[k];__schedule_[k]", 500),
+        ]);
+        let on = select(&f, Part::TrainOnCpu);
+        assert_eq!(on.lines(), "py [main];train;forward;launch 20\n");
+        let off = select(&f, Part::TrainOffCpu);
+        let cat = |label: &str| -> u64 {
+            off.stacks
+                .iter()
+                .filter(|(k, _)| k.split(';').nth(1) == Some(label))
+                .map(|(_, w)| *w)
+                .sum()
+        };
+        assert_eq!(cat(Wait::Io.label()), 30);
+        assert_eq!(cat(Wait::GpuSync.label()), 47);
+        assert_eq!(cat(Wait::Collective.label()), 5);
+        assert_eq!(cat(Wait::Lock.label()), 3);
+        assert_eq!(cat(Wait::Sleep.label()), 2);
+        assert_eq!(
+            off.total(),
+            87,
+            "the proxy thread is not the training thread"
+        );
+        assert_eq!(select(&f, Part::AllThreads), f);
+        // A thread the agent marked as issuing the collectives counts too.
+        assert!(is_training_thread("python [train]"));
+        assert!(!is_training_thread("pt_autograd_0"));
+    }
+
+    #[test]
+    fn the_training_thread_difference_is_not_drowned_by_parked_threads() {
+        // The issue-24 shape: helper threads parked most of the time, the
+        // training thread's load_batch a sliver of the whole process.
+        let healthy = folded(&[
+            ("t [main];step;load_batch;clock_nanosleep;__schedule_[k]", 4),
+            (
+                "t [main];step;sync;cudaStreamSynchronize;__schedule_[k]",
+                50,
+            ),
+            ("t [main];step;compute", 46),
+            ("gpu-stream;wait;futex_wait_[k];__schedule_[k]", 1000),
+            ("nccl-proxy;wait;futex_wait_[k];__schedule_[k]", 500),
+        ]);
+        let slow = folded(&[
+            (
+                "t [main];step;load_batch;clock_nanosleep;__schedule_[k]",
+                40,
+            ),
+            (
+                "t [main];step;sync;cudaStreamSynchronize;__schedule_[k]",
+                20,
+            ),
+            ("t [main];step;compute", 40),
+            ("gpu-stream;wait;futex_wait_[k];__schedule_[k]", 1100),
+            ("nccl-proxy;wait;futex_wait_[k];__schedule_[k]", 400),
+        ]);
+        let top = top_frames(
+            &select_as(&slow, Part::TrainOffCpu, false),
+            &select_as(&healthy, Part::TrainOffCpu, false),
+            Threads::All,
+            3,
+        );
+        assert_eq!(top[0].frame, "load_batch", "{top:#?}");
+        assert!((top[0].flagged_share - 40.0 / 60.0).abs() < 1e-9);
+        let dir = std::env::temp_dir().join(format!("slowrank-flame-parts-{}", std::process::id()));
+        let windows: Vec<StackWindow> = [(1u32, &slow), (2, &healthy), (3, &healthy)]
+            .iter()
+            .map(|(rank, f)| {
+                let mut strings: Vec<String> = Vec::new();
+                let stacks = f
+                    .stacks
+                    .iter()
+                    .map(|(k, w)| slowrank_shared::wire::FoldedStack {
+                        frames: k
+                            .split(';')
+                            .map(|x| {
+                                strings.iter().position(|s| s == x).unwrap_or_else(|| {
+                                    strings.push(x.to_owned());
+                                    strings.len() - 1
+                                }) as u32
+                            })
+                            .collect(),
+                        weight: *w,
+                    })
+                    .collect();
+                StackWindow {
+                    rank: *rank,
+                    view: StackView::Cpu,
+                    start_ns: 0,
+                    end_ns: 10,
+                    strings,
+                    stacks,
+                    records: 1,
+                    truncated: 0,
+                    overflow_weight: 0,
+                }
+            })
+            .collect();
+        let r = diff(&DiffRequest {
+            windows: &windows,
+            flagged: 1,
+            candidates: &[2, 3],
+            view: StackView::Cpu,
+            start_ns: 0,
+            end_ns: 10,
+            out_dir: &dir,
+            top: 5,
+            threads: Threads::Main,
+        })
+        .unwrap();
+        let parts: Vec<&str> = r.views.iter().map(|v| v.part.as_str()).collect();
+        assert_eq!(parts, ["train-oncpu", "train-offcpu", "all-threads"]);
+        for v in &r.views {
+            assert!(
+                std::path::Path::new(&v.diff_svg).is_file(),
+                "{}",
+                v.diff_svg
+            );
+        }
+        assert_eq!(r.top_frames[0].frame, "load_batch");
+        assert_eq!(r.views[1].top_frames[0].frame, "load_batch");
+        // On- and off-CPU make up the training thread.
+        assert!((r.views[0].flagged_share + r.views[1].flagged_share - 1.0).abs() < 1e-9);
+        assert!((r.views[2].flagged_share - 1.0).abs() < 1e-9);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

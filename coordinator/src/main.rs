@@ -76,7 +76,8 @@ struct ServeArgs {
         default_value = ""
     )]
     token: String,
-    /// Keep DIR/report.json, DIR/report.txt and DIR/trace.json current
+    /// Keep DIR/report.json, DIR/report.txt, DIR/trace.json and
+    /// DIR/report.html (the page; timeline.json holds its series) current
     /// (replaced atomically every --write-every and at shutdown).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -98,7 +99,8 @@ struct ServeArgs {
     /// Bound on one webhook request or exec hook run, in seconds.
     #[arg(long, default_value_t = 5.0, value_name = "S")]
     hook_timeout: f64,
-    /// Serve Prometheus metrics at http://ADDR/metrics.
+    /// Serve Prometheus metrics at http://ADDR/metrics and the report page
+    /// at http://ADDR/ (reloads itself every few seconds).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
     /// Seconds of deep probes (verbs, per-launch timing) requested from a
@@ -133,8 +135,15 @@ struct ReportArgs {
     /// Directory given to `serve --out` (or a report.json file).
     dir: PathBuf,
     /// Print the stable JSON (schema slowrank.report/v1) instead of the table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "html")]
     json: bool,
+    /// Write DIR/report.html instead: one self-contained page (no network
+    /// fetches) with the verdicts and their evidence, a rank × iteration
+    /// heatmap of arrival lateness with each verdict's onset, the job's
+    /// step time, the diff flame graphs, per-host clock error and ingest
+    /// health. `serve --out DIR` keeps the same file current.
+    #[arg(long)]
+    html: bool,
 }
 
 /// glibc gives threads that allocate their own arenas (up to 8 per core),
@@ -184,7 +193,18 @@ fn main() -> ExitCode {
 
 fn report(args: ReportArgs) -> Result<()> {
     let r = outputs::read_report(&args.dir)?;
-    if args.json {
+    if args.html {
+        let dir = if args.dir.is_dir() {
+            args.dir.clone()
+        } else {
+            args.dir
+                .parent()
+                .map_or_else(|| PathBuf::from("."), PathBuf::from)
+        };
+        let timeline = outputs::read_timeline(&dir)?;
+        outputs::write_page(&dir, &r, &timeline)?;
+        println!("wrote {}", dir.join(outputs::REPORT_HTML).display());
+    } else if args.json {
         println!("{}", render_json(&r)?);
     } else {
         print!("{}", render_human(&r));

@@ -20,6 +20,15 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     pub fn start(addr: SocketAddr, render: Render) -> Result<Self, MetricsError> {
+        Self::start_with_page(addr, render, None)
+    }
+
+    /// Also serves `page` (the HTML report) at `/`.
+    pub fn start_with_page(
+        addr: SocketAddr,
+        render: Render,
+        page: Option<Render>,
+    ) -> Result<Self, MetricsError> {
         let server = tiny_http::Server::http(addr).map_err(|e| MetricsError::Bind {
             addr,
             message: e.to_string(),
@@ -39,6 +48,13 @@ impl MetricsServer {
                         )
                         .expect("static header");
                         tiny_http::Response::from_string(render()).with_header(header)
+                    } else if let (true, Some(page)) = (path == "/", &page) {
+                        let header = tiny_http::Header::from_bytes(
+                            &b"Content-Type"[..],
+                            &b"text/html; charset=utf-8"[..],
+                        )
+                        .expect("static header");
+                        tiny_http::Response::from_string(page()).with_header(header)
                     } else {
                         tiny_http::Response::from_string("slowrank: see /metrics\n")
                             .with_status_code(404)

@@ -1,5 +1,5 @@
 //! The files `slowrank serve --out DIR` keeps current: `report.json`,
-//! `report.txt` and `trace.json`. Each is written to a temporary file in the
+//! `report.txt`, `trace.json`, `timeline.json` and `report.html`. Each is written to a temporary file in the
 //! same directory and renamed over the old one, so a reader (or a crash)
 //! never sees half a report.
 
@@ -10,10 +10,13 @@ use std::{
 };
 
 use crate::report::{render_human, render_json, Report};
+use crate::timeline::Timeline;
 
 pub const REPORT_JSON: &str = "report.json";
 pub const REPORT_TXT: &str = "report.txt";
 pub const TRACE_JSON: &str = "trace.json";
+pub const TIMELINE_JSON: &str = "timeline.json";
+pub const REPORT_HTML: &str = "report.html";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
@@ -52,6 +55,92 @@ pub fn write_all(
     write_atomic(dir, REPORT_JSON, render_json(report)?.as_bytes())?;
     write_atomic(dir, REPORT_TXT, render_human(report).as_bytes())?;
     write_atomic(dir, TRACE_JSON, serde_json::to_string(trace)?.as_bytes())
+}
+
+/// The diff flame graphs' SVG text for the page: a CPU diff's parts
+/// (training thread on-CPU, off-CPU, all threads), else its one diff. A
+/// graph is looked for where the report says it was written, then under
+/// `dir/flame/` (a run directory copied elsewhere); one that cannot be read
+/// is left out of the page (its verdict still says where it was).
+pub fn load_flames(dir: &Path, report: &Report) -> Vec<crate::html::FlameSvg> {
+    let read = |path: &str| {
+        let p = PathBuf::from(path);
+        let moved = p.file_name().map(|n| dir.join("flame").join(n));
+        fs::read_to_string(&p)
+            .ok()
+            .or_else(|| moved.and_then(|m| fs::read_to_string(m).ok()))
+    };
+    let mut out = Vec::new();
+    for v in &report.verdicts {
+        let Some(f) = &v.flamegraph else { continue };
+        let graphs: Vec<(String, &str)> = if f.views.is_empty() {
+            vec![(format!("{} view", f.view), f.diff_svg.as_str())]
+        } else {
+            f.views
+                .iter()
+                .map(|p| (p.title.clone(), p.diff_svg.as_str()))
+                .collect()
+        };
+        for (title, path) in graphs {
+            if let Some(svg) = read(path) {
+                out.push(crate::html::FlameSvg {
+                    verdict: v.id,
+                    title,
+                    svg,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Writes `timeline.json` (the page's series, for `slowrank report
+/// --html` later) and `report.html` into `dir`; returns the page.
+pub fn write_timeline_and_page(
+    dir: &Path,
+    report: &Report,
+    timeline: &Timeline,
+) -> Result<String, OutputError> {
+    write_atomic(
+        dir,
+        TIMELINE_JSON,
+        serde_json::to_string(timeline)?.as_bytes(),
+    )?;
+    write_page(dir, report, timeline)
+}
+
+/// Writes `report.html` into `dir`; returns the page.
+pub fn write_page(dir: &Path, report: &Report, timeline: &Timeline) -> Result<String, OutputError> {
+    let html = crate::html::render(&crate::html::Page {
+        report,
+        timeline,
+        flames: load_flames(dir, report),
+        refresh_s: None,
+    });
+    write_atomic(dir, REPORT_HTML, html.as_bytes())?;
+    Ok(html)
+}
+
+/// Reads `dir/timeline.json`; a directory without one (written before the
+/// page existed) gives an empty series, a malformed one an error.
+pub fn read_timeline(dir: &Path) -> Result<Timeline, ReadError> {
+    let file = dir.join(TIMELINE_JSON);
+    let text = match fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Timeline::default()),
+        Err(source) => return Err(ReadError::Io { path: file, source }),
+    };
+    let t: Timeline = serde_json::from_str(&text).map_err(|source| ReadError::Json {
+        path: file.clone(),
+        source,
+    })?;
+    if t.schema != crate::timeline::SCHEMA {
+        return Err(ReadError::TimelineSchema {
+            path: file,
+            found: t.schema,
+        });
+    }
+    Ok(t)
 }
 
 /// Reads `dir/report.json` (or a report file given directly) back.
@@ -100,6 +189,11 @@ pub enum ReadError {
         crate::report::SCHEMA
     )]
     Schema { path: PathBuf, found: String },
+    #[error(
+        "{path} has schema {found:?}; this build reads {}",
+        crate::timeline::SCHEMA
+    )]
+    TimelineSchema { path: PathBuf, found: String },
 }
 
 #[cfg(test)]

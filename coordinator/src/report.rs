@@ -337,14 +337,38 @@ pub fn render_human(r: &Report) -> String {
                     "  where it differs ({} view, against rank {}; {}):",
                     f.view, f.reference_rank, f.diff_svg
                 );
-                for t in f.top_frames.iter().take(3) {
-                    let _ = writeln!(
-                        s,
-                        "    {:>5.1}% vs {:>5.1}%  {}",
-                        t.flagged_share * 100.0,
-                        t.reference_share * 100.0,
-                        short_frame(&t.frame)
-                    );
+                // The training thread's own differences first (on-CPU,
+                // then what it waited in); the whole list when unsplit.
+                let parts: Vec<_> = f.views.iter().filter(|p| p.part != "all-threads").collect();
+                let lists: Vec<(String, &[crate::flame::FrameDiff])> = if parts.is_empty() {
+                    vec![(String::new(), &f.top_frames[..])]
+                } else {
+                    parts
+                        .iter()
+                        .map(|p| {
+                            let head = format!(
+                                "    {} ({:.0}% of the thread's time vs {:.0}%):",
+                                p.title,
+                                100.0 * p.flagged_share,
+                                100.0 * p.reference_share
+                            );
+                            (head, &p.top_frames[..])
+                        })
+                        .collect()
+                };
+                for (head, frames) in lists {
+                    if !head.is_empty() {
+                        let _ = writeln!(s, "{head}");
+                    }
+                    for t in frames.iter().take(3) {
+                        let _ = writeln!(
+                            s,
+                            "    {:>5.1}% vs {:>5.1}%  {}",
+                            t.flagged_share * 100.0,
+                            t.reference_share * 100.0,
+                            short_frame(&t.frame)
+                        );
+                    }
                 }
             }
         }
@@ -458,7 +482,7 @@ fn fmt_ranks(r: &[u32]) -> String {
 
 /// The function name without its module path and generic noise, so the
 /// table stays readable (the JSON keeps the full name).
-fn short_frame(frame: &str) -> &str {
+pub(crate) fn short_frame(frame: &str) -> &str {
     let cut = frame.rfind(">::").map(|i| i + 3).or_else(|| {
         // `a::b::c` → `c`, but keep `GPU:kernel` whole.
         frame.rfind("::").map(|i| i + 2)

@@ -79,7 +79,8 @@ const MAX_QUEUED_BATCHES: usize = 512;
 pub struct ServeConfig {
     pub listen: SocketAddr,
     pub token: String,
-    /// Directory for report.json, report.txt and trace.json.
+    /// Directory for report.json, report.txt, trace.json, timeline.json and
+    /// report.html.
     pub out_dir: Option<PathBuf>,
     pub write_every: Duration,
     pub tick_every: Duration,
@@ -159,6 +160,8 @@ pub struct Server {
     metrics: Option<MetricsServer>,
     agents: Arc<std::sync::Mutex<BTreeMap<String, AgentReport>>>,
     stacks: Arc<StackStore>,
+    /// The HTML report last written (served live at `/`).
+    page: Arc<std::sync::Mutex<Option<String>>>,
     /// When every agent was last asked for a deep window because the job
     /// slowed without a named rank, the wait before the next such window,
     /// and how many verdicts had opened by then.
@@ -171,77 +174,31 @@ fn render_metrics(
     hooks: &HookStats,
     agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
 ) -> String {
-    use std::fmt::Write;
-    let mut s = analyzer.metrics().to_prometheus();
-    let _ = writeln!(s, "# HELP slowrank_batches_rejected_total Batches rejected by the QUIC ingest before decoding, by reason\n# TYPE slowrank_batches_rejected_total counter");
-    let mut rej: Vec<(String, u64)> = ingest
-        .rejected
-        .iter()
-        .map(|e| (e.key().clone(), *e.value()))
-        .collect();
-    rej.sort();
-    for (k, v) in rej {
-        let _ = writeln!(s, "slowrank_batches_rejected_total{{reason=\"{k}\"}} {v}");
-    }
-    let counters = [
-        (
-            "slowrank_batches_received_total",
-            "Batches that passed validation",
-            ingest.batches_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_batch_bytes_received_total",
-            "Bytes of valid batches",
-            ingest.bytes_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_agents_refused_total",
-            "Agent connections refused (token, malformed hello)",
-            ingest.refused_agents.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_clock_datagrams_dropped_total",
-            "Clock-port datagrams dropped: not ours, unknown token, bad MAC, wrong address, or answering no outstanding probe",
-            ingest.clock_datagrams_dropped.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_webhook_ok_total",
-            "Webhook deliveries that succeeded",
-            hooks.webhook_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_webhook_failed_total",
-            "Webhook deliveries that failed",
-            hooks.webhook_failed.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_exec_hook_ok_total",
-            "Exec hook runs that succeeded",
-            hooks.exec_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_exec_hook_failed_total",
-            "Exec hook runs that failed",
-            hooks.exec_failed.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_hook_events_dropped_total",
-            "Events not delivered to hooks because they were behind",
-            hooks.dropped.load(Ordering::Relaxed),
-        ),
-    ];
-    for (name, help, v) in counters {
-        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-    }
     let connected = agents
         .lock()
         .map(|a| a.values().filter(|a| a.connected).count())
         .unwrap_or(0);
-    let _ = writeln!(
-        s,
-        "# HELP slowrank_agents_connected Agents connected now\n# TYPE slowrank_agents_connected gauge\nslowrank_agents_connected {connected}"
-    );
-    s
+    crate::metrics_text::serve_exposition(&analyzer.metrics(), ingest, hooks, connected).render()
+}
+
+/// The report page served at `/`: the one last written with the report
+/// files (it has the flame graphs), or, without `--out`, one rendered now.
+fn live_page(
+    analyzer: &Analyzer,
+    stats: &IngestStats,
+    agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
+    page: &std::sync::Mutex<Option<String>>,
+) -> String {
+    if let Some(html) = page.lock().ok().and_then(|p| p.clone()) {
+        return crate::html::with_refresh(&html, crate::html::LIVE_REFRESH_S);
+    }
+    let report = build_report(analyzer, stats, agents);
+    crate::html::render(&crate::html::Page {
+        report: &report,
+        timeline: &analyzer.timeline(),
+        flames: Vec::new(),
+        refresh_s: Some(crate::html::LIVE_REFRESH_S),
+    })
 }
 
 fn build_report(
@@ -272,6 +229,7 @@ impl Server {
         let analyzer = Arc::new(Analyzer::new(cfg.analyzer.clone()));
         let hooks = Hooks::start(cfg.hooks.clone());
         let agents = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let page = Arc::new(std::sync::Mutex::new(None));
         let metrics = match cfg.metrics_listen {
             Some(addr) => {
                 let (a, i, h, ag) = (
@@ -280,9 +238,16 @@ impl Server {
                     hooks.stats(),
                     agents.clone(),
                 );
-                Some(MetricsServer::start(
+                let (a2, i2, ag2, pg) = (
+                    analyzer.clone(),
+                    ingest.stats(),
+                    agents.clone(),
+                    page.clone(),
+                );
+                Some(MetricsServer::start_with_page(
                     addr,
                     Arc::new(move || render_metrics(&a, &i, &h, &ag)),
+                    Some(Arc::new(move || live_page(&a2, &i2, &ag2, &pg))),
                 )?)
             }
             None => None,
@@ -295,6 +260,7 @@ impl Server {
             metrics,
             agents,
             stacks: Arc::new(StackStore::default()),
+            page,
             last_deep_all: std::sync::Mutex::new(None),
         })
     }
@@ -349,11 +315,12 @@ impl Server {
     /// wait for the answer).
     fn spawn_write_outputs(&self) -> Option<tokio::task::JoinHandle<Result<(), OutputError>>> {
         let dir = self.cfg.out_dir.clone()?;
-        let (a, s, ag, st) = (
+        let (a, s, ag, st, pg) = (
             self.analyzer.clone(),
             self.ingest.stats(),
             self.agents.clone(),
             self.stacks.clone(),
+            self.page.clone(),
         );
         let job = move || {
             let t0 = std::time::Instant::now();
@@ -373,7 +340,13 @@ impl Server {
             let t2 = t0.elapsed();
             let trace = a.trace_json();
             let t3 = t0.elapsed();
-            let r = outputs::write_all(&dir, &report, &trace);
+            let r = outputs::write_all(&dir, &report, &trace).and_then(|()| {
+                let html = outputs::write_timeline_and_page(&dir, &report, &a.timeline())?;
+                if let Ok(mut p) = pg.lock() {
+                    *p = Some(html);
+                }
+                Ok(())
+            });
             debug!(target: "slowrank::timing", report_ms = t1.as_secs_f64() * 1e3,
                 annotate_ms = (t2 - t1).as_secs_f64() * 1e3, trace_ms = (t3 - t2).as_secs_f64() * 1e3,
                 write_ms = (t0.elapsed() - t3).as_secs_f64() * 1e3, "outputs written");

@@ -145,7 +145,7 @@ fn memory_stays_bounded_over_a_long_run() {
     assert_eq!(m.iterations_sealed, 598);
     let prom = m.to_prometheus();
     assert!(prom.contains("slowrank_rank_lateness_seconds{rank=\"2\"}"));
-    assert!(prom.contains("slowrank_verdicts_total 1"));
+    assert!(prom.contains("slowrank_verdicts_opened_total 1"));
 }
 
 #[test]

@@ -25,6 +25,7 @@ pub mod layout;
 pub mod libs;
 pub mod netns;
 pub mod orchestrate;
+pub mod progress;
 pub mod random;
 pub mod run;
 pub mod score;

@@ -369,16 +369,22 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
         }
         if opts.progress && last_print.elapsed() >= Duration::from_secs(2) {
             last_print = Instant::now();
-            let (slowest, it) = (0..spec.world_size())
-                .map(|r| (r, steps.done_by(r)))
-                .min_by_key(|x| x.1)
-                .unwrap_or((0, 0));
+            let it = (0..spec.world_size())
+                .map(|r| steps.done_by(r))
+                .min()
+                .unwrap_or(0);
+            let report = fs::read_to_string(out.join("report.json")).ok();
+            let open = report.as_deref().and_then(crate::progress::open_verdicts);
             info!(
-                "{}: iteration {it}/{} (slowest rank {slowest}), median step {:.1} ms, {:.1} s",
-                spec.name,
-                spec.iterations,
-                steps.recent_median_ns(10).unwrap_or(0) as f64 / 1e6,
-                start.elapsed().as_secs_f64()
+                "{}",
+                crate::progress::line(
+                    &spec.name,
+                    it,
+                    spec.iterations,
+                    steps.recent_median_ns(10).map(|n| n as f64 / 1e6),
+                    start.elapsed().as_secs_f64(),
+                    open.as_deref(),
+                )
             );
         }
     };

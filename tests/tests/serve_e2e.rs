@@ -191,7 +191,7 @@ fn clock_errors(o: &Outcome) -> Vec<ClockErr> {
             "{host}: no probe answered on the clock port: {rep:?}"
         );
         let prom = o.analyzer.metrics().to_prometheus();
-        let udp_line = format!("slowrank_clock_probes{{host=\"{host}\",path=\"udp\"}} ");
+        let udp_line = format!("slowrank_clock_probes_total{{host=\"{host}\",path=\"udp\"}} ");
         let udp: f64 = prom
             .lines()
             .find_map(|l| l.strip_prefix(&udp_line))

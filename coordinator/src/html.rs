@@ -1,0 +1,993 @@
+//! `report.html`: the report as one self-contained page — no script, font
+//! or style fetched from anywhere (clusters are often offline), only
+//! inline CSS and inline SVG; the diff flame graphs ride along as `data:`
+//! URLs in `<object>` elements, so inferno's own script keeps them
+//! interactive (zoom, search) without clashing with each other.
+//!
+//! Pure: built from an immutable snapshot ([`Page`]: the [`Report`], the
+//! per-iteration [`Timeline`] and the flame graphs' SVG text, read by the
+//! caller). What the page shows, top to bottom, is what an on-call
+//! engineer asks in that order: is something wrong now, who, since when,
+//! how much, why (evidence), where in the code, and can I trust it (clock,
+//! ingest).
+
+use std::fmt::Write;
+
+use crate::{report::Report, timeline::Timeline, verdict::Verdict};
+
+/// Ranks drawn in the heatmap at most: the verdicts' ranks first, then the
+/// latest on average. More rows than this stop being readable.
+pub const MAX_HEATMAP_RANKS: usize = 64;
+/// Lateness (as a fraction of the step) at which a heatmap cell is fully
+/// coloured: a rank a quarter of a step late every iteration is as loud as
+/// the page gets; the verdict thresholds start at a few percent.
+pub const FULL_SCALE_STEP_FRACTION: f64 = 0.25;
+/// Lines of onset labels above the heatmap before they reuse a line.
+const MAX_ONSET_LINES: usize = 4;
+/// Colour levels per sign: adjacent cells of the same level merge into one
+/// rectangle, which keeps a long steady job's page small.
+const LEVELS: i32 = 8;
+
+/// Seconds between reloads of the page served live at `/`: about the
+/// report writer's period (3 s by default) plus a margin, so a watcher sees
+/// each new verdict within seconds without hammering the coordinator.
+pub const LIVE_REFRESH_S: u32 = 5;
+
+/// A rendered page that reloads itself every `seconds`.
+pub fn with_refresh(html: &str, seconds: u32) -> String {
+    html.replacen(
+        "<meta charset=\"utf-8\">",
+        &format!("<meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"{seconds}\">"),
+        1,
+    )
+}
+
+/// Everything the page shows.
+pub struct Page<'a> {
+    pub report: &'a Report,
+    pub timeline: &'a Timeline,
+    /// The diff flame graphs, in the order shown.
+    pub flames: Vec<FlameSvg>,
+    /// Reload every this many seconds (the page served live); `None` for a
+    /// file.
+    pub refresh_s: Option<u32>,
+}
+
+/// One differential flame graph of a verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlameSvg {
+    pub verdict: u64,
+    /// Which part of the diff ("training thread, on-CPU", ...).
+    pub title: String,
+    /// The SVG text (inferno's, with its script).
+    pub svg: String,
+}
+
+/// HTML-escapes text and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+const CSS: &str = r#"
+:root{--bad:#c0392b;--ok:#1e8449;--was:#7f8c8d;--ink:#1c2833;--mute:#5d6d7e;--line:#d5d8dc}
+*{box-sizing:border-box}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ink);margin:0;background:#f4f6f7}
+header{background:#1c2833;color:#fff;padding:14px 24px}
+header h1{font-size:20px;margin:0 0 4px}
+header .meta{color:#d5dbdb;font-size:13px}
+main{padding:16px 24px;max-width:1280px}
+section{background:#fff;border:1px solid var(--line);border-radius:6px;padding:14px 18px;margin:0 0 16px}
+h2{font-size:17px;margin:0 0 10px}
+.banner{font-size:18px;font-weight:600;padding:12px 16px;border-radius:6px;margin:0 0 16px;border-left:8px solid}
+.banner.bad{background:#fdedec;border-color:var(--bad)}
+.banner.ok{background:#e9f7ef;border-color:var(--ok)}
+.banner div{margin:2px 0}
+table{border-collapse:collapse;width:100%;font-size:14px}
+th,td{text-align:left;padding:5px 8px;border-bottom:1px solid var(--line);vertical-align:top}
+th{color:var(--mute);font-weight:600;font-size:12px;text-transform:uppercase;letter-spacing:.03em}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.verdict.active td:first-child{border-left:5px solid var(--bad)}
+tr.verdict.closed td:first-child{border-left:5px solid var(--was)}
+tr.verdict.closed{color:var(--mute)}
+.tag{display:inline-block;padding:1px 7px;border-radius:10px;font-size:12px;font-weight:600;color:#fff}
+.tag.now{background:var(--bad)}.tag.was{background:var(--was)}
+ul.evidence{margin:4px 0 6px 18px;padding:0;font-size:13.5px}
+.note{color:var(--mute);font-size:13px}
+.warn{color:var(--bad);font-weight:600}
+object.flame{width:100%;height:520px;border:1px solid var(--line);border-radius:4px;background:#fff}
+svg text{font-family:system-ui,sans-serif}
+code{font-size:13px}
+"#;
+
+/// The whole page.
+pub fn render(p: &Page<'_>) -> String {
+    let r = p.report;
+    let mut s = String::with_capacity(64 * 1024);
+    let title = match r.verdicts.iter().find(|v| v.active) {
+        Some(v) => format!("slowrank: {}", v.headline()),
+        None => "slowrank report".to_owned(),
+    };
+    let _ = write!(
+        s,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">{}\
+         <title>{}</title><style>{CSS}</style></head><body>",
+        p.refresh_s.map_or(String::new(), |t| format!(
+            "<meta http-equiv=\"refresh\" content=\"{t}\">"
+        )),
+        esc(&title)
+    );
+    header(&mut s, r);
+    s.push_str("<main>");
+    banner(&mut s, r);
+    verdicts(&mut s, r, &p.flames);
+    heatmap(&mut s, r, p.timeline);
+    step_chart(&mut s, r, p.timeline);
+    flames(&mut s, r, &p.flames);
+    hangs(&mut s, r);
+    clocks(&mut s, r);
+    ingest(&mut s, r);
+    s.push_str("</main></body></html>\n");
+    s
+}
+
+fn header(s: &mut String, r: &Report) {
+    let _ = write!(
+        s,
+        "<header><h1>slowrank report — job {}</h1><div class=\"meta\">{} ranks on {} hosts · \
+         {} iterations observed{} · {:.0} s observed · generated {}</div></header>",
+        esc(r.job.job_id.as_deref().unwrap_or("?")),
+        r.job.world_size,
+        r.job.hosts,
+        r.job.iterations_observed,
+        r.job
+            .step_time_ms
+            .map_or(String::new(), |t| format!(" · step {t:.1} ms")),
+        r.job.observed_seconds,
+        r.generated_at.format("%Y-%m-%d %H:%M:%S UTC")
+    );
+}
+
+/// The one thing to read first: what is wrong now, or that nothing is.
+fn banner(s: &mut String, r: &Report) {
+    let active: Vec<&Verdict> = r.verdicts.iter().filter(|v| v.active).collect();
+    let hangs: Vec<_> = r.hangs.iter().filter(|h| h.active).collect();
+    let bad = !active.is_empty() || !hangs.is_empty();
+    let _ = write!(
+        s,
+        "<div class=\"banner {}\" id=\"status\">",
+        if bad { "bad" } else { "ok" }
+    );
+    for h in &hangs {
+        let _ = write!(
+            s,
+            "<div>HANG: ranks {} never arrived at {} #{} of communicator {}</div>",
+            esc(&join_u32(&h.missing_ranks)),
+            esc(&h.op),
+            h.sequence,
+            esc(&h.communicator)
+        );
+    }
+    for v in &active {
+        let _ = write!(
+            s,
+            "<div>NOW: {} (since iteration {})</div>",
+            esc(&v.headline()),
+            v.first_seen_iteration
+        );
+    }
+    if !bad {
+        let line = if r.job.ranks_seen == 0 {
+            "No rank observed yet: no agent has reported a rank process."
+        } else if r.verdicts.is_empty() {
+            "No slow rank found: every rank kept pace within noise."
+        } else {
+            "No verdict is active now; earlier ones are listed below."
+        };
+        let _ = write!(s, "<div>{line}</div>");
+    }
+    s.push_str("</div>");
+}
+
+fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
+    s.push_str("<section id=\"verdicts\"><h2>Verdicts</h2>");
+    if r.verdicts.is_empty() {
+        s.push_str("<p class=\"note\">None.</p></section>");
+        return;
+    }
+    s.push_str(
+        "<table><thead><tr><th></th><th>who</th><th>kind</th><th class=\"num\">confidence</th>\
+         <th class=\"num\">since iteration</th><th class=\"num\">lost GPU-s</th>\
+         <th class=\"num\">cost</th><th class=\"num\">clock error</th></tr></thead><tbody>",
+    );
+    for v in &r.verdicts {
+        let who = match &v.link {
+            Some(l) => format!("link {}↔{} (from {})", l.ranks[0], l.ranks[1], v.host),
+            None if !v.ranks.is_empty() => format!(
+                "host {} ({}; rank {} costs most)",
+                v.host,
+                crate::verdict::span(&v.ranks),
+                v.rank
+            ),
+            None => format!("rank {} on {}", v.rank, v.host),
+        };
+        let since = match v.closed_iteration {
+            Some(c) if !v.active => format!("{}–{}", v.first_seen_iteration, c),
+            _ => v.first_seen_iteration.to_string(),
+        };
+        let _ = write!(
+            s,
+            "<tr class=\"verdict {}\" id=\"verdict-{}\" data-rank=\"{}\"><td><span class=\"tag {}\">{}</span></td>\
+             <td><b>{}</b></td><td>{}-slow</td><td class=\"num\">{:.2}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{:.2}</td><td class=\"num\">{:.1}%</td><td class=\"num\">{:.0} µs</td></tr>",
+            if v.active { "active" } else { "closed" },
+            v.id,
+            v.rank,
+            if v.active { "now" } else { "was" },
+            if v.active { "NOW" } else { "WAS" },
+            esc(&who),
+            esc(v.kind.as_str()),
+            v.confidence,
+            since,
+            v.lost_gpu_seconds,
+            100.0 * v.cost_fraction,
+            v.clock_error_us
+        );
+        let _ = write!(
+            s,
+            "<tr class=\"evidence\"><td></td><td colspan=\"7\"><ul class=\"evidence\">"
+        );
+        for e in &v.evidence {
+            let _ = write!(s, "<li>{}</li>", esc(e));
+        }
+        s.push_str("</ul>");
+        if let Some(f) = &v.flamegraph {
+            let top: Vec<String> = f
+                .top_frames
+                .iter()
+                .take(3)
+                .map(|t| {
+                    format!(
+                        "<code>{}</code> {:.1}% vs {:.1}%",
+                        esc(crate::report::short_frame(&t.frame)),
+                        100.0 * t.flagged_share,
+                        100.0 * t.reference_share
+                    )
+                })
+                .collect();
+            let link = if flames.iter().any(|g| g.verdict == v.id) {
+                format!(" (<a href=\"#flame-{}\">flame graph</a>)", v.id)
+            } else {
+                String::new()
+            };
+            let _ = write!(
+                s,
+                "<div class=\"note\">Where it differs from rank {} ({} view){link}: {}</div>",
+                f.reference_rank,
+                esc(&f.view),
+                if top.is_empty() {
+                    "no frame stands out".to_owned()
+                } else {
+                    top.join(" · ")
+                }
+            );
+        }
+        s.push_str("</td></tr>");
+    }
+    s.push_str("</tbody></table></section>");
+}
+
+/// Iteration → x position helpers shared by the heatmap and the chart.
+struct Axis {
+    x0: f64,
+    width: f64,
+    cols: usize,
+}
+
+impl Axis {
+    fn x(&self, col: usize) -> f64 {
+        self.x0 + self.width * col as f64 / self.cols.max(1) as f64
+    }
+    fn w(&self) -> f64 {
+        self.width / self.cols.max(1) as f64
+    }
+}
+
+/// Verdict onsets as (timeline row, verdict).
+fn onsets<'a>(r: &'a Report, t: &Timeline) -> Vec<(usize, &'a Verdict)> {
+    r.verdicts
+        .iter()
+        .filter_map(|v| t.row_of(v.first_seen_iteration).map(|c| (c, v)))
+        .collect()
+}
+
+fn median_step(t: &Timeline) -> Option<f64> {
+    let mut v: Vec<f64> = t.rows.iter().filter_map(|r| r.step_ms).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+/// Which ranks get a heatmap row: every verdict's ranks, then the latest
+/// on average, up to [`MAX_HEATMAP_RANKS`]; drawn in rank order.
+fn heatmap_ranks(r: &Report, t: &Timeline) -> (Vec<u32>, usize) {
+    let all = t.ranks();
+    if all.len() <= MAX_HEATMAP_RANKS {
+        return (all.clone(), all.len());
+    }
+    let mut pick: Vec<u32> = Vec::new();
+    for v in &r.verdicts {
+        let mut rs = vec![v.rank];
+        rs.extend(v.ranks.iter().copied());
+        if let Some(l) = &v.link {
+            rs.extend(l.ranks);
+        }
+        for x in rs {
+            if !pick.contains(&x) && pick.len() < MAX_HEATMAP_RANKS {
+                pick.push(x);
+            }
+        }
+    }
+    let mut mean: std::collections::HashMap<u32, (f64, u32)> = Default::default();
+    for row in &t.rows {
+        for (rk, l) in &row.late_ms {
+            let e = mean.entry(*rk).or_default();
+            e.0 += *l as f64;
+            e.1 += 1;
+        }
+    }
+    let mut by: Vec<(u32, f64)> = mean
+        .into_iter()
+        .map(|(k, (sum, n))| (k, sum / n.max(1) as f64))
+        .collect();
+    by.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (rk, _) in by {
+        if pick.len() >= MAX_HEATMAP_RANKS {
+            break;
+        }
+        if !pick.contains(&rk) {
+            pick.push(rk);
+        }
+    }
+    pick.sort_unstable();
+    (pick, all.len())
+}
+
+/// Colour level of a lateness: −LEVELS..=LEVELS.
+fn level(late_ms: f64, full_ms: f64) -> i32 {
+    if !late_ms.is_finite() || full_ms <= 0.0 {
+        return 0;
+    }
+    ((late_ms / full_ms) * LEVELS as f64)
+        .round()
+        .clamp(-LEVELS as f64, LEVELS as f64) as i32
+}
+
+fn colour(level: i32) -> String {
+    // White → red for late, white → blue for early.
+    let f = level.unsigned_abs() as f64 / LEVELS as f64;
+    let (r, g, b) = if level >= 0 {
+        (255.0 - 63.0 * f, 255.0 - 198.0 * f, 255.0 - 212.0 * f)
+    } else {
+        (255.0 - 215.0 * f, 255.0 - 140.0 * f, 255.0 - 40.0 * f)
+    };
+    format!("#{:02x}{:02x}{:02x}", r as u8, g as u8, b as u8)
+}
+
+fn iter_span(row: &crate::timeline::Row) -> String {
+    if row.first == row.last {
+        format!("iteration {}", row.first)
+    } else {
+        format!("iterations {}–{}", row.first, row.last)
+    }
+}
+
+fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
+    s.push_str("<section id=\"heatmap-section\"><h2>Arrival lateness, rank × iteration</h2>");
+    let (ranks, total) = heatmap_ranks(r, t);
+    if t.rows.is_empty() || ranks.is_empty() {
+        s.push_str("<p class=\"note\">No per-iteration series yet: no iteration sealed, or no timeline.json next to report.json.</p></section>");
+        return;
+    }
+    let step = median_step(t);
+    let full = match step {
+        Some(st) => FULL_SCALE_STEP_FRACTION * st,
+        None => {
+            let mut all: Vec<f64> = t
+                .rows
+                .iter()
+                .flat_map(|row| row.late_ms.iter().map(|x| (x.1 as f64).abs()))
+                .collect();
+            all.sort_by(f64::total_cmp);
+            all.get(all.len() * 99 / 100)
+                .copied()
+                .unwrap_or(1.0)
+                .max(1e-3)
+        }
+    };
+    let ax = Axis {
+        x0: 64.0,
+        width: 960.0,
+        cols: t.rows.len(),
+    };
+    let cell_h = (420.0 / ranks.len() as f64).clamp(6.0, 22.0);
+    // One line of onset labels per verdict (up to MAX_ONSET_LINES, then
+    // they cycle), so verdicts opened close together stay legible.
+    let lines = onsets(r, t).len().clamp(1, MAX_ONSET_LINES);
+    let top = 10.0 + 13.0 * lines as f64;
+    let h = top + cell_h * ranks.len() as f64 + 30.0;
+    let _ = write!(
+        s,
+        "<svg id=\"heatmap\" role=\"img\" viewBox=\"0 0 {:.0} {h:.0}\" width=\"100%\" \
+         style=\"max-width:{:.0}px\" xmlns=\"http://www.w3.org/2000/svg\">",
+        ax.x0 + ax.width + 10.0,
+        ax.x0 + ax.width + 10.0
+    );
+    let label_every = (ranks.len() as f64 * 12.0 / (cell_h * ranks.len() as f64)).ceil() as usize;
+    for (i, rk) in ranks.iter().enumerate() {
+        let y = top + cell_h * i as f64;
+        if i % label_every.max(1) == 0 {
+            let _ = write!(
+                s,
+                "<text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">rank {rk}</text>",
+                ax.x0 - 6.0,
+                y + cell_h / 2.0 + 4.0
+            );
+        }
+        // Runs of one colour level become one rectangle.
+        let mut col = 0;
+        while col < t.rows.len() {
+            let val = |c: usize| {
+                t.rows[c]
+                    .late_ms
+                    .iter()
+                    .find(|x| x.0 == *rk)
+                    .map(|x| x.1 as f64)
+            };
+            let v0 = val(col);
+            let l0 = v0.map(|v| level(v, full));
+            let mut end = col + 1;
+            while end < t.rows.len() && val(end).map(|v| level(v, full)) == l0 {
+                end += 1;
+            }
+            if let (Some(l), Some(v)) = (l0, v0) {
+                let span = if end - col == 1 {
+                    iter_span(&t.rows[col])
+                } else {
+                    format!("iterations {}–{}", t.rows[col].first, t.rows[end - 1].last)
+                };
+                let _ = write!(
+                    s,
+                    "<rect class=\"cell\" x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{cell_h:.1}\" fill=\"{}\">\
+                     <title>rank {rk}, {span}: {v:+.2} ms vs the median arrival</title></rect>",
+                    ax.x(col),
+                    ax.w() * (end - col) as f64 + 0.01,
+                    colour(l)
+                );
+            }
+            col = end;
+        }
+    }
+    // Onsets: a line through the heatmap at the iteration each verdict was
+    // first seen, a marker on its rank's row.
+    let bottom = top + cell_h * ranks.len() as f64;
+    for (n, (c, v)) in onsets(r, t).into_iter().enumerate() {
+        let x = ax.x(c);
+        let label_y = top - 6.0 - 13.0 * (n % MAX_ONSET_LINES) as f64;
+        let _ = write!(
+            s,
+            "<g class=\"onset\"><line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{bottom:.1}\" \
+             stroke=\"#1c2833\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" font-size=\"11\" font-weight=\"600\"{}>▼ #{} {} {}</text>",
+            label_y + 3.0,
+            label_y,
+            // Near the right edge the label runs leftwards, not off the plot.
+            if x > ax.x0 + 0.8 * ax.width {
+                " text-anchor=\"end\""
+            } else {
+                ""
+            },
+            v.id,
+            esc(v.kind.as_str()),
+            match &v.link {
+                Some(l) => format!("link {}↔{}", l.ranks[0], l.ranks[1]),
+                None => format!("rank {}", v.rank),
+            }
+        );
+        if let Some(i) = ranks.iter().position(|x| *x == v.rank) {
+            let y = top + cell_h * i as f64;
+            let _ = write!(
+                s,
+                "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"4\" height=\"{cell_h:.1}\" fill=\"#1c2833\"/>",
+                x - 2.0
+            );
+        }
+        let _ = write!(
+            s,
+            "<title>verdict #{} opened here: {}</title></g>",
+            v.id,
+            esc(&v.headline())
+        );
+    }
+    axis_labels(s, &ax, t, bottom + 14.0);
+    s.push_str("</svg>");
+    // Legend.
+    let _ = write!(
+        s,
+        "<div class=\"note\">Each cell: how much later than the median member the rank reached the \
+         collectives of its reference communicator in that iteration (summed over them), in ms. \
+         <span style=\"background:{};color:#fff;padding:0 6px\">late</span> \
+         <span style=\"background:{};color:#fff;padding:0 6px\">early</span>; full colour at ±{full:.1} ms{}. \
+         Dashed lines: where each verdict was first seen. Hover a cell for its value.{}</div>",
+        colour(LEVELS),
+        colour(-LEVELS),
+        step.map_or(String::new(), |st| format!(
+            " ({:.0}% of the {st:.1} ms step)",
+            100.0 * FULL_SCALE_STEP_FRACTION
+        )),
+        if total > ranks.len() {
+            format!(
+                " Showing {} of {total} ranks: the verdicts' ranks and the latest on average.",
+                ranks.len()
+            )
+        } else {
+            String::new()
+        }
+    );
+    s.push_str("</section>");
+}
+
+fn axis_labels(s: &mut String, ax: &Axis, t: &Timeline, y: f64) {
+    let n = t.rows.len();
+    let ticks = 8.min(n);
+    for k in 0..ticks {
+        let c = if ticks <= 1 {
+            0
+        } else {
+            k * (n - 1) / (ticks - 1)
+        };
+        let _ = write!(
+            s,
+            "<text x=\"{:.1}\" y=\"{y:.1}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#5d6d7e\">{}</text>",
+            ax.x(c) + ax.w() / 2.0,
+            t.rows[c].first
+        );
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#5d6d7e\">iteration</text>",
+        ax.x0 - 6.0,
+        y
+    );
+}
+
+fn step_chart(s: &mut String, r: &Report, t: &Timeline) {
+    s.push_str("<section id=\"steps\"><h2>Job step time</h2>");
+    let pts: Vec<(usize, f64)> = t
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, row)| row.step_ms.map(|v| (i, v)))
+        .collect();
+    if pts.is_empty() {
+        s.push_str("<p class=\"note\">No step time known yet.</p></section>");
+        return;
+    }
+    let ax = Axis {
+        x0: 64.0,
+        width: 960.0,
+        cols: t.rows.len(),
+    };
+    let (top, ph) = (16.0, 200.0);
+    let mut sorted: Vec<f64> = pts.iter().map(|p| p.1).collect();
+    sorted.sort_by(f64::total_cmp);
+    // The top of the axis: the 99th percentile with headroom, so one
+    // outlier (a checkpoint, a restart) does not flatten the rest.
+    let ymax = (sorted[(sorted.len() - 1) * 99 / 100] * 1.15).max(1e-3);
+    let y = |v: f64| top + ph - ph * (v.min(ymax) / ymax);
+    let _ = write!(
+        s,
+        "<svg id=\"stepchart\" role=\"img\" viewBox=\"0 0 {:.0} {:.0}\" width=\"100%\" style=\"max-width:{:.0}px\" xmlns=\"http://www.w3.org/2000/svg\">",
+        ax.x0 + ax.width + 10.0,
+        top + ph + 30.0,
+        ax.x0 + ax.width + 10.0
+    );
+    for k in 0..=4 {
+        let v = ymax * k as f64 / 4.0;
+        let _ = write!(
+            s,
+            "<line x1=\"{:.0}\" x2=\"{:.0}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#e5e8e8\"/>\
+             <text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#5d6d7e\">{v:.1} ms</text>",
+            ax.x0,
+            ax.x0 + ax.width,
+            y(v),
+            y(v),
+            ax.x0 - 6.0,
+            y(v) + 4.0
+        );
+    }
+    for (c, v) in onsets(r, t) {
+        let x = ax.x(c);
+        let _ = write!(
+            s,
+            "<line class=\"onset\" x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{top:.1}\" y2=\"{:.1}\" stroke=\"#c0392b\" \
+             stroke-dasharray=\"4 3\"><title>verdict #{} opened: {}</title></line>",
+            top + ph,
+            v.id,
+            esc(&v.headline())
+        );
+    }
+    let mut path = String::new();
+    for (i, (c, v)) in pts.iter().enumerate() {
+        let _ = write!(
+            path,
+            "{}{:.1},{:.1}",
+            if i == 0 { "" } else { " " },
+            ax.x(*c) + ax.w() / 2.0,
+            y(*v)
+        );
+    }
+    let _ = write!(
+        s,
+        "<polyline points=\"{path}\" fill=\"none\" stroke=\"#2471a3\" stroke-width=\"1.5\"/>"
+    );
+    axis_labels(s, &ax, t, top + ph + 16.0);
+    s.push_str("</svg><div class=\"note\">Duration of each training iteration (merged iterations: their mean). Red dashed lines: verdict onsets.</div></section>");
+}
+
+fn frame_table(s: &mut String, frames: &[crate::flame::FrameDiff]) {
+    if frames.is_empty() {
+        s.push_str("<p class=\"note\">No frame stands out.</p>");
+        return;
+    }
+    s.push_str("<table class=\"frames\"><thead><tr><th>frame</th><th>thread</th><th class=\"num\">rank share</th><th class=\"num\">reference</th></tr></thead><tbody>");
+    for t in frames.iter().take(5) {
+        let _ = write!(
+            s,
+            "<tr><td><code title=\"{}\">{}</code></td><td>{}</td><td class=\"num\">{:.1}%</td><td class=\"num\">{:.1}%</td></tr>",
+            esc(&t.path),
+            esc(crate::report::short_frame(&t.frame)),
+            esc(&t.thread),
+            100.0 * t.flagged_share,
+            100.0 * t.reference_share
+        );
+    }
+    s.push_str("</tbody></table>");
+}
+
+fn flames(s: &mut String, r: &Report, flames: &[FlameSvg]) {
+    s.push_str("<section id=\"flames\"><h2>Where the slow rank's code differs</h2>");
+    let mut any = false;
+    for v in &r.verdicts {
+        let Some(f) = &v.flamegraph else { continue };
+        let graphs: Vec<&FlameSvg> = flames.iter().filter(|g| g.verdict == v.id).collect();
+        if graphs.is_empty() {
+            continue;
+        }
+        any = true;
+        let _ = write!(
+            s,
+            "<h3 id=\"flame-{}\">Verdict #{}: rank {} vs rank {} (a healthy peer)</h3>\
+             <p class=\"note\">Red: more of rank {}'s time than on the reference; blue: less. \
+             Click a frame to zoom, Ctrl-F in a graph to search.</p>",
+            v.id, v.id, v.rank, f.reference_rank, v.rank
+        );
+        for g in graphs {
+            let part = f.views.iter().find(|p| p.title == g.title);
+            match part {
+                Some(p) => {
+                    let _ = write!(
+                        s,
+                        "<h4>{} <span class=\"note\">({:.0}% of the training thread's time vs {:.0}% on rank {})</span></h4>",
+                        esc(&g.title),
+                        100.0 * p.flagged_share,
+                        100.0 * p.reference_share,
+                        f.reference_rank
+                    );
+                    frame_table(s, &p.top_frames);
+                }
+                None => {
+                    let _ = write!(s, "<h4>{}</h4>", esc(&g.title));
+                    frame_table(s, &f.top_frames);
+                }
+            }
+            let _ = write!(
+                s,
+                "<object class=\"flame\" type=\"image/svg+xml\" data=\"data:image/svg+xml;base64,{}\" \
+                 aria-label=\"differential flame graph of rank {}: {}\"></object>",
+                base64(g.svg.as_bytes()),
+                v.rank,
+                esc(&g.title)
+            );
+        }
+    }
+    if !any {
+        s.push_str("<p class=\"note\">No flame graph: no verdict had stacks to compare.</p>");
+    }
+    s.push_str("</section>");
+}
+
+fn hangs(s: &mut String, r: &Report) {
+    if r.hangs.is_empty() && r.resolved_stalls.is_empty() {
+        return;
+    }
+    s.push_str("<section id=\"hangs\"><h2>Hangs and stalls</h2><table><thead><tr><th>state</th><th>instance</th><th>missing</th><th>arrived</th><th>iteration</th></tr></thead><tbody>");
+    for (h, state) in r
+        .hangs
+        .iter()
+        .map(|h| (h, if h.active { "HANG" } else { "resolved" }))
+        .chain(
+            r.resolved_stalls
+                .iter()
+                .map(|h| (h, "stall (arrived later)")),
+        )
+    {
+        let _ = write!(
+            s,
+            "<tr><td>{state}</td><td>{} #{} on {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&h.op),
+            h.sequence,
+            esc(&h.communicator),
+            esc(&join_u32(&h.missing_ranks)),
+            esc(&join_u32(&h.present_ranks)),
+            h.iteration.map_or("?".into(), |i| i.to_string())
+        );
+    }
+    s.push_str("</tbody></table></section>");
+}
+
+fn opt(v: Option<f64>, digits: usize, unit: &str) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or("—".into(), |x| format!("{x:.digits$} {unit}"))
+}
+
+fn clocks(s: &mut String, r: &Report) {
+    let _ = write!(
+        s,
+        "<section id=\"clocks\"><h2>Clock per host</h2><p class=\"note\">Every host's clock is \
+         mapped onto the coordinator's; a lateness smaller than the error bound is not evidence. \
+         Largest bound: {}.</p><table><thead><tr><th>host</th><th class=\"num\">error bound</th>\
+         <th class=\"num\">offset</th><th class=\"num\">drift</th><th class=\"num\">probes (clock port)</th>\
+         <th class=\"num\">last probe age</th><th>source</th></tr></thead><tbody>",
+        opt(r.clock.max_error_us, 1, "µs")
+    );
+    for h in &r.clock.hosts {
+        let stale = h.probe_age_ms.is_some_and(|a| a > 10_000.0);
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{} ({})</td><td class=\"num{}\">{}</td><td>{}</td></tr>",
+            esc(&h.host),
+            opt(h.error_bound_us, 1, "µs"),
+            opt(h.offset_us, 0, "µs"),
+            opt(h.drift_ppm, 2, "ppm"),
+            h.probe_samples_seen,
+            h.udp_samples,
+            if stale { " warn" } else { "" },
+            opt(h.probe_age_ms, 0, "ms"),
+            esc(&h.source)
+        );
+    }
+    s.push_str("</tbody></table></section>");
+}
+
+fn ingest(s: &mut String, r: &Report) {
+    let i = &r.ingest;
+    let c = &i.counters;
+    let rejected: u64 = c.records_rejected.values().sum();
+    let batches_refused: u64 =
+        c.batches_rejected.values().sum::<u64>() + i.transport_rejected.values().sum::<u64>();
+    let lost = c.ringbuf_drops + c.spool_drops + c.missing_batches;
+    let _ = write!(
+        s,
+        "<section id=\"ingest\"><h2>Ingest health</h2>{}<table><tbody>",
+        if lost > 0 || batches_refused > 0 {
+            "<p class=\"warn\">Some data was lost or refused: findings may miss what it held.</p>"
+        } else {
+            "<p class=\"note\">Nothing lost or refused.</p>"
+        }
+    );
+    let rows: [(&str, String); 9] = [
+        ("batches received", c.batches.to_string()),
+        ("records accepted", c.records_accepted.to_string()),
+        ("records refused", rejected.to_string()),
+        ("batches refused", batches_refused.to_string()),
+        ("agent ring-buffer drops", c.ringbuf_drops.to_string()),
+        ("agent spool drops", c.spool_drops.to_string()),
+        (
+            "batches missing (sequence gaps)",
+            c.missing_batches.to_string(),
+        ),
+        (
+            "collective instances completed / evicted / incomplete",
+            format!(
+                "{} / {} / {}",
+                i.instances_completed, i.instances_evicted, i.instances_incomplete
+            ),
+        ),
+        ("agent connections refused", i.agents_refused.to_string()),
+    ];
+    for (k, v) in rows {
+        let _ = write!(s, "<tr><th>{k}</th><td class=\"num\">{}</td></tr>", esc(&v));
+    }
+    s.push_str("</tbody></table>");
+    if !c.records_rejected.is_empty() || !i.transport_rejected.is_empty() {
+        s.push_str("<p class=\"note\">Refusals by reason: ");
+        let reasons: Vec<String> = c
+            .records_rejected
+            .iter()
+            .chain(c.batches_rejected.iter())
+            .chain(i.transport_rejected.iter())
+            .map(|(k, v)| format!("{} {v}", esc(k)))
+            .collect();
+        s.push_str(&reasons.join(", "));
+        s.push_str("</p>");
+    }
+    if !r.agents.is_empty() {
+        s.push_str("<table><thead><tr><th>agent</th><th>host</th><th>state</th><th class=\"num\">batches</th></tr></thead><tbody>");
+        for a in &r.agents {
+            let state = if a.connected {
+                "connected".to_owned()
+            } else {
+                format!(
+                    "gone ({}){}",
+                    a.reason.as_deref().unwrap_or("?"),
+                    if a.ranks_unobserved.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; ranks {} no longer observed",
+                            join_u32(&a.ranks_unobserved)
+                        )
+                    }
+                )
+            };
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
+                esc(&a.agent_id),
+                esc(&a.host),
+                esc(&state),
+                a.batches
+            );
+        }
+        s.push_str("</tbody></table>");
+    }
+    s.push_str("</section>");
+}
+
+fn join_u32(v: &[u32]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Standard base64 (RFC 4648) for the `data:` URLs; small enough not to be
+/// worth a dependency.
+pub fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut o = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        o.push(A[(n >> 18) as usize & 63] as char);
+        o.push(A[(n >> 12) as usize & 63] as char);
+        o.push(if c.len() > 1 {
+            A[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        o.push(if c.len() > 2 {
+            A[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Fault, FaultKind, Generator, SynthSpec};
+    use crate::{Analyzer, AnalyzerConfig};
+
+    #[test]
+    fn base64_matches_the_rfc_vectors() {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+    }
+
+    #[test]
+    fn colour_levels_are_symmetric_and_bounded() {
+        assert_eq!(level(0.0, 10.0), 0);
+        assert_eq!(level(100.0, 10.0), LEVELS);
+        assert_eq!(level(-100.0, 10.0), -LEVELS);
+        assert_eq!(level(f64::NAN, 10.0), 0);
+        assert_eq!(colour(0), "#ffffff");
+    }
+
+    /// A synthetic job with a compute-slow rank: the page names it in the
+    /// banner and the verdict rows, marks its onset on the heatmap, and
+    /// escapes what agents control (host names).
+    #[test]
+    fn page_shows_the_verdict_heatmap_onset_and_escapes_hostile_text() {
+        let a = Analyzer::new(AnalyzerConfig::default());
+        let mut spec = SynthSpec::dp(2, 4);
+        spec.faults.push(Fault::persistent(
+            FaultKind::Compute {
+                rank: 5,
+                factor: 1.5,
+            },
+            30,
+        ));
+        let mut g = Generator::new(spec);
+        for (h, smp) in g.initial_samples() {
+            a.add_clock_sample(&h, smp).unwrap();
+        }
+        for _ in 0..80 {
+            let out = g.next_iteration();
+            for (h, smp) in &out.samples {
+                a.add_clock_sample(h, *smp).unwrap();
+            }
+            for (recv, b) in &out.batches {
+                a.ingest(b, *recv);
+            }
+            a.tick(out.end_ns as i64 + 3_000_000);
+        }
+        let mut report = a.report();
+        let timeline = a.timeline();
+        assert_eq!(report.verdicts.len(), 1, "{:?}", report.verdicts);
+        assert!(timeline.rows.len() >= 60, "{}", timeline.rows.len());
+        report.clock.hosts[0].host = "<script>alert(1)</script>".into();
+        let html = render(&Page {
+            report: &report,
+            timeline: &timeline,
+            flames: vec![FlameSvg {
+                verdict: report.verdicts[0].id,
+                title: "cpu view".into(),
+                svg: "<svg xmlns=\"http://www.w3.org/2000/svg\"/>".into(),
+            }],
+            refresh_s: None,
+        });
+        assert!(
+            html.contains("NOW: rank 5 on node-1 is compute-slow"),
+            "banner"
+        );
+        assert!(html.contains("class=\"verdict active\""));
+        assert!(html.contains("<svg id=\"heatmap\""));
+        assert!(html.contains("class=\"onset\""));
+        assert!(html.contains("<svg id=\"stepchart\""));
+        assert!(!html.contains("<script>alert"), "host name not escaped");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(!html.contains("http-equiv=\"refresh\""));
+        // Nothing fetched from the network.
+        for bad in ["src=\"http", "href=\"http", "url(http", "@import"] {
+            assert!(!html.contains(bad), "{bad}");
+        }
+    }
+}

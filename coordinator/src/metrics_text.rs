@@ -1,0 +1,343 @@
+//! What `/metrics` says: every family the coordinator exports, its name,
+//! type and help, in one place (`docs/operations.md` lists them and
+//! `deploy/grafana/slowrank.json` queries them).
+//!
+//! Names follow Prometheus conventions: base units in the name
+//! (`_seconds`, `_bytes`), counters end in `_total`, one family per
+//! meaning. Pure: built from plain snapshots, no IO.
+
+use crate::{
+    alert::HookStats,
+    analyzer::Metrics,
+    ingest::IngestStats,
+    prom::{Exposition, Type},
+    verdict::Verdict,
+};
+use std::sync::atomic::Ordering;
+
+/// One verdict as `/metrics` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct VerdictRow {
+    pub id: u64,
+    pub rank: u32,
+    pub host: String,
+    pub kind: &'static str,
+    pub active: bool,
+    pub lost_gpu_seconds: f64,
+}
+
+impl VerdictRow {
+    pub fn of(v: &Verdict) -> Self {
+        Self {
+            id: v.id,
+            rank: v.rank,
+            host: v.host.clone(),
+            kind: v.kind.as_str(),
+            active: v.active,
+            lost_gpu_seconds: v.lost_gpu_seconds,
+        }
+    }
+}
+
+/// The family every batch refusal goes to, whichever stage refused it.
+pub const BATCHES_REJECTED: &str = "slowrank_batches_rejected_total";
+const BATCHES_REJECTED_HELP: &str = "Whole batches refused, by reason: by the QUIC ingest before decoding (truncated, invalid_archive, oversized, ...) or by the analyzer (host_changed, cut in the future, ...)";
+
+impl Metrics {
+    /// The analyzer's families.
+    pub fn exposition(&self) -> Exposition {
+        let mut e = Exposition::new();
+        let g = Type::Gauge;
+        let c = Type::Counter;
+        let f = e.family(
+            "slowrank_verdict_active",
+            g,
+            "1 while the verdict is open, 0 once it closed; one series per verdict (labels: verdict id, rank, host, kind)",
+        );
+        for v in &self.verdicts {
+            let (id, rank) = (v.id.to_string(), v.rank.to_string());
+            let labels = [
+                ("verdict", id.as_str()),
+                ("rank", rank.as_str()),
+                ("host", v.host.as_str()),
+                ("kind", v.kind),
+            ];
+            f.sample(&labels, if v.active { 1.0 } else { 0.0 });
+        }
+        let f = e.family(
+            "slowrank_verdict_lost_gpu_seconds",
+            g,
+            "GPU-seconds the job lost to this verdict's rank so far (what-if cost: the job's iterations had the rank kept pace with its peers)",
+        );
+        for v in &self.verdicts {
+            let (id, rank) = (v.id.to_string(), v.rank.to_string());
+            let labels = [
+                ("verdict", id.as_str()),
+                ("rank", rank.as_str()),
+                ("host", v.host.as_str()),
+                ("kind", v.kind),
+            ];
+            f.sample(&labels, v.lost_gpu_seconds);
+        }
+        e.single(
+            "slowrank_verdicts_active",
+            g,
+            "Open verdicts",
+            self.verdicts_active as f64,
+        );
+        e.single(
+            "slowrank_verdicts_opened_total",
+            c,
+            "Verdicts ever opened",
+            self.verdicts_total as f64,
+        );
+        e.single(
+            "slowrank_hangs_active",
+            g,
+            "Hung collective instances",
+            self.hangs_active as f64,
+        );
+        let f = e.family(
+            "slowrank_step_seconds",
+            g,
+            "The job's step time now: median duration of the recent training iterations",
+        );
+        if let Some(s) = self.step_ns.filter(|s| s.is_finite()) {
+            f.sample(&[], s / 1e9);
+        }
+        e.single(
+            "slowrank_iterations_sealed_total",
+            c,
+            "Training iterations analysed",
+            self.iterations_sealed as f64,
+        );
+        let f = e.family(
+            "slowrank_rank_probe_overhead_ratio",
+            g,
+            "Share of the rank's time slowrank's probes cost (the agent's measured trap cost × its hits)",
+        );
+        for (r, p) in &self.probe_overhead_percent {
+            f.sample(&[("rank", &r.to_string())], p / 100.0);
+        }
+        let f = e.family(
+            "slowrank_job_probe_overhead_ratio",
+            g,
+            "Share of all ranks' time slowrank's probes cost, time-weighted",
+        );
+        if let Some(p) = self.job_probe_overhead_percent {
+            f.sample(&[], p / 100.0);
+        }
+        let f = e.family(
+            "slowrank_rank_lateness_seconds",
+            g,
+            "EWMA of the rank's lateness vs the median arrival on its reference communicator",
+        );
+        for (r, l) in &self.rank_lateness_ns {
+            f.sample(&[("rank", &r.to_string())], l / 1e9);
+        }
+        let f = e.family(
+            "slowrank_rank_attributed_wait_gpu_seconds_total",
+            c,
+            "GPU time other ranks spent waiting, attributed to this rank as the root of the wait",
+        );
+        for (r, l) in &self.rank_wait_attributed_gpu_seconds {
+            f.sample(&[("rank", &r.to_string())], *l);
+        }
+        let f = e.family(
+            "slowrank_clock_error_seconds",
+            g,
+            "Clock error bound per host (half the round-trip spread of the best probes); a lateness below it is not evidence",
+        );
+        for (h, err) in self.clock_error_ns.iter().filter(|(_, e)| e.is_finite()) {
+            f.sample(&[("host", h)], err / 1e9);
+        }
+        let f = e.family(
+            "slowrank_clock_probes_total",
+            c,
+            "Clock probes answered per host, by path: udp (kernel-stamped clock port) or quic (the fallback)",
+        );
+        for (h, udp, quic) in &self.clock_probes {
+            f.sample(&[("host", h), ("path", "udp")], *udp as f64);
+            f.sample(&[("host", h), ("path", "quic")], *quic as f64);
+        }
+        e.single(
+            "slowrank_open_instances",
+            g,
+            "Collective instances waiting for members",
+            self.open_instances as f64,
+        );
+        let mut rows = [
+            ("batches", self.ingest.batches),
+            ("duplicate_batches", self.ingest.duplicate_batches),
+            ("missing_batches", self.ingest.missing_batches),
+            ("records_accepted", self.ingest.records_accepted),
+            ("ringbuf_drops", self.ingest.ringbuf_drops),
+            ("spool_drops", self.ingest.spool_drops),
+            ("nccl_errors", self.ingest.nccl_errors),
+            ("evicted_instances", self.evicted_instances),
+        ];
+        rows.sort();
+        let f = e.family(
+            "slowrank_ingest_total",
+            c,
+            "Analyzer ingest counters by what: batches, records_accepted, and what was lost (ringbuf_drops and spool_drops on the agents, missing_batches, evicted_instances)",
+        );
+        for (k, v) in rows {
+            f.sample(&[("what", k)], v as f64);
+        }
+        let f = e.family(
+            "slowrank_records_rejected_total",
+            c,
+            "Records refused by the analyzer, by reason",
+        );
+        for (k, v) in &self.ingest.records_rejected {
+            f.sample(&[("reason", k)], *v as f64);
+        }
+        let f = e.family(BATCHES_REJECTED, c, BATCHES_REJECTED_HELP);
+        for (k, v) in &self.ingest.batches_rejected {
+            f.sample(&[("reason", k)], *v as f64);
+        }
+        e
+    }
+}
+
+/// The whole `/metrics` page of `slowrank serve`: the analyzer's families
+/// plus the transport's and the hooks'.
+pub fn serve_exposition(
+    metrics: &Metrics,
+    ingest: &IngestStats,
+    hooks: &HookStats,
+    agents_connected: usize,
+) -> Exposition {
+    let mut e = metrics.exposition();
+    let mut rej: Vec<(String, u64)> = ingest
+        .rejected
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    rej.sort();
+    let f = e.family(BATCHES_REJECTED, Type::Counter, BATCHES_REJECTED_HELP);
+    for (k, v) in rej {
+        f.sample(&[("reason", &k)], v as f64);
+    }
+    let counters = [
+        (
+            "slowrank_batches_received_total",
+            "Batches that passed validation",
+            ingest.batches_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_batch_bytes_received_total",
+            "Bytes of valid batches",
+            ingest.bytes_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_agents_refused_total",
+            "Agent connections refused (token, malformed hello)",
+            ingest.refused_agents.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_clock_datagrams_dropped_total",
+            "Clock-port datagrams dropped: not ours, unknown token, bad MAC, wrong address, or answering no outstanding probe",
+            ingest.clock_datagrams_dropped.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_webhook_ok_total",
+            "Webhook deliveries that succeeded",
+            hooks.webhook_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_webhook_failed_total",
+            "Webhook deliveries that failed",
+            hooks.webhook_failed.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_exec_hook_ok_total",
+            "Exec hook runs that succeeded",
+            hooks.exec_ok.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_exec_hook_failed_total",
+            "Exec hook runs that failed",
+            hooks.exec_failed.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_hook_events_dropped_total",
+            "Events not delivered to hooks because they were behind",
+            hooks.dropped.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, v) in counters {
+        e.single(name, Type::Counter, help, v as f64);
+    }
+    e.single(
+        "slowrank_agents_connected",
+        Type::Gauge,
+        "Agents connected now",
+        agents_connected as f64,
+    );
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_once_with_conventional_names() {
+        let m = Metrics {
+            rank_lateness_ns: vec![(0, 1e6), (1, 2e6)],
+            rank_wait_attributed_gpu_seconds: vec![(1, 3.5)],
+            verdicts_active: 1,
+            verdicts_total: 2,
+            hangs_active: 0,
+            clock_error_ns: vec![("node-0".into(), 2e3), ("node-1".into(), f64::INFINITY)],
+            clock_probes: vec![("node-0".into(), 5, 1)],
+            ingest: crate::analyzer::IngestCounters {
+                batches_rejected: [("host_changed".to_owned(), 1)].into(),
+                ..Default::default()
+            },
+            open_instances: 3,
+            evicted_instances: 0,
+            iterations_sealed: 10,
+            verdict_trackers: 0,
+            pending_instances: 0,
+            recent_instances: 0,
+            step_ns: Some(40e6),
+            verdicts: vec![VerdictRow {
+                id: 1,
+                rank: 1,
+                host: "node-0".into(),
+                kind: "host",
+                active: true,
+                lost_gpu_seconds: 2.5,
+            }],
+        };
+        let ingest = IngestStats::default();
+        ingest.rejected.insert("host_changed".into(), 2);
+        ingest.rejected.insert("truncated".into(), 1);
+        let text = serve_exposition(&m, &ingest, &HookStats::default(), 2).render();
+        let mut seen = std::collections::HashSet::new();
+        for l in text.lines().filter(|l| l.starts_with("# HELP ")) {
+            let name = l.split(' ').nth(2).unwrap();
+            assert!(seen.insert(name.to_owned()), "{name} twice:\n{text}");
+        }
+        // Both sources' refusals in one family; the same reason adds up.
+        assert!(text.contains("slowrank_batches_rejected_total{reason=\"host_changed\"} 3\n"));
+        assert!(text.contains("slowrank_batches_rejected_total{reason=\"truncated\"} 1\n"));
+        assert!(text.contains("slowrank_step_seconds 0.04\n"), "{text}");
+        assert!(text.contains(
+            "slowrank_verdict_active{verdict=\"1\",rank=\"1\",host=\"node-0\",kind=\"host\"} 1\n"
+        ));
+        assert!(text.contains(
+            "slowrank_verdict_lost_gpu_seconds{verdict=\"1\",rank=\"1\",host=\"node-0\",kind=\"host\"} 2.5\n"
+        ));
+        // A host without a clock yet has no series rather than +Inf.
+        assert!(!text.contains("node-1"), "{text}");
+        for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut w = l.split(' ').skip(2);
+            let (name, kind) = (w.next().unwrap(), w.next().unwrap());
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{l}");
+        }
+    }
+}
