@@ -26,6 +26,7 @@ pub mod join;
 pub mod links;
 pub mod metrics_http;
 pub mod outputs;
+pub mod replay;
 pub mod report;
 pub mod serve;
 pub mod stackstore;
