@@ -17,12 +17,13 @@ gold=coordinator/tests/golden
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(compute host link hang healthy)
 cargo build --quiet -p slowrank-agent -p slowrank-coordinator -p slowrank-scenarios
+bin="${CARGO_TARGET_DIR:-target}/debug"
 for n in "${names[@]}"; do
   spec="$gold/specs/golden-$n.toml"
   [ -f "$spec" ] || { echo "no spec $spec" >&2; exit 2; }
   tmp=$(mktemp -d)
   echo "recording $n from $spec"
-  ./target/debug/slowrank-scenario run "$spec" --out "$tmp" > "$tmp/run.log" 2>&1 \
+  "$bin/slowrank-scenario" run "$spec" --out "$tmp" > "$tmp/run.log" 2>&1 \
     || { echo "scenario $n failed; see $tmp/run.log" >&2; exit 1; }
   rm -rf "${gold:?}/$n"
   mkdir -p "$gold/$n"

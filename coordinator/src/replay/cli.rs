@@ -131,6 +131,7 @@ pub fn analysis_json(args: &AnalyzeArgs, rec: &Recording, r: &Replayed) -> serde
         "batches": rec.hosts.iter().map(|h| h.batches.len()).sum::<usize>(),
         "records": rec.records(),
         "world_size": rec.world_size,
+        "steps_marked": rec.steps,
         "unobserved_ranks": rec.unobserved_ranks(),
         "notes": rec.notes,
         "alerts": r.lines,

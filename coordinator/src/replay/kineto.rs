@@ -39,6 +39,8 @@ struct Trace {
     distributed: Option<DistInfo>,
     #[serde(rename = "traceEvents")]
     events: Option<Vec<Event>>,
+    /// Recent profilers name the machine: ranks on one machine share a clock.
+    host_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,6 +142,9 @@ pub struct RankTrace {
     pub rank: u32,
     pub world_size: u32,
     pub backend: String,
+    /// The machine (one clock): `host_name` when the trace has it, else one
+    /// per rank (`rank-N`).
+    pub host: String,
     /// Process groups the file declares: name → ranks.
     pub groups: BTreeMap<String, Vec<u32>>,
     pub default_group: Option<String>,
@@ -359,6 +364,10 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
         rank,
         world_size: world,
         backend: d.backend.unwrap_or_default(),
+        host: t
+            .host_name
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| format!("rank-{rank}")),
         groups,
         default_group: Some(default_group),
         ops,
@@ -369,36 +378,38 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
 }
 
 /// Per-host clock offsets from collective ends (see the module doc): the
-/// lowest rank is the reference; each other rank is aligned against a rank
-/// already aligned with which it shares the most instances.
+/// lowest rank's host is the reference; each other host is aligned against
+/// the hosts already aligned, through the instances they share, the host
+/// sharing the most first. Ranks of one host share its clock.
 fn align(
-    ranks: &BTreeMap<u32, RankTrace>,
+    host_of: &BTreeMap<u32, String>,
     seqd: &BTreeMap<u32, Vec<(String, u64, u64)>>,
-) -> BTreeMap<u32, HostFit> {
-    // (comm, seq) → end per rank.
-    let mut ends: BTreeMap<(&str, u64), Vec<(u32, u64)>> = BTreeMap::new();
+) -> BTreeMap<String, HostFit> {
+    // (comm, seq) → (host, end) per member.
+    let mut ends: BTreeMap<(&str, u64), Vec<(&str, u64)>> = BTreeMap::new();
     for (r, v) in seqd {
         for (c, s, e) in v {
-            ends.entry((c.as_str(), *s)).or_default().push((*r, *e));
+            ends.entry((c.as_str(), *s))
+                .or_default()
+                .push((host_of[r].as_str(), *e));
         }
     }
-    let mut fits: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
-    let Some(&first) = ranks.keys().next() else {
+    let mut fits: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    let Some(first) = host_of.values().next() else {
         return BTreeMap::new();
     };
-    fits.insert(first, (0.0, 0.0));
+    fits.insert(first.as_str(), (0.0, 0.0));
+    let hosts: BTreeSet<&str> = host_of.values().map(String::as_str).collect();
     loop {
-        let mut best: Option<(u32, usize, f64, f64)> = None;
-        for &r in ranks.keys().filter(|r| !fits.contains_key(r)) {
-            // Differences against every aligned peer in shared instances.
+        let mut best: Option<(&str, usize, f64, f64)> = None;
+        for &h in hosts.iter().filter(|h| !fits.contains_key(*h)) {
             let mut diffs = Vec::new();
             for members in ends.values() {
-                let Some(&(_, mine)) = members.iter().find(|m| m.0 == r) else {
-                    continue;
-                };
-                for &(p, theirs) in members {
-                    if let Some(&(off, _)) = fits.get(&p) {
-                        diffs.push(theirs as f64 + off - mine as f64);
+                for &(_, mine) in members.iter().filter(|m| m.0 == h) {
+                    for &(p, theirs) in members {
+                        if let Some(&(off, _)) = fits.get(p) {
+                            diffs.push(theirs as f64 + off - mine as f64);
+                        }
                     }
                 }
             }
@@ -411,16 +422,16 @@ fn align(
             dev.sort_by(f64::total_cmp);
             let mad = dev[dev.len() / 2];
             if best.as_ref().is_none_or(|b| diffs.len() > b.1) {
-                best = Some((r, diffs.len(), med, mad));
+                best = Some((h, diffs.len(), med, mad));
             }
         }
-        let Some((r, _, off, mad)) = best else { break };
-        fits.insert(r, (off, mad));
+        let Some((h, _, off, mad)) = best else { break };
+        fits.insert(h, (off, mad));
     }
     fits.into_iter()
-        .map(|(r, (off, mad))| {
+        .map(|(h, (off, mad))| {
             (
-                r,
+                h.to_owned(),
                 HostFit {
                     offset_ns: off,
                     half_rtt_ns: (mad as u64).max(MIN_HALF_RTT_NS),
@@ -500,7 +511,7 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
         t.ranks.insert(
             r.rank,
             RankTimeline {
-                host: format!("rank-{}", r.rank),
+                host: r.host.clone(),
                 ops: r.ops.clone(),
             },
         );
@@ -537,24 +548,27 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
             }
         }
     }
-    for (r, fit) in align(&ranks, &seqd) {
-        if fit.offset_ns != 0.0 {
+    let host_of: BTreeMap<u32, String> =
+        ranks.iter().map(|(r, t)| (*r, t.host.clone())).collect();
+    let fits = align(&host_of, &seqd);
+    let reference = host_of.values().next().cloned().unwrap_or_default();
+    for (h, fit) in &fits {
+        if h != &reference {
             t.notes.push(format!(
-                "rank-{r}: clock offset {:+.1} µs against rank-{} from collective ends (±{:.1} µs)",
+                "{h}: clock offset {:+.1} µs against {reference} from collective ends (±{:.1} µs)",
                 fit.offset_ns / 1e3,
-                ranks.keys().next().unwrap_or(&0),
                 fit.half_rtt_ns as f64 / 1e3
             ));
         }
-        t.fits.insert(format!("rank-{r}"), fit);
     }
-    for r in ranks.keys() {
-        if !t.fits.contains_key(&format!("rank-{r}")) {
+    for h in host_of.values().collect::<BTreeSet<_>>() {
+        if !fits.contains_key(h) {
             t.notes.push(format!(
-                "rank-{r} shares no collective with the other ranks: its clock is taken as is"
+                "{h} shares no collective with the other hosts: its clock is taken as is"
             ));
         }
     }
+    t.fits = fits;
     t.steps = ranks
         .values()
         .map(|r| r.steps.len() as u64)

@@ -23,7 +23,7 @@ pub mod timeline;
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
-use slowrank_shared::wire::Batch;
+use slowrank_shared::wire::{Batch, CollOp};
 
 use crate::analyzer::{Analyzer, AnalyzerConfig};
 use crate::clock::ClockSample;
@@ -50,12 +50,13 @@ pub const MIN_HALF_RTT_NS: u64 = 10_000;
 /// that a live coordinator would reach are reached here too.
 pub const TAIL_NS: u64 = 5_000_000_000;
 
-/// A recorded trace that marks its steps decides the step period after
-/// `steps / 2` instances of the reference communicator (at least 8, at most
-/// the live `detect_instances`): the study's trace-AR keeps 44 steps with one
-/// all-worker collective each, fewer than the 48 the live default waits
-/// for, and a period decided on half of them still sees 22 step gaps.
-pub const STEPS_TO_DECIDE_PERIOD_DIVISOR: u64 = 2;
+/// A recording decides the step period after at most half of the instances
+/// its reference communicator (the largest one carrying collectives) holds
+/// (at least 8, at most the live `detect_instances`): the study's trace-AR
+/// keeps 44 steps with one all-worker collective each, fewer than the 48 the
+/// live default waits for, and half of them still shows 22 step gaps. A
+/// longer recording is judged exactly as live.
+pub const DECIDE_PERIOD_AFTER_DIVISOR: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -169,6 +170,33 @@ impl Recording {
             .sum()
     }
 
+    /// Instances of the reference communicator (the largest one carrying
+    /// collectives, lowest id on ties, as the iteration clock picks it) that
+    /// the recording holds: its lowest member's collective records.
+    pub fn reference_instances(&self) -> Option<u64> {
+        let mut size: std::collections::BTreeMap<u64, (u32, u32)> = Default::default();
+        for c in self.hosts.iter().flat_map(|h| &h.batches).flat_map(|b| &b.comms) {
+            let e = size.entry(c.comm_id).or_insert((c.nranks, c.rank));
+            e.1 = e.1.min(c.rank);
+        }
+        let mut count: std::collections::BTreeMap<u64, u64> = Default::default();
+        for r in self
+            .hosts
+            .iter()
+            .flat_map(|h| &h.batches)
+            .flat_map(|b| &b.collectives)
+            .filter(|r| !matches!(r.op, CollOp::Send | CollOp::Recv))
+        {
+            if size.get(&r.comm_id).is_some_and(|s| s.1 == r.rank) {
+                *count.entry(r.comm_id).or_default() += 1;
+            }
+        }
+        count
+            .iter()
+            .max_by(|a, b| size[a.0].0.cmp(&size[b.0].0).then(b.0.cmp(a.0)))
+            .map(|(_, n)| *n)
+    }
+
     /// Ranks of `0..world_size` with no identity record in any batch.
     pub fn unobserved_ranks(&self) -> Vec<u32> {
         let Some(w) = self.world_size else {
@@ -221,10 +249,11 @@ pub fn replay(
     progress: &mut dyn FnMut(f64),
 ) -> Result<Replayed, ReplayError> {
     let mut cfg = opts.config.clone();
-    if let Some(steps) = rec.steps {
-        // A short trace must still get a step period: decide it after
-        // half of the steps the source shows (never later than live).
-        let half = usize::try_from(steps / STEPS_TO_DECIDE_PERIOD_DIVISOR).unwrap_or(usize::MAX);
+    if let Some(n) = rec.reference_instances() {
+        // A short recording must still get a step period: decide it once
+        // half of what the recording holds has come in (never later than
+        // live).
+        let half = usize::try_from(n / DECIDE_PERIOD_AFTER_DIVISOR).unwrap_or(usize::MAX);
         cfg.iteration.detect_instances = cfg.iteration.detect_instances.min(half.max(8));
     }
     let a = Analyzer::new(cfg);
