@@ -37,7 +37,11 @@ fn main() -> Result<()> {
         &std::fs::read_to_string(&result).with_context(|| result.display().to_string())?,
     )?;
     let t0 = Instant::now();
-    let rec = cli::import(cli::Format::Study, std::slice::from_ref(&parquet), &mut |_| {})?;
+    let rec = cli::import(
+        cli::Format::Study,
+        std::slice::from_ref(&parquet),
+        &mut |_| {},
+    )?;
     let t_read = t0.elapsed().as_secs_f64();
     let out = replay::replay(&rec, &cli::options(cli::Format::Study, None), &mut |_| {})?;
     let t_all = t0.elapsed().as_secs_f64();

@@ -70,7 +70,11 @@ fn trace_ar_joins_fully_and_blames_no_rank_but_rank_0() {
     eprintln!("{}", slowrank_coordinator::render_human(&r));
     assert_eq!(rec.world_size, Some(64));
     assert_eq!(rec.unobserved_ranks().len(), 48);
-    assert!(r.ingest.counters.records_rejected.is_empty(), "{:?}", r.ingest.counters);
+    assert!(
+        r.ingest.counters.records_rejected.is_empty(),
+        "{:?}",
+        r.ingest.counters
+    );
     assert_eq!(r.ingest.instances_incomplete, 0);
     // 44 steps: 43 whole iterations between 44 step ends.
     assert_eq!(r.job.iterations_observed, 43);

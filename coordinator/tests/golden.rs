@@ -89,7 +89,12 @@ fn golden_reports_name_their_faults() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| (v["rank"].as_u64().unwrap(), v["kind"].as_str().unwrap().to_owned()))
+            .map(|v| {
+                (
+                    v["rank"].as_u64().unwrap(),
+                    v["kind"].as_str().unwrap().to_owned(),
+                )
+            })
             .collect();
         let hung: Vec<u64> = v["hangs"]
             .as_array()

@@ -548,8 +548,7 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
             }
         }
     }
-    let host_of: BTreeMap<u32, String> =
-        ranks.iter().map(|(r, t)| (*r, t.host.clone())).collect();
+    let host_of: BTreeMap<u32, String> = ranks.iter().map(|(r, t)| (*r, t.host.clone())).collect();
     let fits = align(&host_of, &seqd);
     let reference = host_of.values().next().cloned().unwrap_or_default();
     for (h, fit) in &fits {

@@ -175,7 +175,12 @@ impl Recording {
     /// the recording holds: its lowest member's collective records.
     pub fn reference_instances(&self) -> Option<u64> {
         let mut size: std::collections::BTreeMap<u64, (u32, u32)> = Default::default();
-        for c in self.hosts.iter().flat_map(|h| &h.batches).flat_map(|b| &b.comms) {
+        for c in self
+            .hosts
+            .iter()
+            .flat_map(|h| &h.batches)
+            .flat_map(|b| &b.comms)
+        {
             let e = size.entry(c.comm_id).or_insert((c.nranks, c.rank));
             e.1 = e.1.min(c.rank);
         }
@@ -213,22 +218,13 @@ impl Recording {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
     pub config: AnalyzerConfig,
     /// The report's `generated_at`. Replay never reads the wall clock: by
     /// default the report is dated by its data (the last batch's wall time
     /// when the records carry one, else the Unix epoch).
     pub generated_at: Option<DateTime<Utc>>,
-}
-
-impl Default for ReplayOptions {
-    fn default() -> Self {
-        Self {
-            config: AnalyzerConfig::default(),
-            generated_at: None,
-        }
-    }
 }
 
 /// What a replay produced.
@@ -299,7 +295,7 @@ pub fn replay(
             let (recv, hi, bi) = order[next];
             a.ingest(&rec.hosts[hi].batches[bi], recv);
             next += 1;
-            if next % step == 0 {
+            if next.is_multiple_of(step) {
                 progress(next as f64 / order.len() as f64);
             }
         }

@@ -63,7 +63,7 @@ pub fn parse_meta(text: &str, path: &Path) -> Result<Layout, ReplayError> {
         tp: get("tp_size")?,
         world: get("world_size")?,
     };
-    if l.dp == 0 || l.pp == 0 || l.tp == 0 || l.world % (l.dp * l.pp * l.tp) != 0 {
+    if l.dp == 0 || l.pp == 0 || l.tp == 0 || !l.world.is_multiple_of(l.dp * l.pp * l.tp) {
         return Err(ReplayError::format(
             path,
             format!("impossible layout {l:?}"),
