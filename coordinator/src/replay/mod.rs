@@ -60,7 +60,8 @@ pub const DECIDE_PERIOD_AFTER_DIVISOR: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    #[error("{path}: {source}")]
+    /// (The cause follows in the error chain.)
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         #[source]
