@@ -1124,15 +1124,22 @@ impl Analyzer {
         if warm {
             core.pace.observe(k, step, &shares);
         }
+        // The sequential test opens a verdict at once on a rank that is also
+        // suspicious on its own this iteration (an alarm alone, on a few
+        // noisy early steps, is not enough), and keeps an open verdict's
+        // rank named while its evidence stands; the class, the two-rank and
+        // deep-set rules below still apply.
+        let alarms: std::collections::HashSet<u32> = scores
+            .iter()
+            .filter(|s| s.suspicious && alarms.contains(&s.rank))
+            .map(|s| s.rank)
+            .collect();
         for s in scores.iter_mut() {
-            // The sequential test names a rank, and keeps an open verdict's
-            // rank named while its evidence stands; the class, the
-            // two-rank and deep-set rules below still apply.
             let active = core
                 .lifecycle
                 .verdicts()
                 .any(|v| v.active && v.rank == s.rank && v.link.is_none());
-            if alarms.contains(&s.rank) || (active && core.sequential.standing(s.rank)) {
+            if active && core.sequential.standing(s.rank) {
                 s.suspicious = true;
             }
         }

@@ -619,6 +619,13 @@ impl Joiner {
                 }
             }
         }
+        // Communicators in id order (a stable sort keeps each one's oldest
+        // first): the map's order is random per process, and replays must
+        // give the same report every time.
+        out.sort_by_key(|e| match e {
+            Expired::Hang(h) => h.comm_id,
+            Expired::Incomplete { comm_id, .. } => *comm_id,
+        });
         out
     }
 }

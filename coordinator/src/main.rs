@@ -32,6 +32,11 @@ enum Command {
     /// DIR/ca.crt (--ca), DIR/agent.crt (--cert) and DIR/agent.key (--key);
     /// keep DIR/ca.key offline.
     Certs(CertsArgs),
+    /// Analyze a recorded job (slowrank records, PyTorch profiler traces,
+    /// the straggler study's parquet) through the same stages as live data.
+    /// `slowrank replay DIR --out OUT` replays a recorded run's agent records.
+    #[command(visible_alias = "replay")]
+    Analyze(slowrank_coordinator::replay::cli::AnalyzeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -181,6 +186,7 @@ fn main() -> ExitCode {
             .and_then(|rt| rt.block_on(serve(args))),
         Command::Report(args) => report(args),
         Command::Certs(args) => certs(args),
+        Command::Analyze(args) => analyze(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -189,6 +195,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn analyze(args: slowrank_coordinator::replay::cli::AnalyzeArgs) -> Result<()> {
+    let out = slowrank_coordinator::replay::cli::run(&args)?;
+    if args.json {
+        println!("{}", render_json(&out.report)?);
+    } else {
+        print!("{}", render_human(&out.report));
+    }
+    Ok(())
 }
 
 fn report(args: ReportArgs) -> Result<()> {

@@ -303,6 +303,8 @@ mod tests {
             verdict_trackers: 0,
             pending_instances: 0,
             recent_instances: 0,
+            probe_overhead_percent: vec![(0, 0.2)],
+            job_probe_overhead_percent: Some(0.2),
             step_ns: Some(40e6),
             verdicts: vec![VerdictRow {
                 id: 1,

