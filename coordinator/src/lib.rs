@@ -10,6 +10,7 @@
 //! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
 //! generates synthetic jobs with ground truth.
 
+pub mod admission;
 pub mod alert;
 pub mod analyzer;
 pub mod classify;
@@ -26,6 +27,7 @@ pub mod join;
 pub mod links;
 pub mod metrics_http;
 pub mod outputs;
+pub mod ownership;
 pub mod report;
 pub mod serve;
 pub mod stackstore;

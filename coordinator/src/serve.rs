@@ -183,6 +183,16 @@ fn render_metrics(
     for (k, v) in rej {
         let _ = writeln!(s, "slowrank_batches_rejected_total{{reason=\"{k}\"}} {v}");
     }
+    let _ = writeln!(s, "# HELP slowrank_connections_refused_total Connections refused before or at the hello, by reason\n# TYPE slowrank_connections_refused_total counter");
+    let mut refused: Vec<(String, u64)> = ingest
+        .refused
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    refused.sort();
+    for (k, v) in refused {
+        let _ = writeln!(s, "slowrank_connections_refused_total{{reason=\"{k}\"}} {v}");
+    }
     let counters = [
         (
             "slowrank_batches_received_total",
@@ -196,7 +206,7 @@ fn render_metrics(
         ),
         (
             "slowrank_agents_refused_total",
-            "Agent connections refused (token, malformed hello)",
+            "Agent connections refused (token, malformed or late hello, caps, identity in use)",
             ingest.refused_agents.load(Ordering::Relaxed),
         ),
         (
@@ -244,6 +254,23 @@ fn render_metrics(
     s
 }
 
+/// Drops the agents that left longest ago until at most `max` remain
+/// (connected ones are never dropped); returns how many went.
+fn forget_gone_agents(agents: &mut BTreeMap<String, AgentReport>, max: usize) -> u64 {
+    let mut forgot = 0;
+    while agents.len() > max {
+        let oldest = agents
+            .values()
+            .filter(|a| !a.connected)
+            .min_by_key(|a| a.disconnected_at)
+            .map(|a| a.agent_id.clone());
+        let Some(id) = oldest else { break };
+        agents.remove(&id);
+        forgot += 1;
+    }
+    forgot
+}
+
 fn build_report(
     analyzer: &Analyzer,
     stats: &IngestStats,
@@ -256,6 +283,12 @@ fn build_report(
         .map(|e| (e.key().clone(), *e.value()))
         .collect();
     r.ingest.agents_refused = stats.refused_agents.load(Ordering::Relaxed);
+    r.ingest.agents_refused_by = stats
+        .refused
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    r.ingest.agents_forgotten = stats.agents_forgotten.load(Ordering::Relaxed);
     r.agents = agents
         .lock()
         .map(|a| a.values().cloned().collect())
@@ -421,7 +454,10 @@ impl Server {
             let done: Vec<_> = run.into_iter()
                 .map(|(agent_id, batch, ack)| {
                     let sum = a.ingest(&batch, recv_ns);
-                    st.add(&batch, &a);
+                    // Stacks only from a batch the analyzer took.
+                    if sum.batch_rejected.is_none() && !sum.duplicate_batch {
+                        st.add(&batch, &a);
+                    }
                     (agent_id, batch, ack, sum)
                 })
                 .collect();
@@ -640,6 +676,7 @@ impl Server {
             } => {
                 info!(agent = %agent_id, %host, "agent up");
                 self.analyzer.agent_connected(&agent_id, connected_mono_ns);
+                self.analyzer.host_live(&host, true);
                 if self.cfg.print_alerts {
                     println!(
                         "{} agent {agent_id} on {host} connected",
@@ -660,6 +697,11 @@ impl Server {
                     e.connected = true;
                     e.disconnected_at = None;
                     e.reason = None;
+                    let forgot = forget_gone_agents(&mut a, crate::ingest::MAX_AGENTS_REMEMBERED);
+                    self.ingest
+                        .stats()
+                        .agents_forgotten
+                        .fetch_add(forgot, Ordering::Relaxed);
                 }
                 None
             }
@@ -724,6 +766,7 @@ impl Server {
                 if self.cfg.print_alerts {
                     println!("{line}");
                 }
+                self.analyzer.host_live(&host, false);
                 if let Ok(mut a) = self.agents.lock() {
                     if let Some(a) = a.get_mut(&agent_id) {
                         a.connected = false;
