@@ -376,13 +376,23 @@ impl Analyzer {
                 push_recent(&mut c, &e);
                 return sum;
             }
+            // A step no agent can make is not believed (nor remembered):
+            // one u64::MAX would pin the job-wide sums at their ceiling.
+            let step = |now: u64, had: u64| {
+                Some(now.saturating_sub(had)).filter(|d| *d <= validate::MAX_COUNTER_STEP)
+            };
             let (rd, sd) = (
-                b.ringbuf_drops.saturating_sub(a.ringbuf_drops),
-                b.spool_drops.saturating_sub(a.spool_drops),
+                step(b.ringbuf_drops, a.ringbuf_drops),
+                step(b.spool_drops, a.spool_drops),
             );
             a.last_seq = Some(b.seq);
-            a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
-            a.spool_drops = a.spool_drops.max(b.spool_drops);
+            if rd.is_some() {
+                a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
+            }
+            if sd.is_some() {
+                a.spool_drops = a.spool_drops.max(b.spool_drops);
+            }
+            let (rd, sd) = (rd.unwrap_or(0), sd.unwrap_or(0));
             drop(a);
             // Saturating: a garbage sequence or drop count must not overflow.
             let mut c = lock(&self.counters);

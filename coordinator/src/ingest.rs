@@ -24,7 +24,7 @@ use quinn::{Connection, Endpoint, Incoming};
 use slowrank_shared::wire::{
     self, Batch, Control, Hello, HelloReply, HEADER_LEN, MAX_MESSAGE_BYTES,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::clock::ClockSample;
@@ -69,6 +69,20 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_INCOMING: usize = 2 * crate::admission::MAX_PREAUTH_TOTAL as usize;
 const INCOMING_BUFFER: u64 = 64 * 1024;
 const INCOMING_BUFFER_TOTAL: u64 = 16 << 20;
+/// Memory for batches between their stream and their answer (read,
+/// decoded, queued, being ingested), in KiB: each batch holds twice its
+/// wire size (the bytes, then the decoded batch) from its header until it
+/// is answered. Whatever agents send, batches in flight stay within this.
+const BATCH_BUDGET_KIB: u32 = 256 * 1024;
+/// The share of it one connection may hold: three of the largest batches,
+/// so one agent (or one token holder) cannot take the budget from the rest.
+const CONN_BUDGET_KIB: u32 = 3 * batch_kib(MAX_MESSAGE_BYTES);
+
+/// KiB of budget a batch of `declared` archive bytes holds.
+const fn batch_kib(declared: usize) -> u32 {
+    (2 * (HEADER_LEN + declared)).div_ceil(1024) as u32
+}
+
 /// Agent ids remembered in the per-agent counters; past this the longest
 /// gone is forgotten (a peer cycling through ids must not grow the map).
 pub const MAX_AGENTS_REMEMBERED: usize = 8192;
@@ -189,6 +203,9 @@ struct Shared {
     clock_port: Option<Arc<ClockPort>>,
     gate: Mutex<PreauthGate>,
     claims: Mutex<LiveClaims>,
+    /// [`BATCH_BUDGET_KIB`], shared by every connection (waiters are
+    /// served in turn, so each connection gets its share).
+    budget: Arc<Semaphore>,
     /// One rate limit per refusal reason.
     log_limits: Mutex<HashMap<&'static str, LogLimiter>>,
 }
@@ -310,6 +327,7 @@ impl Ingest {
                 clock_port,
                 gate: Mutex::new(PreauthGate::default()),
                 claims: Mutex::new(LiveClaims::default()),
+                budget: Arc::new(Semaphore::new(BATCH_BUDGET_KIB as usize)),
                 log_limits: Mutex::new(HashMap::new()),
             }),
         })
@@ -535,26 +553,80 @@ async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hello, Refusal>
 
 /// What reading one batch stream came to, forwarded in stream order.
 enum StreamRead {
-    Batch(Box<Batch>, quinn::SendStream),
+    /// With the budget it holds until it is answered.
+    Batch(Box<Batch>, quinn::SendStream, Held),
     /// Rejected (counted and answered already).
     Rejected,
 }
 
+/// Budget a batch holds: its connection's share and the global one.
+type Held = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
+/// Where a stream stands among its connection's streams: budget is taken
+/// in stream order (`turn` fires when the stream before has its share,
+/// `next` tells the one after), so a later stream can never hold the
+/// budget an earlier one — which the in-order forwarder waits for — needs.
+struct Turn {
+    turn: oneshot::Receiver<()>,
+    next: oneshot::Sender<()>,
+}
+
 /// Reads and checks one batch stream within [`STREAM_READ_TIMEOUT`].
 async fn read_batch(
-    mut answer: quinn::SendStream,
+    answer: quinn::SendStream,
     mut stream: quinn::RecvStream,
     agent_id: &str,
     host: &str,
     stats: &IngestStats,
+    budget: (Arc<Semaphore>, Arc<Semaphore>),
+    order: Turn,
 ) -> StreamRead {
-    let read = tokio::time::timeout(
-        STREAM_READ_TIMEOUT,
-        stream.read_to_end(HEADER_LEN + MAX_MESSAGE_BYTES),
-    )
+    let deadline = tokio::time::Instant::now() + STREAM_READ_TIMEOUT;
+    let mut head = [0u8; HEADER_LEN];
+    let got = tokio::time::timeout_at(deadline, stream.read_exact(&mut head)).await;
+    let declared = match got {
+        Ok(Ok(())) => wire::peek_header(&head).map(|(_, n)| n),
+        // Shorter than a header: decoding what came says how it is wrong.
+        Ok(Err(quinn::ReadExactError::FinishedEarly(n))) => {
+            wire::decode::<Batch>(&head[..n]).map(|_| 0)
+        }
+        Ok(Err(quinn::ReadExactError::ReadError(e))) => {
+            stats.reject(agent_id, "stream_error");
+            debug!(agent = %agent_id, "rejected batch: stream error: {e}");
+            return StreamRead::Rejected;
+        }
+        Err(_) => return timed_out(agent_id, stats, stream, answer),
+    };
+    let declared = match declared {
+        Ok(n) => n,
+        Err(e) => {
+            stats.reject(agent_id, e.class());
+            warn!(agent = %agent_id, "rejected batch: {e}");
+            reject(answer);
+            return StreamRead::Rejected;
+        }
+    };
+    // In stream order: wait for the stream before (or its end), take this
+    // batch's share, let the next one go.
+    let _ = order.turn.await;
+    let kib = batch_kib(declared);
+    let (conn_budget, global) = budget;
+    let held = tokio::time::timeout_at(deadline, async {
+        let c = conn_budget.acquire_many_owned(kib).await.ok()?;
+        let g = global.acquire_many_owned(kib).await.ok()?;
+        Some((c, g))
+    })
     .await;
-    let bytes = match read {
-        Ok(Ok(b)) => b,
+    let _ = order.next.send(());
+    let held = match held {
+        Ok(Some(h)) => h,
+        Ok(None) => return StreamRead::Rejected,
+        Err(_) => return timed_out(agent_id, stats, stream, answer),
+    };
+    // No more than the header declared (and the budget was taken for).
+    let rest = tokio::time::timeout_at(deadline, stream.read_to_end(declared)).await;
+    let bytes = match rest {
+        Ok(Ok(b)) => [&head[..], &b].concat(),
         Ok(Err(quinn::ReadToEndError::TooLong)) => {
             stats.reject(agent_id, "oversized");
             warn!(agent = %agent_id, "rejected batch: larger than the cap");
@@ -566,13 +638,7 @@ async fn read_batch(
             debug!(agent = %agent_id, "rejected batch: stream error: {e}");
             return StreamRead::Rejected;
         }
-        Err(_) => {
-            stats.reject(agent_id, "stream_timeout");
-            warn!(agent = %agent_id, "rejected batch: not finished within {STREAM_READ_TIMEOUT:?}");
-            let _ = stream.stop(2u32.into());
-            let _ = answer.reset(2u32.into());
-            return StreamRead::Rejected;
-        }
+        Err(_) => return timed_out(agent_id, stats, stream, answer),
     };
     match wire::decode::<Batch>(&bytes) {
         Ok(mut batch) => {
@@ -592,7 +658,7 @@ async fn read_batch(
                 a.batches += 1;
                 a.last_seq = Some(batch.seq);
             }
-            StreamRead::Batch(Box::new(batch), answer)
+            StreamRead::Batch(Box::new(batch), answer, held)
         }
         Err(e) => {
             stats.reject(agent_id, e.class());
@@ -601,6 +667,21 @@ async fn read_batch(
             StreamRead::Rejected
         }
     }
+}
+
+/// A stream not finished within [`STREAM_READ_TIMEOUT`]: dropped, counted.
+fn timed_out(
+    agent_id: &str,
+    stats: &IngestStats,
+    mut stream: quinn::RecvStream,
+    answer: quinn::SendStream,
+) -> StreamRead {
+    stats.reject(agent_id, "stream_timeout");
+    warn!(agent = %agent_id, "rejected batch: not finished within {STREAM_READ_TIMEOUT:?}");
+    let _ = stream.stop(2u32.into());
+    let mut answer = answer;
+    let _ = answer.reset(2u32.into());
+    StreamRead::Rejected
 }
 
 /// Keeps `stats.agents` within [`MAX_AGENTS_REMEMBERED`]: forgets agents
@@ -706,7 +787,7 @@ async fn serve_connection(
         let (events, agent_id) = (events.clone(), agent_id.clone());
         async move {
             while let Some(read) = order_rx.recv().await {
-                let Ok(StreamRead::Batch(batch, mut answer)) = read.await else {
+                let Ok(StreamRead::Batch(batch, mut answer, held)) = read.await else {
                     continue;
                 };
                 let (tx, rx) = tokio::sync::oneshot::channel();
@@ -725,7 +806,10 @@ async fn serve_connection(
                 }
                 // Answer when ingested, without holding up the next batch.
                 tokio::spawn(async move {
-                    if rx.await.is_ok() {
+                    let ingested = rx.await.is_ok();
+                    // Ingested (or dropped): its memory is free again.
+                    drop(held);
+                    if ingested {
                         let _ = answer.write_all(&[wire::BATCH_INGESTED]).await;
                         let _ = answer.finish();
                     }
@@ -734,6 +818,9 @@ async fn serve_connection(
             String::new()
         }
     };
+    let conn_budget = Arc::new(Semaphore::new(CONN_BUDGET_KIB as usize));
+    let (first, mut turn) = oneshot::channel();
+    let _ = first.send(());
     let accept = async {
         loop {
             // One bidirectional stream per batch: the batch up, the answer
@@ -745,8 +832,14 @@ async fn serve_connection(
             };
             let shared_stats = shared.stats.clone();
             let (id, host) = (agent_id.clone(), hello.host.clone());
+            let budget = (conn_budget.clone(), shared.budget.clone());
+            let (next, after) = oneshot::channel();
+            let order = Turn {
+                turn: std::mem::replace(&mut turn, after),
+                next,
+            };
             let read = tokio::spawn(async move {
-                read_batch(answer, stream, &id, &host, &shared_stats).await
+                read_batch(answer, stream, &id, &host, &shared_stats, budget, order).await
             });
             if order_tx.send(read).await.is_err() {
                 break "coordinator shutting down".to_owned();

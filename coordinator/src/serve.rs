@@ -170,6 +170,7 @@ fn render_metrics(
     ingest: &IngestStats,
     hooks: &HookStats,
     agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
+    stacks: &StackStore,
 ) -> String {
     use std::fmt::Write;
     let mut s = analyzer.metrics().to_prometheus();
@@ -213,6 +214,21 @@ fn render_metrics(
             "slowrank_clock_datagrams_dropped_total",
             "Clock-port datagrams dropped: not ours, unknown token, bad MAC, wrong address, or answering no outstanding probe",
             ingest.clock_datagrams_dropped.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_stack_windows_refused_total",
+            "Stack windows refused: for a rank the sending host does not own, or too large",
+            stacks.refused.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_stack_windows_evicted_total",
+            "Stack windows dropped early to keep a rank within its byte cap",
+            stacks.evicted.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_agents_forgotten_total",
+            "Agents that had gone, dropped from the report to keep it bounded",
+            ingest.agents_forgotten.load(Ordering::Relaxed),
         ),
         (
             "slowrank_webhook_ok_total",
@@ -305,17 +321,19 @@ impl Server {
         let analyzer = Arc::new(Analyzer::new(cfg.analyzer.clone()));
         let hooks = Hooks::start(cfg.hooks.clone());
         let agents = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let stacks = Arc::new(StackStore::default());
         let metrics = match cfg.metrics_listen {
             Some(addr) => {
-                let (a, i, h, ag) = (
+                let (a, i, h, ag, st) = (
                     analyzer.clone(),
                     ingest.stats(),
                     hooks.stats(),
                     agents.clone(),
+                    stacks.clone(),
                 );
                 Some(MetricsServer::start(
                     addr,
-                    Arc::new(move || render_metrics(&a, &i, &h, &ag)),
+                    Arc::new(move || render_metrics(&a, &i, &h, &ag, &st)),
                 )?)
             }
             None => None,
@@ -327,7 +345,7 @@ impl Server {
             hooks,
             metrics,
             agents,
-            stacks: Arc::new(StackStore::default()),
+            stacks,
             last_deep_all: std::sync::Mutex::new(None),
         })
     }

@@ -92,6 +92,12 @@ pub enum RecordError {
 /// believing it would mark every later batch a duplicate.
 pub const MAX_SEQ_GAP: u64 = 1 << 24;
 
+/// Largest growth of an agent's drop counters (ring buffer, spool) between
+/// two of its batches: 2^40 is 30 hours of drops at 10 million a second,
+/// more than any ring buffer sees; a larger step is a corrupt or hostile
+/// number and is not added to the job's sums.
+pub const MAX_COUNTER_STEP: u64 = 1 << 40;
+
 impl RecordError {
     /// Stable label for counters and metrics.
     pub fn label(&self) -> &'static str {

@@ -315,13 +315,29 @@ impl Legit {
                 let _ = ready_tx.send(Ok(()));
                 let mut tick = tokio::time::interval(Duration::from_secs(1) / LEGIT_RATE);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // Pipelined like the real agent (`SEND_WINDOW` batches
+                // unanswered at most): the rate measures throughput, not
+                // one round trip's latency on a loaded machine.
+                let window = Arc::new(tokio::sync::Semaphore::new(
+                    slowrank_agent::ship::SEND_WINDOW,
+                ));
                 while !st.load(Ordering::Relaxed) {
                     tick.tick().await;
+                    let Ok(permit) = window.clone().acquire_owned().await else {
+                        break;
+                    };
                     let n = q.fetch_add(1, Ordering::Relaxed) + 1;
                     let b = batch(&host, &agent_id, n, ranks.clone());
-                    if s.send(&b).await.is_ok() {
-                        a.fetch_add(1, Ordering::Relaxed);
-                    }
+                    let Ok(pending) = s.begin_send(&wire::encode(&b).unwrap()).await else {
+                        continue;
+                    };
+                    let a = a.clone();
+                    tokio::spawn(async move {
+                        if pending.answer().await.is_ok() {
+                            a.fetch_add(1, Ordering::Relaxed);
+                        }
+                        drop(permit);
+                    });
                 }
                 s.close().await;
             });
