@@ -13,7 +13,8 @@
 //! past a timeout, becomes a hang candidate naming the missing ranks and the
 //! last instance each completed.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -117,6 +118,21 @@ pub struct HangCandidate {
 /// Open instances per communicator at most, however small it is.
 pub const MAX_OPEN_INSTANCES: usize = 16_384;
 
+/// Open instances across all communicators at most. A host cut off for
+/// seconds leaves open the instances of the few dozen communicators it is
+/// in (≈ 1,000 each for a fast 8-rank group, 256 for a 4,096-rank one):
+/// 65,536 is several times that, and at a few hundred bytes plus the
+/// members present each, a bounded share of the coordinator's memory. Past
+/// it the communicator holding the most open instances sheds its oldest
+/// (counted as evicted): one agent opening instances on thousands of
+/// communicators that never complete cannot grow the join without bound.
+pub const MAX_OPEN_TOTAL: usize = 65_536;
+
+/// Absent members named in one hang at most (the rest are counted in
+/// [`JoinCounters::missing_unlisted`]): a hang of a 2^20-rank communicator
+/// must not become a million-entry list rewritten into every report.
+pub const MAX_NAMED_MISSING: usize = 4_096;
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct JoinConfig {
     /// Open instances kept per communicator before the oldest is evicted,
@@ -200,8 +216,11 @@ struct Open {
     bytes: u64,
     /// Positions of the members (comm positions; two entries for p2p).
     positions: Vec<u32>,
-    records: Vec<Option<Member>>,
-    present: usize,
+    /// Members present, by index (comm position; 0 or 1 for p2p): only
+    /// what arrived is stored, never a table of the claimed size.
+    records: BTreeMap<u32, Member>,
+    /// Members the instance needs (the communicator's size; 2 for p2p).
+    expected: usize,
     first_host: Arc<str>,
     first_agent_ns: u64,
 }
@@ -268,6 +287,8 @@ pub struct JoinCounters {
     pub hangs: u64,
     pub duplicates: u64,
     pub merged: u64,
+    /// Absent members of hangs beyond [`MAX_NAMED_MISSING`], not listed.
+    pub missing_unlisted: u64,
 }
 
 /// The join of every communicator; safe to call from many ingest tasks.
@@ -276,6 +297,8 @@ pub struct Joiner {
     cfg: JoinConfig,
     comms: DashMap<u64, CommState>,
     counters: std::sync::Mutex<JoinCounters>,
+    /// Open instances across communicators (kept in step with `open`).
+    open_total: AtomicUsize,
 }
 
 impl Joiner {
@@ -284,6 +307,7 @@ impl Joiner {
             cfg,
             comms: DashMap::new(),
             counters: std::sync::Mutex::new(JoinCounters::default()),
+            open_total: AtomicUsize::new(0),
         }
     }
 
@@ -363,7 +387,7 @@ impl Joiner {
     }
 
     /// Offers one validated record.
-    pub fn offer(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
+    fn offer_one(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
         let comm_id = rec.comm_id;
         let mut st = self
             .comms
@@ -389,7 +413,7 @@ impl Joiner {
             if !p2p {
                 if let Some(open) = st.open.get_mut(&key) {
                     let idx = pos as usize;
-                    match &mut open.records[idx] {
+                    match open.records.get_mut(&(idx as u32)) {
                         Some(m) if m.rec == rec => {
                             self.bump(|c| c.duplicates += 1);
                             return Ok(Offer::Duplicate);
@@ -469,14 +493,15 @@ impl Joiner {
             rec,
         };
         let open = st.open.entry(key).or_insert_with(|| {
+            self.open_total.fetch_add(1, Ordering::Relaxed);
             let n = if p2p { 2 } else { nranks as usize };
             Open {
                 born,
                 op: member.rec.op,
                 bytes: member.rec.bytes,
                 positions: if p2p { positions.clone() } else { Vec::new() },
-                records: vec![None; n],
-                present: 0,
+                records: BTreeMap::new(),
+                expected: n,
                 first_host: host.clone(),
                 first_agent_ns: member.rec.host_entry_ns,
             }
@@ -486,15 +511,15 @@ impl Joiner {
         } else {
             pos as usize
         };
-        if open.records[idx].is_some() {
+        if open.records.contains_key(&(idx as u32)) {
             return Err(RecordError::Conflict);
         }
-        open.records[idx] = Some(member);
-        open.present += 1;
-        if open.present == open.records.len() {
+        open.records.insert(idx as u32, member);
+        if open.records.len() >= open.expected {
             let open = st.open.remove(&key).expect("present");
+            self.open_total.fetch_sub(1, Ordering::Relaxed);
             st.close(key, self.cfg.closed_memory);
-            let members: Vec<Member> = open.records.into_iter().flatten().collect();
+            let members: Vec<Member> = open.records.into_values().collect();
             if let InstanceKey::Coll(seq) = key {
                 for m in &members {
                     st.last_completed.insert(m.rank_in_comm, seq);
@@ -513,11 +538,51 @@ impl Joiner {
         if st.open.len() > self.open_cap(nranks) {
             if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
                 st.open.remove(&old);
+                self.open_total.fetch_sub(1, Ordering::Relaxed);
                 st.close(old, self.cfg.closed_memory);
                 self.bump(|c| c.evicted += 1);
             }
         }
         Ok(Offer::Pending)
+    }
+
+    /// Offers one member's record of an instance ([`Joiner::offer_one`]),
+    /// then keeps the join within [`MAX_OPEN_TOTAL`].
+    pub fn offer(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
+        let r = self.offer_one(host, rec);
+        if self.open_total.load(Ordering::Relaxed) > self.max_open_total() {
+            self.shed();
+        }
+        r
+    }
+
+    fn max_open_total(&self) -> usize {
+        MAX_OPEN_TOTAL.max(self.cfg.max_open_per_comm)
+    }
+
+    /// Evicts the oldest eighth of the open instances of the communicator
+    /// holding the most (it is the one growing); counted as evicted. An
+    /// eighth at a time, so the scan over communicators is rare.
+    fn shed(&self) {
+        let hog = self
+            .comms
+            .iter()
+            .max_by_key(|c| c.open.len())
+            .map(|c| *c.key());
+        let Some(hog) = hog else { return };
+        let Some(mut st) = self.comms.get_mut(&hog) else {
+            return;
+        };
+        let mut by_age: Vec<(u64, InstanceKey)> =
+            st.open.iter().map(|(k, o)| (o.born, *k)).collect();
+        by_age.sort_unstable();
+        let n = (by_age.len() / 8).max(1).min(by_age.len());
+        for (_, key) in by_age.into_iter().take(n) {
+            st.open.remove(&key);
+            st.close(key, self.cfg.closed_memory);
+        }
+        self.open_total.fetch_sub(n, Ordering::Relaxed);
+        self.bump(|c| c.evicted += n as u64);
     }
 
     /// Closes instances whose first member entered more than the timeout
@@ -565,7 +630,7 @@ impl Joiner {
                 let mut absent = Vec::new();
                 let mut undecided = false;
                 for (i, p) in positions.iter().enumerate() {
-                    if let Some(m) = &open.records[i] {
+                    if let Some(m) = open.records.get(&(i as u32)) {
                         present_ranks.push(m.rank);
                         continue;
                     }
@@ -581,7 +646,13 @@ impl Joiner {
                     continue;
                 }
                 let open = st.open.remove(&key).expect("listed");
+                self.open_total.fetch_sub(1, Ordering::Relaxed);
                 st.close(key, self.cfg.closed_memory);
+                if absent.len() > MAX_NAMED_MISSING {
+                    let extra = (absent.len() - MAX_NAMED_MISSING) as u64;
+                    absent.truncate(MAX_NAMED_MISSING);
+                    self.bump(|c| c.missing_unlisted += extra);
+                }
                 let missing: Vec<MissingMember> = absent
                     .iter()
                     .map(|p| {

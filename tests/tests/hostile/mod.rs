@@ -354,12 +354,26 @@ impl Legit {
         }
     }
 
-    /// Batches answered per second over the next `d`.
+    /// The agent's ingest rate over the next `d`: batches it sent in that
+    /// time and the coordinator answered (within a grace period after it),
+    /// per second. A starved coordinator shows twice: answers stop, and the
+    /// agent, its pipeline full, sends fewer.
     pub async fn rate_over(&self, d: Duration) -> f64 {
-        let a0 = self.answered.load(Ordering::Relaxed);
-        let t0 = Instant::now();
-        tokio::time::sleep(d).await;
-        (self.answered.load(Ordering::Relaxed) - a0) as f64 / t0.elapsed().as_secs_f64()
+        self.rate_during(tokio::time::sleep(d)).await.0
+    }
+
+    /// The same over the time `f` takes (an attack), and `f`'s output.
+    pub async fn rate_during<F: std::future::Future>(&self, f: F) -> (f64, F::Output) {
+        let (s0, t0) = (self.seq.load(Ordering::Relaxed), Instant::now());
+        let out = f.await;
+        let (s1, took) = (self.seq.load(Ordering::Relaxed), t0.elapsed());
+        let grace = Instant::now() + Duration::from_secs(5);
+        while self.answered.load(Ordering::Relaxed) < s1 && Instant::now() < grace {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let unanswered = s1.saturating_sub(self.answered.load(Ordering::Relaxed));
+        let rate = (s1 - s0).saturating_sub(unanswered) as f64 / took.as_secs_f64();
+        (rate, out)
     }
 
     /// Stops sending and closes the connection.
