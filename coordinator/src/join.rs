@@ -13,7 +13,7 @@
 //! past a timeout, becomes a hang candidate naming the missing ranks and the
 //! last instance each completed.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -133,6 +133,16 @@ pub const MAX_OPEN_TOTAL: usize = 65_536;
 /// must not become a million-entry list rewritten into every report.
 pub const MAX_NAMED_MISSING: usize = 4_096;
 
+/// Closed instance keys remembered across all communicators at most (≈ 64
+/// MiB): each communicator keeps `closed_memory` keys, or its share of
+/// this when there are many, but never fewer than [`MIN_CLOSED_PER_COMM`].
+/// Otherwise 65,536 communicators × 16,384 keys could be made to hold
+/// tens of GB by instances opened only to be evicted.
+pub const MAX_CLOSED_TOTAL: usize = 1 << 20;
+/// Closed keys a communicator keeps however many there are: enough to tell
+/// a late record from a new instance over a few seconds of collectives.
+pub const MIN_CLOSED_PER_COMM: usize = 256;
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct JoinConfig {
     /// Open instances kept per communicator before the oldest is evicted,
@@ -218,7 +228,7 @@ struct Open {
     positions: Vec<u32>,
     /// Members present, by index (comm position; 0 or 1 for p2p): only
     /// what arrived is stored, never a table of the claimed size.
-    records: BTreeMap<u32, Member>,
+    records: HashMap<u32, Member>,
     /// Members the instance needs (the communicator's size; 2 for p2p).
     expected: usize,
     first_host: Arc<str>,
@@ -299,6 +309,9 @@ pub struct Joiner {
     counters: std::sync::Mutex<JoinCounters>,
     /// Open instances across communicators (kept in step with `open`).
     open_total: AtomicUsize,
+    /// Communicators tracked (kept in step with `comms`; read while a
+    /// shard of it is locked, where `comms.len()` would deadlock).
+    comm_count: AtomicUsize,
 }
 
 impl Joiner {
@@ -308,6 +321,7 @@ impl Joiner {
             comms: DashMap::new(),
             counters: std::sync::Mutex::new(JoinCounters::default()),
             open_total: AtomicUsize::new(0),
+            comm_count: AtomicUsize::new(0),
         }
     }
 
@@ -336,7 +350,10 @@ impl Joiner {
         let mut st = self
             .comms
             .entry(c.comm_id)
-            .or_insert_with(|| CommState::new(c.nranks));
+            .or_insert_with(|| {
+                self.comm_count.fetch_add(1, Ordering::Relaxed);
+                CommState::new(c.nranks)
+            });
         if st.nranks != c.nranks {
             return Err(RecordError::CommSizeConflict {
                 comm_id: c.comm_id,
@@ -500,7 +517,7 @@ impl Joiner {
                 op: member.rec.op,
                 bytes: member.rec.bytes,
                 positions: if p2p { positions.clone() } else { Vec::new() },
-                records: BTreeMap::new(),
+                records: HashMap::new(),
                 expected: n,
                 first_host: host.clone(),
                 first_agent_ns: member.rec.host_entry_ns,
@@ -518,8 +535,9 @@ impl Joiner {
         if open.records.len() >= open.expected {
             let open = st.open.remove(&key).expect("present");
             self.open_total.fetch_sub(1, Ordering::Relaxed);
-            st.close(key, self.cfg.closed_memory);
-            let members: Vec<Member> = open.records.into_values().collect();
+            st.close(key, self.closed_cap());
+            let mut members: Vec<Member> = open.records.into_values().collect();
+            members.sort_unstable_by_key(|m| m.rank_in_comm);
             if let InstanceKey::Coll(seq) = key {
                 for m in &members {
                     st.last_completed.insert(m.rank_in_comm, seq);
@@ -539,7 +557,7 @@ impl Joiner {
             if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
                 st.open.remove(&old);
                 self.open_total.fetch_sub(1, Ordering::Relaxed);
-                st.close(old, self.cfg.closed_memory);
+                st.close(old, self.closed_cap());
                 self.bump(|c| c.evicted += 1);
             }
         }
@@ -556,33 +574,45 @@ impl Joiner {
         r
     }
 
+    /// Closed keys each communicator remembers now ([`MAX_CLOSED_TOTAL`]).
+    fn closed_cap(&self) -> usize {
+        let share = MAX_CLOSED_TOTAL / self.comm_count.load(Ordering::Relaxed).max(1);
+        self.cfg
+            .closed_memory
+            .min(share.max(MIN_CLOSED_PER_COMM))
+    }
+
     fn max_open_total(&self) -> usize {
         MAX_OPEN_TOTAL.max(self.cfg.max_open_per_comm)
     }
 
-    /// Evicts the oldest eighth of the open instances of the communicator
-    /// holding the most (it is the one growing); counted as evicted. An
-    /// eighth at a time, so the scan over communicators is rare.
+    /// Brings the open instances down to three quarters of
+    /// [`MAX_OPEN_TOTAL`], taking from the communicators that hold the most
+    /// (each keeps at most a common level, its newest; communicators below
+    /// that level lose nothing), oldest first; counted as evicted. A
+    /// quarter of the cap at a time, so the pass over communicators is rare.
     fn shed(&self) {
-        let hog = self
-            .comms
-            .iter()
-            .max_by_key(|c| c.open.len())
-            .map(|c| *c.key());
-        let Some(hog) = hog else { return };
-        let Some(mut st) = self.comms.get_mut(&hog) else {
-            return;
-        };
-        let mut by_age: Vec<(u64, InstanceKey)> =
-            st.open.iter().map(|(k, o)| (o.born, *k)).collect();
-        by_age.sort_unstable();
-        let n = (by_age.len() / 8).max(1).min(by_age.len());
-        for (_, key) in by_age.into_iter().take(n) {
-            st.open.remove(&key);
-            st.close(key, self.cfg.closed_memory);
+        let counts: Vec<usize> = self.comms.iter().map(|c| c.open.len()).collect();
+        let low = self.max_open_total() * 3 / 4;
+        let level = fill_level(&counts, low);
+        let mut evicted = 0usize;
+        for mut c in self.comms.iter_mut() {
+            let st = &mut *c;
+            if st.open.len() <= level {
+                continue;
+            }
+            let mut by_age: Vec<(u64, InstanceKey)> =
+                st.open.iter().map(|(k, o)| (o.born, *k)).collect();
+            by_age.sort_unstable();
+            let n = by_age.len() - level;
+            for (_, key) in by_age.into_iter().take(n) {
+                st.open.remove(&key);
+                st.close(key, self.closed_cap());
+            }
+            evicted += n;
         }
-        self.open_total.fetch_sub(n, Ordering::Relaxed);
-        self.bump(|c| c.evicted += n as u64);
+        self.open_total.fetch_sub(evicted, Ordering::Relaxed);
+        self.bump(|c| c.evicted += evicted as u64);
     }
 
     /// Closes instances whose first member entered more than the timeout
@@ -619,13 +649,20 @@ impl Joiner {
             let mut due = due;
             due.sort_unstable_by_key(|d| d.0);
             for (key, entered) in due {
+                let stale = now.saturating_sub(entered) > self.cfg.hang_stale_ns;
+                // A member never heard of on this communicator is not known
+                // to be current: the instance waits until stale. Said
+                // without walking every position of a huge communicator
+                // each tick (members with records all have slots).
+                if !stale && matches!(key, InstanceKey::Coll(_)) && st.slots.len() < st.nranks as usize {
+                    continue;
+                }
                 let open = &st.open[&key];
                 let positions: Vec<u32> = match key {
                     InstanceKey::P2p { lo, hi, .. } => vec![lo, hi],
                     InstanceKey::Coll(_) => (0..st.nranks).collect(),
                 };
                 let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
-                let stale = now.saturating_sub(entered) > self.cfg.hang_stale_ns;
                 let mut present_ranks = Vec::new();
                 let mut absent = Vec::new();
                 let mut undecided = false;
@@ -647,7 +684,7 @@ impl Joiner {
                 }
                 let open = st.open.remove(&key).expect("listed");
                 self.open_total.fetch_sub(1, Ordering::Relaxed);
-                st.close(key, self.cfg.closed_memory);
+                st.close(key, self.closed_cap());
                 if absent.len() > MAX_NAMED_MISSING {
                     let extra = (absent.len() - MAX_NAMED_MISSING) as u64;
                     absent.truncate(MAX_NAMED_MISSING);
@@ -696,6 +733,22 @@ impl Joiner {
 
 /// Whether position `p` already issued an operation after `key` on this
 /// communicator (so its record for `key` was lost, not withheld).
+/// The largest level `l` such that capping every count at `l` leaves at
+/// most `budget` in all (water-filling from the top).
+fn fill_level(counts: &[usize], budget: usize) -> usize {
+    let (mut lo, mut hi) = (0usize, counts.iter().copied().max().unwrap_or(0));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        let total: usize = counts.iter().map(|c| (*c).min(mid)).sum();
+        if total <= budget {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 fn passed(st: &CommState, key: InstanceKey, p: u32) -> bool {
     match key {
         InstanceKey::Coll(seq) => st.last_seq.get(&p).is_some_and(|l| *l > seq),
@@ -754,6 +807,14 @@ mod tests {
             j.register_comm(&h, &comm(r, r, n)).unwrap();
         }
         (j, h)
+    }
+
+    #[test]
+    fn fill_level_caps_the_largest_first() {
+        assert_eq!(fill_level(&[40, 40, 40, 3], 63), 20);
+        assert_eq!(fill_level(&[100, 2, 1], 50), 47);
+        assert_eq!(fill_level(&[5, 5], 100), 5);
+        assert_eq!(fill_level(&[], 10), 0);
     }
 
     #[test]

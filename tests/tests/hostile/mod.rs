@@ -63,7 +63,7 @@ impl Coord {
             .arg(dir.join("tls"))
             .arg("--out")
             .arg(dir.join("out"))
-            .args(["--metrics-listen", "127.0.0.1:0", "--write-every", "0.5"])
+            .args(["--metrics-listen", "127.0.0.1:0", "--write-every", "1"])
             .env("SLOWRANK_TOKEN", TOKEN)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
