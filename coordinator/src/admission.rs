@@ -11,11 +11,7 @@
 //! - [`LogLimiter`]: refusals are logged at a bounded rate (an attacker must
 //!   not be able to fill the disk through the log either).
 
-use std::{
-    collections::HashMap,
-    net::IpAddr,
-    time::Duration,
-};
+use std::{collections::HashMap, net::IpAddr, time::Duration};
 
 /// Connections from one source address still before their hello. A host
 /// runs one agent, which opens one connection at a time (a reconnect after
@@ -235,7 +231,10 @@ mod tests {
         );
         // The impostor leaving frees nothing of the owner's.
         l.release("a0", "h0", 2);
-        assert_eq!(l.claim("a0", "h0", 3), Err(ClaimError::AgentInUse("a0".into())));
+        assert_eq!(
+            l.claim("a0", "h0", 3),
+            Err(ClaimError::AgentInUse("a0".into()))
+        );
         // Once the owner is gone, the next connection may have them.
         l.release("a0", "h0", 1);
         assert_eq!(l.live(), 0);

@@ -487,14 +487,17 @@ impl Refusal {
 /// Reads the hello, all of it within [`HELLO_TIMEOUT`].
 async fn read_hello(conn: &Connection) -> Result<(quinn::SendStream, Hello), Refusal> {
     let read = async {
-        let (send, mut recv) = conn
-            .accept_bi()
-            .await
-            .map_err(|e| Refusal::new("lost_before_hello", format!("connection lost before hello: {e}")))?;
+        let (send, mut recv) = conn.accept_bi().await.map_err(|e| {
+            Refusal::new(
+                "lost_before_hello",
+                format!("connection lost before hello: {e}"),
+            )
+        })?;
         let bytes = recv.read_to_end(MAX_HELLO).await.map_err(|e| match e {
-            quinn::ReadToEndError::TooLong => {
-                Refusal::new("malformed_hello", format!("hello larger than {MAX_HELLO} bytes"))
-            }
+            quinn::ReadToEndError::TooLong => Refusal::new(
+                "malformed_hello",
+                format!("hello larger than {MAX_HELLO} bytes"),
+            ),
             e => Refusal::new("lost_before_hello", format!("reading hello: {e}")),
         })?;
         let hello: Hello = wire::decode(&bytes)
@@ -533,13 +536,19 @@ async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hello, Refusal>
         shared.refused(
             r.label,
             conn.remote_address(),
-            &format!("{} (host {:?}, agent {:?})", r.detail, hello.host, hello.agent_id),
+            &format!(
+                "{} (host {:?}, agent {:?})",
+                r.detail, hello.host, hello.agent_id
+            ),
         );
     }
     reply(
         &mut send,
         refusal.is_none(),
-        refusal.as_ref().map(|r| r.detail.clone()).unwrap_or_default(),
+        refusal
+            .as_ref()
+            .map(|r| r.detail.clone())
+            .unwrap_or_default(),
     )
     .await;
     match refusal {
@@ -713,11 +722,19 @@ async fn serve_connection(
         Ok(Err(e)) => {
             // Under mutual TLS this is where an agent without a certificate
             // from the job's CA is turned away: count it as a refusal.
-            shared.refused("tls_handshake", remote, &format!("TLS handshake failed: {e}"));
+            shared.refused(
+                "tls_handshake",
+                remote,
+                &format!("TLS handshake failed: {e}"),
+            );
             return Err(format!("refused: TLS handshake failed: {e}"));
         }
         Err(_) => {
-            shared.refused("hello_timeout", remote, "TLS handshake not done within 10 s");
+            shared.refused(
+                "hello_timeout",
+                remote,
+                "TLS handshake not done within 10 s",
+            );
             return Err("refused: TLS handshake too slow".to_owned());
         }
     };

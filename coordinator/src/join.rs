@@ -347,13 +347,10 @@ impl Joiner {
         if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
             return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
         }
-        let mut st = self
-            .comms
-            .entry(c.comm_id)
-            .or_insert_with(|| {
-                self.comm_count.fetch_add(1, Ordering::Relaxed);
-                CommState::new(c.nranks)
-            });
+        let mut st = self.comms.entry(c.comm_id).or_insert_with(|| {
+            self.comm_count.fetch_add(1, Ordering::Relaxed);
+            CommState::new(c.nranks)
+        });
         if st.nranks != c.nranks {
             return Err(RecordError::CommSizeConflict {
                 comm_id: c.comm_id,
@@ -577,9 +574,7 @@ impl Joiner {
     /// Closed keys each communicator remembers now ([`MAX_CLOSED_TOTAL`]).
     fn closed_cap(&self) -> usize {
         let share = MAX_CLOSED_TOTAL / self.comm_count.load(Ordering::Relaxed).max(1);
-        self.cfg
-            .closed_memory
-            .min(share.max(MIN_CLOSED_PER_COMM))
+        self.cfg.closed_memory.min(share.max(MIN_CLOSED_PER_COMM))
     }
 
     fn max_open_total(&self) -> usize {
@@ -654,7 +649,10 @@ impl Joiner {
                 // to be current: the instance waits until stale. Said
                 // without walking every position of a huge communicator
                 // each tick (members with records all have slots).
-                if !stale && matches!(key, InstanceKey::Coll(_)) && st.slots.len() < st.nranks as usize {
+                if !stale
+                    && matches!(key, InstanceKey::Coll(_))
+                    && st.slots.len() < st.nranks as usize
+                {
                     continue;
                 }
                 let open = &st.open[&key];

@@ -99,7 +99,10 @@ mod tests {
         live.set("a", true);
         live.set("a", true);
         live.set("a", false);
-        assert!(!may_take(&owner(false), "b", 1, &live), "one connection of a is still up");
+        assert!(
+            !may_take(&owner(false), "b", 1, &live),
+            "one connection of a is still up"
+        );
         live.set("a", false);
         assert_eq!(live.is_live("a"), Some(false));
         assert!(may_take(&owner(false), "b", 0, &live));

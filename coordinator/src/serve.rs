@@ -192,7 +192,10 @@ fn render_metrics(
         .collect();
     refused.sort();
     for (k, v) in refused {
-        let _ = writeln!(s, "slowrank_connections_refused_total{{reason=\"{k}\"}} {v}");
+        let _ = writeln!(
+            s,
+            "slowrank_connections_refused_total{{reason=\"{k}\"}} {v}"
+        );
     }
     let counters = [
         (

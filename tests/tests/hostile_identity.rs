@@ -18,11 +18,15 @@ use slowrank_shared::wire::{self, FoldedStack, StackView, StackWindow};
 const MAX_RSS_GROWTH: u64 = 160 << 20;
 
 fn rejected(r: &serde_json::Value, reason: &str) -> u64 {
-    r["ingest"]["records_rejected"][reason].as_u64().unwrap_or(0)
+    r["ingest"]["records_rejected"][reason]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 fn refused(r: &serde_json::Value, reason: &str) -> u64 {
-    r["ingest"]["agents_refused_by"][reason].as_u64().unwrap_or(0)
+    r["ingest"]["agents_refused_by"][reason]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 fn agent<'a>(r: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
@@ -40,7 +44,9 @@ fn stacks(rank: u32, n: usize) -> StackWindow {
         view: StackView::Cpu,
         start_ns: now - 1_000_000_000,
         end_ns: now,
-        strings: (0..n).map(|i| format!("forged_frame_{i:08}_{}", "x".repeat(40))).collect(),
+        strings: (0..n)
+            .map(|i| format!("forged_frame_{i:08}_{}", "x".repeat(40)))
+            .collect(),
         stacks: (0..n)
             .map(|i| FoldedStack {
                 frames: (0..64).map(|f| ((i + f) % n) as u32).collect(),
@@ -75,12 +81,17 @@ async fn token_holders_cannot_take_over_impersonate_skew_or_plant_evidence() {
             ("node-0", "agent-x", "host_in_use"),
         ] {
             let (_ep, conn) = raw_connect(&coord, "127.0.0.2").await.expect("QUIC");
-            let reply = raw_hello(&conn, &hello(host, id, TOKEN)).await.expect("a reply");
+            let reply = raw_hello(&conn, &hello(host, id, TOKEN))
+                .await
+                .expect("a reply");
             assert!(!reply.accepted, "impostor {id} on {host} accepted");
             assert!(reply.reason.contains("already"), "{why}: {}", reply.reason);
             // Its batch, had it been let in: seq u64::MAX - 1.
             let b = batch(host, id, u64::MAX - 1, Vec::new());
-            assert!(raw_send(&conn, &b).await.is_err(), "a refused connection still took a batch");
+            assert!(
+                raw_send(&conn, &b).await.is_err(),
+                "a refused connection still took a batch"
+            );
         }
 
         // 2: a token holder on another host claims rank 1 as an elastic
@@ -90,7 +101,9 @@ async fn token_holders_cannot_take_over_impersonate_skew_or_plant_evidence() {
         // while the legitimate agent's rate is measured.
         let attack = async {
             let (_ep, attacker) = raw_connect(&coord, "127.0.0.2").await.expect("QUIC");
-            let reply = raw_hello(&attacker, &hello("node-9", "agent-9", TOKEN)).await.unwrap();
+            let reply = raw_hello(&attacker, &hello("node-9", "agent-9", TOKEN))
+                .await
+                .unwrap();
             assert!(reply.accepted, "{}", reply.reason);
             let mut seq = 0;
             let mut next = |ranks, f: &dyn Fn(&mut wire::Batch)| {
@@ -128,7 +141,9 @@ async fn token_holders_cannot_take_over_impersonate_skew_or_plant_evidence() {
             rejected(r, "wrong_host") >= 1 && agent(r, "agent-9").is_object()
         });
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let r = coord.wait_report("a fresh report", |r| r["generated_at"] != before["generated_at"]);
+        let r = coord.wait_report("a fresh report", |r| {
+            r["generated_at"] != before["generated_at"]
+        });
         let body = coord.scrape();
         let stacks_refused = metric(&body, "slowrank_stack_windows_refused_total");
         eprintln!(
@@ -147,16 +162,30 @@ async fn token_holders_cannot_take_over_impersonate_skew_or_plant_evidence() {
         );
         // 2: rank 1 stays node-0's, the world stays 2, and the legitimate
         // agent's own announcements keep being accepted.
-        assert_eq!(r["job"]["world_size"], 2, "one agent's claim resized the job");
+        assert_eq!(
+            r["job"]["world_size"], 2,
+            "one agent's claim resized the job"
+        );
         assert_eq!(r["job"]["ranks_seen"], 2);
-        assert_eq!(rejected(&r, "wrong_host"), rejected(&before, "wrong_host"), "legit records rejected");
+        assert_eq!(
+            rejected(&r, "wrong_host"),
+            rejected(&before, "wrong_host"),
+            "legit records rejected"
+        );
         assert!(rejected(&r, "world_size_conflict") >= 1 || rejected(&r, "wrong_host") >= 2);
         // 3 and 4: refused, counted, and the legitimate agent untouched.
         assert_eq!(refused(&r, "agent_id_in_use"), 2);
         assert_eq!(refused(&r, "host_in_use"), 1);
         assert_eq!(agent(&r, "agent-0")["connected"], true, "{r:#}");
-        assert!(agent(&r, "agent-x").is_null(), "a refused impostor is listed");
-        assert!(r["ingest"]["missing_batches"].as_u64() < Some(5), "{}", r["ingest"]);
+        assert!(
+            agent(&r, "agent-x").is_null(),
+            "a refused impostor is listed"
+        );
+        assert!(
+            r["ingest"]["missing_batches"].as_u64() < Some(5),
+            "{}",
+            r["ingest"]
+        );
         // 10: the job's sums are not poisoned.
         assert_eq!(r["ingest"]["ringbuf_drops"], 0);
         assert_eq!(r["ingest"]["spool_drops"], 0);

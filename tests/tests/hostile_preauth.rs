@@ -105,7 +105,10 @@ async fn unauthenticated_peers_cannot_pin_memory_or_slow_an_agent() {
         let (idle_ok, idle_refused) = idle.await.unwrap();
         let peak = watch.stop();
         let body = coord.scrape();
-        let timeouts = metric(&body, "slowrank_connections_refused_total{reason=\"hello_timeout\"}");
+        let timeouts = metric(
+            &body,
+            "slowrank_connections_refused_total{reason=\"hello_timeout\"}",
+        );
         let per_addr = metric(
             &body,
             "slowrank_connections_refused_total{reason=\"preauth_per_address\"}",

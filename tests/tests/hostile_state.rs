@@ -69,7 +69,9 @@ async fn a_rank_owner_cannot_grow_the_join_without_bound() {
 
         let attack = async {
             let (_ep, attacker) = raw_connect(&coord, "127.0.0.2").await.expect("QUIC");
-            let reply = raw_hello(&attacker, &hello("node-9", "agent-9", TOKEN)).await.unwrap();
+            let reply = raw_hello(&attacker, &hello("node-9", "agent-9", TOKEN))
+                .await
+                .unwrap();
             assert!(reply.accepted, "{}", reply.reason);
             let mut seq = 1;
             // Rank 1 is the attacker's; a 2^20-rank communicator is tried first.
@@ -79,7 +81,8 @@ async fn a_rank_owner_cannot_grow_the_join_without_bound() {
             for chunk in 0..COMMS / COMMS_PER_BATCH {
                 seq += 1;
                 let mut b = batch("node-9", "agent-9", seq, Vec::new());
-                let ids = (chunk * COMMS_PER_BATCH..(chunk + 1) * COMMS_PER_BATCH).map(|i| 0x1000 + i);
+                let ids =
+                    (chunk * COMMS_PER_BATCH..(chunk + 1) * COMMS_PER_BATCH).map(|i| 0x1000 + i);
                 for id in ids {
                     b.comms.push(comm(id, 4096));
                     b.collectives.extend((0..PER_COMM).map(|s| coll(id, s)));
@@ -108,7 +111,10 @@ async fn a_rank_owner_cannot_grow_the_join_without_bound() {
             r["ingest"]["records_rejected"]["comm_too_large"],
             r["ingest"]["records_rejected"]["comm_larger_than_world"],
         );
-        assert!(open <= slowrank_coordinator::join::MAX_OPEN_TOTAL as u64, "{open} open instances");
+        assert!(
+            open <= slowrank_coordinator::join::MAX_OPEN_TOTAL as u64,
+            "{open} open instances"
+        );
         assert!(
             open + evicted >= COMMS * PER_COMM - 100,
             "instances neither open nor evicted: {open} + {evicted}"

@@ -133,14 +133,21 @@ impl Coord {
     }
 
     /// Waits (bounded) for `f` to hold on the latest report.
-    pub fn wait_report(&self, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub fn wait_report(
+        &self,
+        what: &str,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let r = self.report();
             if f(&r) {
                 return r;
             }
-            assert!(Instant::now() < deadline, "report never showed {what}: {r:#}");
+            assert!(
+                Instant::now() < deadline,
+                "report never showed {what}: {r:#}"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -183,7 +190,10 @@ pub struct RssWatch {
 
 impl RssWatch {
     pub fn start(pid: u32) -> Self {
-        let (stop, max) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let (stop, max) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
         let (s, m) = (stop.clone(), max.clone());
         let handle = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
@@ -265,9 +275,14 @@ pub fn batch(host: &str, agent_id: &str, seq: u64, ranks: Vec<RankIdentity>) -> 
 
 /// A connected agent that answers clock probes like a real one.
 pub async fn connect(coord: &Coord, host: &str, agent_id: &str) -> Result<Shipper, String> {
-    let s = Shipper::connect(coord.addr, SERVER_NAME, coord.client(), &hello(host, agent_id, TOKEN))
-        .await
-        .map_err(|e| e.to_string())?;
+    let s = Shipper::connect(
+        coord.addr,
+        SERVER_NAME,
+        coord.client(),
+        &hello(host, agent_id, TOKEN),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
     s.spawn_control(HostClock::real(), tx);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
@@ -286,7 +301,12 @@ pub struct Legit {
 }
 
 impl Legit {
-    pub async fn start(coord: &Coord, host: &str, agent_id: &str, ranks: Vec<RankIdentity>) -> Legit {
+    pub async fn start(
+        coord: &Coord,
+        host: &str,
+        agent_id: &str,
+        ranks: Vec<RankIdentity>,
+    ) -> Legit {
         let (answered, seq, stop) = (
             Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicU64::new(0)),
@@ -302,7 +322,14 @@ impl Legit {
                 .build()
                 .expect("legit runtime");
             rt.block_on(async move {
-                let s = match Shipper::connect(addr, SERVER_NAME, client, &hello(&host, &agent_id, TOKEN)).await {
+                let s = match Shipper::connect(
+                    addr,
+                    SERVER_NAME,
+                    client,
+                    &hello(&host, &agent_id, TOKEN),
+                )
+                .await
+                {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.to_string()));
@@ -397,8 +424,8 @@ pub async fn raw_connect(
     coord: &Coord,
     from: &str,
 ) -> Result<(quinn::Endpoint, quinn::Connection), String> {
-    let mut ep = quinn::Endpoint::client(format!("{from}:0").parse().unwrap())
-        .map_err(|e| e.to_string())?;
+    let mut ep =
+        quinn::Endpoint::client(format!("{from}:0").parse().unwrap()).map_err(|e| e.to_string())?;
     ep.set_default_client_config(coord.client());
     let conn = ep
         .connect(coord.addr, SERVER_NAME)
