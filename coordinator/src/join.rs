@@ -233,7 +233,14 @@ struct Open {
     expected: usize,
     first_host: Arc<str>,
     first_agent_ns: u64,
+    /// Coordinator time of the first entry at the last expiry pass.
+    entered_hint: Option<CoordNs>,
 }
+
+/// How much a host's clock mapping may move between two expiry passes and
+/// still let the last pass's entry time rule an instance out: corrections
+/// are µs to a few ms; 50 ms is far beyond them and far below the timeout.
+const HINT_MARGIN_NS: CoordNs = 50_000_000;
 
 #[derive(Debug)]
 struct CommState {
@@ -518,6 +525,7 @@ impl Joiner {
                 expected: n,
                 first_host: host.clone(),
                 first_agent_ns: member.rec.host_entry_ns,
+                entered_hint: None,
             }
         });
         let idx = if p2p {
@@ -631,11 +639,28 @@ impl Joiner {
         for mut entry in self.comms.iter_mut() {
             let comm_id = *entry.key();
             let st = &mut *entry;
+            // Instances of a communicator with members never heard of wait
+            // until stale (below); the rest until the timeout.
+            let unslotted = st.slots.len() < st.nranks as usize;
             let due: Vec<(InstanceKey, CoordNs)> = st
                 .open
-                .iter()
+                .iter_mut()
                 .filter_map(|(k, o)| {
+                    let wait = if unslotted && matches!(k, InstanceKey::Coll(_)) {
+                        self.cfg.hang_stale_ns.max(self.cfg.hang_timeout_ns)
+                    } else {
+                        self.cfg.hang_timeout_ns
+                    };
+                    // Far from due by the last look: not worth mapping the
+                    // clock again (a tick over 65,536 open instances did
+                    // that for each, every 100 ms).
+                    if o.entered_hint.is_some_and(|h| {
+                        now.saturating_sub(h).saturating_add(HINT_MARGIN_NS) < wait
+                    }) {
+                        return None;
+                    }
                     let entered = to_coord(&o.first_host, o.first_agent_ns);
+                    o.entered_hint = Some(entered);
                     (now.saturating_sub(entered) > self.cfg.hang_timeout_ns)
                         .then_some((*k, entered))
                 })

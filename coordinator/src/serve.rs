@@ -29,7 +29,7 @@ use crate::{
     alert::{self, HookConfig, HookStats, Hooks},
     control::{coord_now_ns, ProbeSchedule},
     ingest::{Ack, Ingest, IngestError, IngestEvent, IngestStats},
-    metrics_http::{MetricsError, MetricsServer},
+    metrics_http::{HttpStats, MetricsError, MetricsServer},
     outputs::{self, OutputError},
     report::{AgentReport, Report},
     stackstore::StackStore,
@@ -171,6 +171,7 @@ fn render_metrics(
     hooks: &HookStats,
     agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
     stacks: &StackStore,
+    http: &HttpStats,
 ) -> String {
     use std::fmt::Write;
     let mut s = analyzer.metrics().to_prometheus();
@@ -232,6 +233,16 @@ fn render_metrics(
             "slowrank_agents_forgotten_total",
             "Agents that had gone, dropped from the report to keep it bounded",
             ingest.agents_forgotten.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_metrics_connections_refused_total",
+            "/metrics connections closed unserved: too many open at once",
+            http.refused.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_metrics_bad_requests_total",
+            "/metrics requests dropped: too slow, too large or malformed",
+            http.bad_requests.load(Ordering::Relaxed),
         ),
         (
             "slowrank_webhook_ok_total",
@@ -334,9 +345,12 @@ impl Server {
                     agents.clone(),
                     stacks.clone(),
                 );
-                Some(MetricsServer::start(
+                let http = Arc::new(HttpStats::default());
+                let ht = http.clone();
+                Some(MetricsServer::start_with(
                     addr,
-                    Arc::new(move || render_metrics(&a, &i, &h, &ag, &st)),
+                    Arc::new(move || render_metrics(&a, &i, &h, &ag, &st, &ht)),
+                    http,
                 )?)
             }
             None => None,

@@ -99,38 +99,46 @@ async fn token_holders_cannot_take_over_impersonate_skew_or_plant_evidence() {
         // 7: twenty resends of one batch carrying ≈ 12 MB of forged stacks
         // for rank 1 (node-0's), then as many fresh batches with them. All
         // while the legitimate agent's rate is measured.
+        let mut seq = 0;
+        let mut next = |ranks, f: &dyn Fn(&mut wire::Batch)| {
+            seq += 1;
+            let mut b = batch("node-9", "agent-9", seq, ranks);
+            f(&mut b);
+            b
+        };
+        let claims: Vec<Vec<u8>> = [
+            next(vec![identity(1, 2, 1)], &|_| {}),
+            next(vec![identity(0, 1, 2)], &|_| {}),
+            next(Vec::new(), &|b| {
+                b.ringbuf_drops = u64::MAX;
+                b.spool_drops = u64::MAX;
+            }),
+        ]
+        .iter()
+        .map(|b| wire::encode(b).unwrap())
+        .collect();
+        let mut forged = next(Vec::new(), &|_| {});
+        forged.stacks = (0..8).map(|_| stacks(1, 5_000)).collect();
+        let first = forged.seq;
+        let forged: Vec<Vec<u8>> = (0..21u64)
+            .map(|i| {
+                forged.seq = first + i;
+                wire::encode(&forged).unwrap()
+            })
+            .collect();
         let attack = async {
             let (_ep, attacker) = raw_connect(&coord, "127.0.0.2").await.expect("QUIC");
             let reply = raw_hello(&attacker, &hello("node-9", "agent-9", TOKEN))
                 .await
                 .unwrap();
             assert!(reply.accepted, "{}", reply.reason);
-            let mut seq = 0;
-            let mut next = |ranks, f: &dyn Fn(&mut wire::Batch)| {
-                seq += 1;
-                let mut b = batch("node-9", "agent-9", seq, ranks);
-                f(&mut b);
-                b
-            };
-            let claims = [
-                next(vec![identity(1, 2, 1)], &|_| {}),
-                next(vec![identity(0, 1, 2)], &|_| {}),
-                next(Vec::new(), &|b| {
-                    b.ringbuf_drops = u64::MAX;
-                    b.spool_drops = u64::MAX;
-                }),
-            ];
             for b in &claims {
-                assert_eq!(raw_send(&attacker, b).await, Ok(wire::BATCH_INGESTED));
+                assert_eq!(raw_send_bytes(&attacker, b).await, Ok(wire::BATCH_INGESTED));
             }
-            let mut forged = next(Vec::new(), &|_| {});
-            forged.stacks = (0..8).map(|_| stacks(1, 5_000)).collect();
-            let first = forged.seq;
-            for i in 0..40u64 {
-                if i >= 20 {
-                    forged.seq = first + i - 19;
-                }
-                assert_eq!(raw_send(&attacker, &forged).await, Ok(wire::BATCH_INGESTED));
+            // The first forged batch, its 19 resends, then 20 fresh ones.
+            for i in 0..40usize {
+                let b = &forged[i.saturating_sub(19).min(20)];
+                assert_eq!(raw_send_bytes(&attacker, b).await, Ok(wire::BATCH_INGESTED));
             }
             attacker.close(0u32.into(), b"done");
         };

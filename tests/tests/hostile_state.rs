@@ -18,8 +18,9 @@ use slowrank_shared::wire::{self, CollOp, CollectiveRecord, CommRecord};
 /// Communicators the attacker declares and instances it opens on each.
 const COMMS: u64 = 4_000;
 const PER_COMM: u64 = 40;
-/// Communicators (and their instances) per batch.
-const COMMS_PER_BATCH: u64 = 250;
+/// Communicators (and their instances) per batch: 4,000 records, a large
+/// but real batch (an agent cuts one every ~100 ms).
+const COMMS_PER_BATCH: u64 = 100;
 /// RSS the coordinator may gain: 65,536 open instances (the cap) of one
 /// member each, 4,000 communicators of 4,096 declared members (stored as
 /// seen: one), the closed keys, and the batches in flight.
@@ -67,27 +68,27 @@ async fn a_rank_owner_cannot_grow_the_join_without_bound() {
         let rss0 = coord.rss();
         let watch = RssWatch::start(coord.child.id());
 
+        // Rank 1 is the attacker's; a 2^20-rank communicator is tried first.
+        let mut first = batch("node-9", "agent-9", 1, vec![identity(1, 4096, 0)]);
+        first.comms.push(comm(0xdead, 1 << 20));
+        let mut batches = vec![wire::encode(&first).unwrap()];
+        for chunk in 0..COMMS / COMMS_PER_BATCH {
+            let mut b = batch("node-9", "agent-9", chunk + 2, Vec::new());
+            let ids = (chunk * COMMS_PER_BATCH..(chunk + 1) * COMMS_PER_BATCH).map(|i| 0x1000 + i);
+            for id in ids {
+                b.comms.push(comm(id, 4096));
+                b.collectives.extend((0..PER_COMM).map(|s| coll(id, s)));
+            }
+            batches.push(wire::encode(&b).unwrap());
+        }
         let attack = async {
             let (_ep, attacker) = raw_connect(&coord, "127.0.0.2").await.expect("QUIC");
             let reply = raw_hello(&attacker, &hello("node-9", "agent-9", TOKEN))
                 .await
                 .unwrap();
             assert!(reply.accepted, "{}", reply.reason);
-            let mut seq = 1;
-            // Rank 1 is the attacker's; a 2^20-rank communicator is tried first.
-            let mut b = batch("node-9", "agent-9", seq, vec![identity(1, 4096, 0)]);
-            b.comms.push(comm(0xdead, 1 << 20));
-            assert_eq!(raw_send(&attacker, &b).await, Ok(wire::BATCH_INGESTED));
-            for chunk in 0..COMMS / COMMS_PER_BATCH {
-                seq += 1;
-                let mut b = batch("node-9", "agent-9", seq, Vec::new());
-                let ids =
-                    (chunk * COMMS_PER_BATCH..(chunk + 1) * COMMS_PER_BATCH).map(|i| 0x1000 + i);
-                for id in ids {
-                    b.comms.push(comm(id, 4096));
-                    b.collectives.extend((0..PER_COMM).map(|s| coll(id, s)));
-                }
-                assert_eq!(raw_send(&attacker, &b).await, Ok(wire::BATCH_INGESTED));
+            for b in &batches {
+                assert_eq!(raw_send_bytes(&attacker, b).await, Ok(wire::BATCH_INGESTED));
             }
             attacker
         };

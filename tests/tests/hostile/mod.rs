@@ -30,6 +30,11 @@ pub const TOKEN: &str = "hostile-token";
 /// the coordinator can take.
 pub const LEGIT_RATE: u32 = 40;
 
+/// How late a batch may be ingested and still count for the rate: the
+/// analyzer closes an iteration's collectives after 3 s (the hang
+/// timeout); a batch later than that has lost its use.
+pub const GRACE: Duration = Duration::from_secs(3);
+
 /// A legitimate agent beside an attack keeps at least this share of its
 /// normal ingest rate (the bar).
 pub const MIN_RATE_SHARE: f64 = 0.9;
@@ -65,7 +70,10 @@ impl Coord {
             .arg(dir.join("out"))
             .args(["--metrics-listen", "127.0.0.1:0", "--write-every", "1"])
             .env("SLOWRANK_TOKEN", TOKEN)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("HOSTILE_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -161,7 +169,7 @@ impl Drop for Coord {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && std::env::var_os("HOSTILE_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
             eprintln!("coordinator files kept in {}", self.dir.display());
@@ -340,22 +348,35 @@ impl Legit {
                 s.spawn_control(HostClock::real(), tx);
                 tokio::spawn(async move { while rx.recv().await.is_some() {} });
                 let _ = ready_tx.send(Ok(()));
-                let mut tick = tokio::time::interval(Duration::from_secs(1) / LEGIT_RATE);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                // Pipelined like the real agent (`SEND_WINDOW` batches
-                // unanswered at most): the rate measures throughput, not
-                // one round trip's latency on a loaded machine.
+                // Batches are cut on schedule whatever the coordinator does
+                // (a real agent spools what it cannot send yet) and sent
+                // pipelined like the real agent (`SEND_WINDOW` unanswered at
+                // most); answers count as they come.
+                let (cut_tx, mut cut_rx) = tokio::sync::mpsc::unbounded_channel();
+                let (host2, id2, st2, q2) = (host.clone(), agent_id.clone(), st.clone(), q.clone());
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(Duration::from_secs(1) / LEGIT_RATE);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                    while !st2.load(Ordering::Relaxed) {
+                        tick.tick().await;
+                        let n = q2.fetch_add(1, Ordering::Relaxed) + 1;
+                        let b = batch(&host2, &id2, n, ranks.clone());
+                        if cut_tx.send(wire::encode(&b).unwrap()).is_err() {
+                            break;
+                        }
+                    }
+                });
                 let window = Arc::new(tokio::sync::Semaphore::new(
                     slowrank_agent::ship::SEND_WINDOW,
                 ));
-                while !st.load(Ordering::Relaxed) {
-                    tick.tick().await;
+                while let Some(bytes) = cut_rx.recv().await {
+                    if st.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let Ok(permit) = window.clone().acquire_owned().await else {
                         break;
                     };
-                    let n = q.fetch_add(1, Ordering::Relaxed) + 1;
-                    let b = batch(&host, &agent_id, n, ranks.clone());
-                    let Ok(pending) = s.begin_send(&wire::encode(&b).unwrap()).await else {
+                    let Ok(pending) = s.begin_send(&bytes).await else {
                         continue;
                     };
                     let a = a.clone();
@@ -381,10 +402,10 @@ impl Legit {
         }
     }
 
-    /// The agent's ingest rate over the next `d`: batches it sent in that
-    /// time and the coordinator answered (within a grace period after it),
-    /// per second. A starved coordinator shows twice: answers stop, and the
-    /// agent, its pipeline full, sends fewer.
+    /// The agent's ingest rate over the next `d`: batches it cut in that
+    /// time that the coordinator ingested by the end of a grace period
+    /// after it, per second (a batch waiting longer is as good as lost to
+    /// the analysis, which judges iterations seconds old).
     pub async fn rate_over(&self, d: Duration) -> f64 {
         self.rate_during(tokio::time::sleep(d)).await.0
     }
@@ -394,7 +415,7 @@ impl Legit {
         let (s0, t0) = (self.seq.load(Ordering::Relaxed), Instant::now());
         let out = f.await;
         let (s1, took) = (self.seq.load(Ordering::Relaxed), t0.elapsed());
-        let grace = Instant::now() + Duration::from_secs(5);
+        let grace = Instant::now() + GRACE;
         while self.answered.load(Ordering::Relaxed) < s1 && Instant::now() < grace {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -448,10 +469,15 @@ pub async fn raw_hello(conn: &quinn::Connection, h: &Hello) -> Result<wire::Hell
 
 /// Sends one batch on a raw connection and waits for the answer byte.
 pub async fn raw_send(conn: &quinn::Connection, b: &Batch) -> Result<u8, String> {
+    raw_send_bytes(conn, &wire::encode(b).unwrap()).await
+}
+
+/// The same with the batch already encoded (an attacker encodes on its
+/// own machine: encoding inside the measured window would take this
+/// process's CPU from the legitimate agent, not the coordinator's).
+pub async fn raw_send_bytes(conn: &quinn::Connection, bytes: &[u8]) -> Result<u8, String> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-    send.write_all(&wire::encode(b).unwrap())
-        .await
-        .map_err(|e| e.to_string())?;
+    send.write_all(bytes).await.map_err(|e| e.to_string())?;
     let _ = send.finish();
     let got = tokio::time::timeout(Duration::from_secs(20), recv.read_to_end(8))
         .await
