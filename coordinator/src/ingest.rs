@@ -1,8 +1,13 @@
 //! The QUIC server agents send batches to.
 //!
 //! Per connection: the agent opens a bidirectional stream with [`Hello`]
-//! (job token); a wrong token is refused, logged and counted. Then every
-//! unidirectional stream carries one batch. Each batch is validated by
+//! (job token); a wrong token, a late or malformed hello, or an agent id or
+//! host another live connection holds is refused, logged (rate-limited) and
+//! counted by reason. Until then the connection has a tiny receive window
+//! and one stream, and connections waiting for their hello are capped per
+//! source address and in total ([`crate::admission`]). Then every
+//! bidirectional stream carries one batch; streams are read concurrently,
+//! each within a deadline and a memory budget, and forwarded in order. Each batch is validated by
 //! [`wire::decode`] (header, version, size cap, bytecheck) before anything
 //! reads it; a bad one is rejected with its reason and counted, and the
 //! connection keeps serving. Nothing an agent sends can stop the server.
