@@ -495,6 +495,13 @@ pub fn repetitions() -> usize {
         .unwrap_or(1)
 }
 
+/// Whether `during` is at least [`MIN_RATE_SHARE`] of the agent's normal
+/// rate. Normal is what it cuts ([`LEGIT_RATE`]): a measured rate above
+/// that is a catch-up burst after a stall, not a higher baseline.
+pub fn keeps_rate(during: f64, measured_normal: f64) -> bool {
+    during >= MIN_RATE_SHARE * measured_normal.min(f64::from(LEGIT_RATE))
+}
+
 pub fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
