@@ -125,7 +125,8 @@ pub struct IngestCounters {
 struct AgentState {
     /// The host of the agent's first accepted batch: an agent never moves.
     host: Option<String>,
-    last_seq: u64,
+    /// The last batch number taken (batch 0 is a batch like any other).
+    last_seq: Option<u64>,
     ringbuf_drops: u64,
     spool_drops: u64,
     /// Agent clock at its current connection (0: not told).
@@ -201,6 +202,9 @@ pub struct Analyzer {
     clocks: DashMap<String, ClockEstimator>,
     joiner: Joiner,
     agents: DashMap<String, AgentState>,
+    /// Hosts with a live agent connection, when the caller tells
+    /// ([`Analyzer::host_live`]; `serve` does, offline replays do not).
+    live_hosts: crate::ownership::LiveHosts,
     ranks: DashMap<u32, RankInfo>,
     /// (world size, restart count) of the job, from the rank identities.
     world: Mutex<Option<(u32, u32)>>,
@@ -286,6 +290,7 @@ impl Analyzer {
             cfg,
             clocks: DashMap::new(),
             agents: DashMap::new(),
+            live_hosts: Default::default(),
             ranks: DashMap::new(),
             world: Mutex::new(None),
             counters: Mutex::new(IngestCounters::default()),
@@ -316,6 +321,18 @@ impl Analyzer {
             lock(&self.counters).clock_samples_refused += 1;
         }
         r
+    }
+
+    /// `host` gained (`true`) or lost (`false`) a live agent connection:
+    /// a rank moves to another host only once its owner's agent is gone.
+    pub fn host_live(&self, host: &str, live: bool) {
+        self.live_hosts.set(host, live);
+    }
+
+    /// Whether `rank` is known and runs on `host` (evidence about a rank is
+    /// taken only from its owner).
+    pub fn rank_on_host(&self, rank: u32, host: &str) -> bool {
+        self.ranks.get(&rank).is_some_and(|r| r.host == host)
     }
 
     /// Every rank seen so far, by rank.
@@ -377,24 +394,42 @@ impl Analyzer {
             if a.host.is_none() {
                 a.host = Some(b.host.clone());
             }
-            if a.last_seq != 0 && b.seq <= a.last_seq {
+            if a.last_seq.is_some_and(|last| b.seq <= last) {
                 drop(a);
                 lock(&self.counters).duplicate_batches += 1;
                 sum.duplicate_batch = true;
                 return sum;
             }
-            let missing = if a.last_seq != 0 {
-                b.seq - a.last_seq - 1
-            } else {
-                0
+            let missing = a.last_seq.map_or(0, |last| b.seq - last - 1);
+            if missing >= validate::MAX_SEQ_GAP {
+                let e = RecordError::SeqJump {
+                    last: a.last_seq.unwrap_or(0),
+                    got: b.seq,
+                };
+                drop(a);
+                sum.batch_rejected = Some(e.label());
+                let mut c = lock(&self.counters);
+                *c.batches_rejected.entry(e.label().to_owned()).or_default() += 1;
+                push_recent(&mut c, &e);
+                return sum;
+            }
+            // A step no agent can make is not believed (nor remembered):
+            // one u64::MAX would pin the job-wide sums at their ceiling.
+            let step = |now: u64, had: u64| {
+                Some(now.saturating_sub(had)).filter(|d| *d <= validate::MAX_COUNTER_STEP)
             };
             let (rd, sd) = (
-                b.ringbuf_drops.saturating_sub(a.ringbuf_drops),
-                b.spool_drops.saturating_sub(a.spool_drops),
+                step(b.ringbuf_drops, a.ringbuf_drops),
+                step(b.spool_drops, a.spool_drops),
             );
-            a.last_seq = b.seq;
-            a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
-            a.spool_drops = a.spool_drops.max(b.spool_drops);
+            a.last_seq = Some(b.seq);
+            if rd.is_some() {
+                a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
+            }
+            if sd.is_some() {
+                a.spool_drops = a.spool_drops.max(b.spool_drops);
+            }
+            let (rd, sd) = (rd.unwrap_or(0), sd.unwrap_or(0));
             drop(a);
             // Saturating: a garbage sequence or drop count must not overflow.
             let mut c = lock(&self.counters);
@@ -653,7 +688,12 @@ impl Analyzer {
             return Err(RecordError::WorldTooLarge(id.rank));
         }
         if let Some(r) = self.ranks.get(&id.rank) {
-            if r.host != host && r.exited_at.is_none() && id.restart_count <= r.restart_count {
+            let owner = crate::ownership::Owner {
+                host: &r.host,
+                exited: r.exited_at.is_some(),
+                restart_count: r.restart_count,
+            };
+            if !crate::ownership::may_take(&owner, host, id.restart_count, &self.live_hosts) {
                 return Err(RecordError::WrongHost {
                     rank: id.rank,
                     host: host.to_owned(),
@@ -663,8 +703,21 @@ impl Analyzer {
         }
         if id.world_size != 0 {
             let mut w = lock(&self.world);
+            // A new world size needs every other host's ranks gone (exited,
+            // or their agent away): one host's claim cannot resize the job
+            // under the others.
+            let others_live = || {
+                self.ranks.iter().any(|r| {
+                    r.host != host
+                        && r.exited_at.is_none()
+                        && self.live_hosts.is_live(&r.host) != Some(false)
+                        && self.live_hosts.tracking()
+                })
+            };
             match *w {
-                Some((ws, rc)) if ws != id.world_size && id.restart_count <= rc => {
+                Some((ws, rc))
+                    if ws != id.world_size && (id.restart_count <= rc || others_live()) =>
+                {
                     return Err(RecordError::WorldSizeConflict {
                         had: ws,
                         got: id.world_size,
@@ -1765,6 +1818,8 @@ impl Analyzer {
                 open_instances: self.joiner.open_instances(),
                 transport_rejected: BTreeMap::new(),
                 agents_refused: 0,
+                agents_refused_by: BTreeMap::new(),
+                agents_forgotten: 0,
             },
             agents: Vec::new(),
             slowdown: core.pace.slowing(),

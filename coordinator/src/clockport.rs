@@ -35,6 +35,13 @@ use crate::{clock::ClockSample, control::Probes, ingest::IngestEvent};
 /// over again (at 20 probes a second, two seconds of silence).
 const GIVE_UP_AFTER: u32 = 40;
 
+/// The shortest round trip a hold time may leave: two passes through the
+/// kernel's UDP path cannot be quicker, even on loopback. A reported hold
+/// that would leave less is cut to leave this, so no answer can make its
+/// probe look shorter than any real one and win the estimator's
+/// minimum-round-trip choice on a made-up offset.
+pub const MIN_ROUND_TRIP_NS: u64 = 2_000;
+
 /// The bound socket and the connections registered on it.
 pub struct ClockPort {
     sock: StampedSocket,
@@ -55,6 +62,8 @@ pub(crate) struct Peer {
     probes: Arc<Probes>,
     events: mpsc::Sender<IngestEvent>,
     unanswered: AtomicU32,
+    /// Counter of the newest hello taken: an older or equal one is a replay.
+    last_hello: AtomicU64,
 }
 
 /// A connection's place on the port; dropping it forgets the token.
@@ -111,6 +120,7 @@ impl ClockPort {
             probes,
             events,
             unanswered: AtomicU32::new(0),
+            last_hello: AtomicU64::new(0),
         });
         self.peers.insert(token, peer.clone());
         Ok(Registration {
@@ -137,7 +147,13 @@ impl ClockPort {
                 continue;
             };
             match d {
-                Datagram::Hello { .. } => {
+                Datagram::Hello { counter, .. } => {
+                    // Only the reader thread stores it: load-then-store is safe.
+                    if counter <= peer.last_hello.load(Ordering::Relaxed) {
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    peer.last_hello.store(counter, Ordering::Relaxed);
                     let mut addr = peer.addr.lock().unwrap_or_else(|e| e.into_inner());
                     if *addr != Some(got.from) {
                         tracing::info!(agent = %peer.agent_id, from = %got.from, kernel_stamped = got.kernel_stamped, "agent answers clock probes on the clock port");
@@ -159,10 +175,13 @@ impl ClockPort {
                         continue;
                     }
                     peer.unanswered.store(0, Ordering::Relaxed);
+                    let total = got.mono_ns.saturating_sub(coord_send_ns);
+                    let hold = (agent_send_ns - agent_recv_ns)
+                        .min(total.saturating_sub(MIN_ROUND_TRIP_NS));
                     let sample = ClockSample {
                         coord_send_ns,
                         agent_mono_ns: agent_recv_ns,
-                        agent_hold_ns: agent_send_ns - agent_recv_ns,
+                        agent_hold_ns: hold,
                         coord_recv_ns: got.mono_ns,
                         udp: true,
                     };
@@ -268,12 +287,12 @@ mod tests {
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
         let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        agent
-            .send_to(
-                &Datagram::Hello { token: reg.token() }.encode(&reg.key()),
-                at,
-            )
-            .unwrap();
+        let hello = Datagram::Hello {
+            token: reg.token(),
+            counter: 1,
+        }
+        .encode(&reg.key());
+        agent.send_to(&hello, at).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(3);
         while reg.route(1).is_none() {
             assert!(std::time::Instant::now() < deadline, "hello not seen");
@@ -281,6 +300,15 @@ mod tests {
         }
         let to = reg.route(1).unwrap();
         assert_eq!(to, agent.local_addr().unwrap());
+        // The same hello replayed from elsewhere does not move the route.
+        stranger.send_to(&hello, at).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while port.dropped.load(Ordering::Relaxed) < 1 {
+            assert!(std::time::Instant::now() < deadline, "replay not seen");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(reg.route(1), Some(to), "a replayed hello moved the route");
+        port.dropped.store(0, Ordering::Relaxed);
 
         let sent = probes.record(1, false);
         reg.send(to, 1, sent).unwrap();

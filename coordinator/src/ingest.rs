@@ -1,8 +1,13 @@
 //! The QUIC server agents send batches to.
 //!
 //! Per connection: the agent opens a bidirectional stream with [`Hello`]
-//! (job token); a wrong token is refused, logged and counted. Then every
-//! unidirectional stream carries one batch. Each batch is validated by
+//! (job token); a wrong token, a late or malformed hello, or an agent id or
+//! host another live connection holds is refused, logged (rate-limited) and
+//! counted by reason. Until then the connection has a tiny receive window
+//! and one stream, and connections waiting for their hello are capped per
+//! source address and in total ([`crate::admission`]). Then every
+//! bidirectional stream carries one batch; streams are read concurrently,
+//! each within a deadline and a memory budget, and forwarded in order. Each batch is validated by
 //! [`wire::decode`] (header, version, size cap, bytecheck) before anything
 //! reads it; a bad one is rejected with its reason and counted, and the
 //! connection keeps serving. Nothing an agent sends can stop the server.
@@ -10,10 +15,11 @@
 //! clock and carries deep-probe window requests ([`Ingest::send_control`]).
 
 use std::{
-    net::SocketAddr,
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::Duration,
 };
@@ -23,20 +29,68 @@ use quinn::{Connection, Endpoint, Incoming};
 use slowrank_shared::wire::{
     self, Batch, Control, Hello, HelloReply, HEADER_LEN, MAX_MESSAGE_BYTES,
 };
-use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, info, warn};
 
 use crate::clock::ClockSample;
 use crate::tls::{Identity, TlsError};
 use crate::{
+    admission::{LiveClaims, LogLimiter, PreauthGate},
     clockport::ClockPort,
     control::{self, ProbeSchedule},
 };
 
-/// Largest hello accepted.
-const MAX_HELLO: usize = 64 * 1024;
-/// An agent must say hello this fast.
+/// Largest hello accepted: a token, a host name, an agent id and two
+/// times take a few hundred bytes; this is all a stranger can make us buffer.
+const MAX_HELLO: usize = 8 * 1024;
+/// From the QUIC handshake's end to the whole hello read: the deadline
+/// covers reading it too, so a hello stream opened and never finished
+/// cannot pin its connection.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connection-level receive window before the hello is accepted: the hello
+/// fits, nothing else does (QUIC's default is unlimited — 100 streams of
+/// 1.25 MB each, ≈ 120 MB pinned per stranger's connection).
+const PREAUTH_RECEIVE_WINDOW: u32 = 2 * MAX_HELLO as u32;
+/// Streams a peer may open before its hello is accepted: the hello's.
+const PREAUTH_STREAMS: u32 = 1;
+/// Connection-level receive window of an accepted agent: two of the largest
+/// batches in flight, so an agent's pipelined batches keep flowing while
+/// memory per agent stays bounded.
+const AGENT_RECEIVE_WINDOW: u32 = 2 * (HEADER_LEN + MAX_MESSAGE_BYTES) as u32;
+/// Per-stream receive window: a 16 MiB batch arrives in a few round trips.
+const STREAM_RECEIVE_WINDOW: u32 = 4 << 20;
+/// Batch streams an accepted agent may have open at once: its pipeline
+/// (`node-agent`'s `SEND_WINDOW`, 8) twice over.
+const AGENT_STREAMS: u32 = 16;
+/// One batch must arrive within this once its stream is open: a stream
+/// left unfinished is dropped (and counted) instead of holding a slot.
+const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection silent this long is gone (agents send keep-alives every
+/// second and time out after 6 s themselves; the smaller of the two wins).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes quinn buffers packets for before they are accepted or
+/// refused, and the bytes it buffers for each and in total (its defaults:
+/// 65,536 handshakes, 10 MiB each, 100 MiB in all).
+const MAX_INCOMING: usize = 2 * crate::admission::MAX_PREAUTH_TOTAL as usize;
+const INCOMING_BUFFER: u64 = 64 * 1024;
+const INCOMING_BUFFER_TOTAL: u64 = 16 << 20;
+/// Memory for batches between their stream and their answer (read,
+/// decoded, queued, being ingested), in KiB: each batch holds twice its
+/// wire size (the bytes, then the decoded batch) from its header until it
+/// is answered. Whatever agents send, batches in flight stay within this.
+const BATCH_BUDGET_KIB: u32 = 256 * 1024;
+/// The share of it one connection may hold: three of the largest batches,
+/// so one agent (or one token holder) cannot take the budget from the rest.
+const CONN_BUDGET_KIB: u32 = 3 * batch_kib(MAX_MESSAGE_BYTES);
+
+/// KiB of budget a batch of `declared` archive bytes holds.
+const fn batch_kib(declared: usize) -> u32 {
+    (2 * (HEADER_LEN + declared)).div_ceil(1024) as u32
+}
+
+/// Agent ids remembered in the per-agent counters; past this the longest
+/// gone is forgotten (a peer cycling through ids must not grow the map).
+pub const MAX_AGENTS_REMEMBERED: usize = 8192;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -113,6 +167,10 @@ pub struct IngestStats {
     pub batches_ok: AtomicU64,
     pub bytes_ok: AtomicU64,
     pub refused_agents: AtomicU64,
+    /// The same refusals by reason ([`IngestStats::refuse`]).
+    pub refused: DashMap<String, u64>,
+    /// Agents dropped from `agents` to keep it bounded.
+    pub agents_forgotten: AtomicU64,
     /// Rejections by reason class (`WireError::class`, "oversized", ...).
     pub rejected: DashMap<String, u64>,
     pub agents: DashMap<String, AgentState>,
@@ -126,6 +184,12 @@ impl IngestStats {
         if let Some(mut a) = self.agents.get_mut(agent_id) {
             a.rejected += 1;
         }
+    }
+    /// Counts a refused connection under `reason`; the total first, so
+    /// whoever sees the refusal also sees it in the stats.
+    pub fn refuse(&self, reason: &str) {
+        self.refused_agents.fetch_add(1, Ordering::Relaxed);
+        *self.refused.entry(reason.to_owned()).or_default() += 1;
     }
     pub fn rejected_total(&self) -> u64 {
         self.rejected.iter().map(|e| *e.value()).sum()
@@ -142,6 +206,74 @@ struct Shared {
     controls: Arc<Controls>,
     schedule: ProbeSchedule,
     clock_port: Option<Arc<ClockPort>>,
+    gate: Mutex<PreauthGate>,
+    claims: Mutex<LiveClaims>,
+    /// [`BATCH_BUDGET_KIB`], shared by every connection (waiters are
+    /// served in turn, so each connection gets its share).
+    budget: Arc<Semaphore>,
+    /// One rate limit per refusal reason.
+    log_limits: Mutex<HashMap<&'static str, LogLimiter>>,
+}
+
+impl Shared {
+    /// Counts a refusal and logs it, at most once per
+    /// [`crate::admission::LOG_EVERY`] per reason.
+    fn refused(&self, label: &'static str, remote: SocketAddr, detail: &str) {
+        self.stats.refuse(label);
+        let allow = lock(&self.log_limits)
+            .entry(label)
+            .or_default()
+            .allow(control::coord_now_ns());
+        if let Some(held_back) = allow {
+            warn!(%remote, reason = label, held_back, "refused connection: {detail}");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A pre-hello connection's place in the [`PreauthGate`], given back when
+/// it says hello or goes away.
+struct PreauthSlot<'a> {
+    shared: &'a Shared,
+    ip: IpAddr,
+    held: bool,
+}
+
+impl PreauthSlot<'_> {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            lock(&self.shared.gate).release(self.ip);
+        }
+    }
+}
+
+impl Drop for PreauthSlot<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The server's transport: tight before the hello (see the constants),
+/// widened per connection once it is accepted ([`open_up`]).
+fn server_transport() -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.receive_window(PREAUTH_RECEIVE_WINDOW.into())
+        .stream_receive_window(STREAM_RECEIVE_WINDOW.into())
+        .max_concurrent_bidi_streams(PREAUTH_STREAMS.into())
+        .max_concurrent_uni_streams(0u32.into())
+        .max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("10 s fits a QUIC varint"),
+        ));
+    t
+}
+
+/// An accepted agent gets the windows and streams its pipeline needs.
+fn open_up(conn: &Connection) {
+    conn.set_receive_window(AGENT_RECEIVE_WINDOW.into());
+    conn.set_max_concurrent_bi_streams(AGENT_STREAMS.into());
 }
 
 /// The listening server.
@@ -165,9 +297,15 @@ impl Ingest {
     ) -> Result<Self, IngestError> {
         let bind_err = |source| IngestError::Bind { addr, source };
         let socket = udp_socket(addr).map_err(bind_err)?;
+        let mut server = identity.server_config()?;
+        server
+            .transport_config(Arc::new(server_transport()))
+            .max_incoming(MAX_INCOMING)
+            .incoming_buffer_size(INCOMING_BUFFER)
+            .incoming_buffer_size_total(INCOMING_BUFFER_TOTAL);
         let endpoint = Endpoint::new(
             quinn::EndpointConfig::default(),
-            Some(identity.server_config()?),
+            Some(server),
             socket,
             Arc::new(quinn::TokioRuntime),
         )
@@ -192,6 +330,10 @@ impl Ingest {
                 controls: Arc::new(DashMap::new()),
                 schedule,
                 clock_port,
+                gate: Mutex::new(PreauthGate::default()),
+                claims: Mutex::new(LiveClaims::default()),
+                budget: Arc::new(Semaphore::new(BATCH_BUDGET_KIB as usize)),
+                log_limits: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -234,11 +376,23 @@ impl Ingest {
     /// carry to `events`.
     pub async fn run(&self, events: mpsc::Sender<IngestEvent>) {
         while let Some(incoming) = self.endpoint.accept().await {
+            let remote = incoming.remote_address();
+            // Capped before the TLS handshake is even answered: a stranger
+            // costs nothing past the cap.
+            if let Err(why) = lock(&self.shared.gate).admit(remote.ip()) {
+                incoming.refuse();
+                self.shared.refused(why.label(), remote, &why.to_string());
+                continue;
+            }
             let (shared, events) = (self.shared.clone(), events.clone());
             tokio::spawn(async move {
-                let remote = incoming.remote_address();
-                if let Err(reason) = serve_connection(incoming, &shared, &events).await {
-                    warn!(%remote, "agent connection ended: {reason}");
+                let slot = PreauthSlot {
+                    shared: &shared,
+                    ip: remote.ip(),
+                    held: true,
+                };
+                if let Err(reason) = serve_connection(incoming, &shared, &events, slot).await {
+                    debug!(%remote, "agent connection ended: {reason}");
                 }
             });
         }
@@ -320,72 +474,290 @@ fn token_matches(given: &str, expected: &str) -> bool {
     diff == 0
 }
 
-async fn handshake(conn: &Connection, token: &str, stats: &IngestStats) -> Result<Hello, String> {
-    let (mut send, mut recv) = tokio::time::timeout(HELLO_TIMEOUT, conn.accept_bi())
-        .await
-        .map_err(|_| "no hello within 10 s".to_owned())?
-        .map_err(|e| format!("connection lost before hello: {e}"))?;
-    let bytes = recv
-        .read_to_end(MAX_HELLO)
-        .await
-        .map_err(|e| format!("reading hello: {e}"))?;
-    let hello: Hello = match wire::decode(&bytes) {
-        Ok(h) => h,
-        Err(e) => {
-            stats.refused_agents.fetch_add(1, Ordering::Relaxed);
-            return Err(format!("malformed hello: {e}"));
+/// Why a connection ended before it was accepted.
+struct Refusal {
+    label: &'static str,
+    detail: String,
+}
+
+impl Refusal {
+    fn new(label: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            label,
+            detail: detail.into(),
         }
-    };
-    let accepted = token_matches(&hello.token, token);
-    if !accepted {
-        // Counted before the reply leaves, so whoever sees the refusal also
-        // sees it in the stats.
-        stats.refused_agents.fetch_add(1, Ordering::Relaxed);
     }
-    let reply = HelloReply {
-        accepted,
-        reason: if accepted {
-            String::new()
-        } else {
-            "invalid job token".to_owned()
-        },
+}
+
+/// Reads the hello, all of it within [`HELLO_TIMEOUT`].
+async fn read_hello(conn: &Connection) -> Result<(quinn::SendStream, Hello), Refusal> {
+    let read = async {
+        let (send, mut recv) = conn.accept_bi().await.map_err(|e| {
+            Refusal::new(
+                "lost_before_hello",
+                format!("connection lost before hello: {e}"),
+            )
+        })?;
+        let bytes = recv.read_to_end(MAX_HELLO).await.map_err(|e| match e {
+            quinn::ReadToEndError::TooLong => Refusal::new(
+                "malformed_hello",
+                format!("hello larger than {MAX_HELLO} bytes"),
+            ),
+            e => Refusal::new("lost_before_hello", format!("reading hello: {e}")),
+        })?;
+        let hello: Hello = wire::decode(&bytes)
+            .map_err(|e| Refusal::new("malformed_hello", format!("malformed hello: {e}")))?;
+        Ok((send, hello))
     };
-    if let Ok(bytes) = wire::encode(&reply) {
+    tokio::time::timeout(HELLO_TIMEOUT, read)
+        .await
+        .map_err(|_| Refusal::new("hello_timeout", "no complete hello within 10 s"))?
+}
+
+async fn reply(send: &mut quinn::SendStream, accepted: bool, reason: String) {
+    if let Ok(bytes) = wire::encode(&HelloReply { accepted, reason }) {
         let _ = send.write_all(&bytes).await;
         let _ = send.finish();
-        let _ = send.stopped().await;
+        // Bounded: a peer that never acknowledges must not hold us here.
+        let _ = tokio::time::timeout(HELLO_TIMEOUT, send.stopped()).await;
     }
-    if !accepted {
-        warn!(
-            remote = %conn.remote_address(),
-            host = %hello.host,
-            agent = %hello.agent_id,
-            "refused agent: invalid job token"
+}
+
+/// Reads and judges the hello: a valid token, and an agent id and host no
+/// other live connection holds (claimed for `conn` on success).
+async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hello, Refusal> {
+    let (mut send, hello) = read_hello(conn).await?;
+    let refusal = if !token_matches(&hello.token, &shared.token) {
+        Some(Refusal::new("invalid_token", "invalid job token"))
+    } else {
+        lock(&shared.claims)
+            .claim(&hello.agent_id, &hello.host, conn.stable_id() as u64)
+            .err()
+            .map(|e| Refusal::new(e.label(), e.to_string()))
+    };
+    if let Some(r) = &refusal {
+        // Counted before the reply leaves, so whoever sees the refusal also
+        // sees it in the stats.
+        shared.refused(
+            r.label,
+            conn.remote_address(),
+            &format!(
+                "{} (host {:?}, agent {:?})",
+                r.detail, hello.host, hello.agent_id
+            ),
         );
-        conn.close(1u32.into(), b"invalid job token");
-        return Err("refused: invalid job token".to_owned());
     }
-    Ok(hello)
+    reply(
+        &mut send,
+        refusal.is_none(),
+        refusal
+            .as_ref()
+            .map(|r| r.detail.clone())
+            .unwrap_or_default(),
+    )
+    .await;
+    match refusal {
+        Some(r) => {
+            conn.close(1u32.into(), r.detail.as_bytes());
+            Err(r)
+        }
+        None => Ok(hello),
+    }
+}
+
+/// What reading one batch stream came to, forwarded in stream order.
+enum StreamRead {
+    /// With the budget it holds until it is answered.
+    Batch(Box<Batch>, quinn::SendStream, Held),
+    /// Rejected (counted and answered already).
+    Rejected,
+}
+
+/// Budget a batch holds: its connection's share and the global one.
+type Held = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
+/// Where a stream stands among its connection's streams: budget is taken
+/// in stream order (`turn` fires when the stream before has its share,
+/// `next` tells the one after), so a later stream can never hold the
+/// budget an earlier one — which the in-order forwarder waits for — needs.
+struct Turn {
+    turn: oneshot::Receiver<()>,
+    next: oneshot::Sender<()>,
+}
+
+/// Reads and checks one batch stream within [`STREAM_READ_TIMEOUT`].
+async fn read_batch(
+    answer: quinn::SendStream,
+    mut stream: quinn::RecvStream,
+    agent_id: &str,
+    host: &str,
+    stats: &IngestStats,
+    budget: (Arc<Semaphore>, Arc<Semaphore>),
+    order: Turn,
+) -> StreamRead {
+    let deadline = tokio::time::Instant::now() + STREAM_READ_TIMEOUT;
+    let mut head = [0u8; HEADER_LEN];
+    let got = tokio::time::timeout_at(deadline, stream.read_exact(&mut head)).await;
+    let declared = match got {
+        Ok(Ok(())) => wire::peek_header(&head).map(|(_, n)| n),
+        // Shorter than a header: decoding what came says how it is wrong.
+        Ok(Err(quinn::ReadExactError::FinishedEarly(n))) => {
+            wire::decode::<Batch>(&head[..n]).map(|_| 0)
+        }
+        Ok(Err(quinn::ReadExactError::ReadError(e))) => {
+            stats.reject(agent_id, "stream_error");
+            debug!(agent = %agent_id, "rejected batch: stream error: {e}");
+            return StreamRead::Rejected;
+        }
+        Err(_) => return timed_out(agent_id, stats, stream, answer),
+    };
+    let declared = match declared {
+        Ok(n) => n,
+        Err(e) => {
+            stats.reject(agent_id, e.class());
+            warn!(agent = %agent_id, "rejected batch: {e}");
+            reject(answer);
+            return StreamRead::Rejected;
+        }
+    };
+    // In stream order: wait for the stream before (or its end), take this
+    // batch's share, let the next one go.
+    let _ = order.turn.await;
+    let kib = batch_kib(declared);
+    let (conn_budget, global) = budget;
+    let held = tokio::time::timeout_at(deadline, async {
+        let c = conn_budget.acquire_many_owned(kib).await.ok()?;
+        let g = global.acquire_many_owned(kib).await.ok()?;
+        Some((c, g))
+    })
+    .await;
+    let _ = order.next.send(());
+    let held = match held {
+        Ok(Some(h)) => h,
+        Ok(None) => return StreamRead::Rejected,
+        Err(_) => return timed_out(agent_id, stats, stream, answer),
+    };
+    // No more than the header declared (and the budget was taken for).
+    let rest = tokio::time::timeout_at(deadline, stream.read_to_end(declared)).await;
+    let bytes = match rest {
+        Ok(Ok(b)) => [&head[..], &b].concat(),
+        Ok(Err(quinn::ReadToEndError::TooLong)) => {
+            stats.reject(agent_id, "oversized");
+            warn!(agent = %agent_id, "rejected batch: larger than the cap");
+            reject(answer);
+            return StreamRead::Rejected;
+        }
+        Ok(Err(e)) => {
+            stats.reject(agent_id, "stream_error");
+            debug!(agent = %agent_id, "rejected batch: stream error: {e}");
+            return StreamRead::Rejected;
+        }
+        Err(_) => return timed_out(agent_id, stats, stream, answer),
+    };
+    match wire::decode::<Batch>(&bytes) {
+        Ok(mut batch) => {
+            if batch.agent_id != agent_id {
+                stats.reject(agent_id, "agent_id_mismatch");
+                warn!(agent = %agent_id, claimed = %batch.agent_id, "rejected batch: claims another agent");
+                reject(answer);
+                return StreamRead::Rejected;
+            }
+            // The connection's identity wins over what the batch says.
+            batch.host = host.to_owned();
+            stats.batches_ok.fetch_add(1, Ordering::Relaxed);
+            stats
+                .bytes_ok
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            if let Some(mut a) = stats.agents.get_mut(agent_id) {
+                a.batches += 1;
+                a.last_seq = Some(batch.seq);
+            }
+            StreamRead::Batch(Box::new(batch), answer, held)
+        }
+        Err(e) => {
+            stats.reject(agent_id, e.class());
+            warn!(agent = %agent_id, "rejected batch: {e}");
+            reject(answer);
+            StreamRead::Rejected
+        }
+    }
+}
+
+/// A stream not finished within [`STREAM_READ_TIMEOUT`]: dropped, counted.
+fn timed_out(
+    agent_id: &str,
+    stats: &IngestStats,
+    mut stream: quinn::RecvStream,
+    answer: quinn::SendStream,
+) -> StreamRead {
+    stats.reject(agent_id, "stream_timeout");
+    warn!(agent = %agent_id, "rejected batch: not finished within {STREAM_READ_TIMEOUT:?}");
+    let _ = stream.stop(2u32.into());
+    let mut answer = answer;
+    let _ = answer.reset(2u32.into());
+    StreamRead::Rejected
+}
+
+/// Keeps `stats.agents` within [`MAX_AGENTS_REMEMBERED`]: forgets agents
+/// that are gone (any, when all are: the map holds counters, not state
+/// anything depends on).
+fn bound_agents(stats: &IngestStats) {
+    while stats.agents.len() > MAX_AGENTS_REMEMBERED {
+        let victim = stats
+            .agents
+            .iter()
+            .find(|a| !a.connected)
+            .map(|a| a.key().clone());
+        let Some(id) = victim else { break };
+        // Counted where the report's agent list forgets it (`serve`).
+        stats.agents.remove(&id);
+    }
 }
 
 async fn serve_connection(
     incoming: Incoming,
     shared: &Shared,
     events: &mpsc::Sender<IngestEvent>,
+    mut slot: PreauthSlot<'_>,
 ) -> Result<(), String> {
     let stats = &*shared.stats;
-    let conn = match incoming.await {
-        Ok(c) => c,
-        Err(e) => {
+    let remote = incoming.remote_address();
+    let conn = match tokio::time::timeout(HELLO_TIMEOUT, incoming).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             // Under mutual TLS this is where an agent without a certificate
             // from the job's CA is turned away: count it as a refusal.
-            stats.refused_agents.fetch_add(1, Ordering::Relaxed);
+            shared.refused(
+                "tls_handshake",
+                remote,
+                &format!("TLS handshake failed: {e}"),
+            );
             return Err(format!("refused: TLS handshake failed: {e}"));
         }
+        Err(_) => {
+            shared.refused(
+                "hello_timeout",
+                remote,
+                "TLS handshake not done within 10 s",
+            );
+            return Err("refused: TLS handshake too slow".to_owned());
+        }
     };
-    let hello = handshake(&conn, &shared.token, stats).await?;
+    let hello = match handshake(&conn, shared).await {
+        Ok(h) => h,
+        Err(r) => {
+            if !matches!(r.label, "invalid_token" | "agent_id_in_use" | "host_in_use") {
+                shared.refused(r.label, remote, &r.detail);
+                conn.close(1u32.into(), r.detail.as_bytes());
+            }
+            return Err(format!("refused: {}", r.detail));
+        }
+    };
+    slot.release();
+    open_up(&conn);
+    let conn_id = conn.stable_id() as u64;
     let agent_id = hello.agent_id.clone();
-    info!(host = %hello.host, agent = %agent_id, remote = %conn.remote_address(), "agent connected");
+    info!(host = %hello.host, agent = %agent_id, %remote, "agent connected");
     stats
         .agents
         .entry(agent_id.clone())
@@ -395,6 +767,7 @@ async fn serve_connection(
             connected: true,
             ..Default::default()
         });
+    bound_agents(stats);
     let _ = events
         .send(IngestEvent::AgentUp {
             agent_id: agent_id.clone(),
@@ -427,74 +800,86 @@ async fn serve_connection(
         })
     };
 
-    let reason = loop {
-        // One bidirectional stream per batch: the batch up, the answer down
-        // (`wire::BATCH_INGESTED` once ingested, `BATCH_REJECTED` never).
-        let (mut answer, mut stream) = match conn.accept_bi().await {
-            Ok(s) => s,
-            Err(e) => break e.to_string(),
-        };
-        let bytes = match stream.read_to_end(HEADER_LEN + MAX_MESSAGE_BYTES).await {
-            Ok(b) => b,
-            Err(quinn::ReadToEndError::TooLong) => {
-                stats.reject(&agent_id, "oversized");
-                warn!(agent = %agent_id, "rejected batch: larger than the cap");
-                reject(answer);
-                continue;
-            }
-            Err(e) => {
-                stats.reject(&agent_id, "stream_error");
-                warn!(agent = %agent_id, "rejected batch: stream error: {e}");
-                continue;
-            }
-        };
-        match wire::decode::<Batch>(&bytes) {
-            Ok(mut batch) => {
-                if batch.agent_id != agent_id {
-                    stats.reject(&agent_id, "agent_id_mismatch");
-                    warn!(agent = %agent_id, claimed = %batch.agent_id, "rejected batch: claims another agent");
-                    reject(answer);
+    // Streams are read concurrently (one slow or unfinished stream holds
+    // only its own slot, for at most STREAM_READ_TIMEOUT) and forwarded in
+    // the order they were opened, which is the agent's batch order.
+    let (order_tx, mut order_rx) =
+        mpsc::channel::<tokio::task::JoinHandle<StreamRead>>(AGENT_STREAMS as usize);
+    let forward = {
+        let (events, agent_id) = (events.clone(), agent_id.clone());
+        async move {
+            while let Some(read) = order_rx.recv().await {
+                let Ok(StreamRead::Batch(batch, mut answer, held)) = read.await else {
                     continue;
-                }
-                // The connection's identity wins over what the batch says.
-                batch.host = hello.host.clone();
-                stats.batches_ok.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .bytes_ok
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                if let Some(mut a) = stats.agents.get_mut(&agent_id) {
-                    a.batches += 1;
-                    a.last_seq = Some(batch.seq);
-                }
+                };
                 let (tx, rx) = tokio::sync::oneshot::channel();
+                // The channel's waiters are served in turn, so each
+                // connection gets its share of the analyzer.
                 if events
                     .send(IngestEvent::Batch {
                         agent_id: agent_id.clone(),
-                        batch: Box::new(batch),
+                        batch,
                         ack: Ack(Some(tx)),
                     })
                     .await
                     .is_err()
                 {
-                    break "coordinator shutting down".to_owned();
+                    return "coordinator shutting down".to_owned();
                 }
                 // Answer when ingested, without holding up the next batch.
                 tokio::spawn(async move {
-                    if rx.await.is_ok() {
+                    let ingested = rx.await.is_ok();
+                    // Ingested (or dropped): its memory is free again.
+                    drop(held);
+                    if ingested {
                         let _ = answer.write_all(&[wire::BATCH_INGESTED]).await;
                         let _ = answer.finish();
                     }
                 });
             }
-            Err(e) => {
-                stats.reject(&agent_id, e.class());
-                warn!(agent = %agent_id, "rejected batch: {e}");
-                reject(answer);
+            String::new()
+        }
+    };
+    let conn_budget = Arc::new(Semaphore::new(CONN_BUDGET_KIB as usize));
+    let (first, mut turn) = oneshot::channel();
+    let _ = first.send(());
+    let accept = async {
+        loop {
+            // One bidirectional stream per batch: the batch up, the answer
+            // down (`wire::BATCH_INGESTED` once ingested, `BATCH_REJECTED`
+            // never).
+            let (answer, stream) = match conn.accept_bi().await {
+                Ok(s) => s,
+                Err(e) => break e.to_string(),
+            };
+            let shared_stats = shared.stats.clone();
+            let (id, host) = (agent_id.clone(), hello.host.clone());
+            let budget = (conn_budget.clone(), shared.budget.clone());
+            let (next, after) = oneshot::channel();
+            let order = Turn {
+                turn: std::mem::replace(&mut turn, after),
+                next,
+            };
+            let read = tokio::spawn(async move {
+                read_batch(answer, stream, &id, &host, &shared_stats, budget, order).await
+            });
+            if order_tx.send(read).await.is_err() {
+                break "coordinator shutting down".to_owned();
             }
         }
     };
+    let forward = tokio::spawn(forward);
+    let mut reason = accept.await;
+    // What was read before the connection ended still goes in.
+    drop(order_tx);
+    if let Ok(r) = forward.await {
+        if !r.is_empty() {
+            reason = r;
+        }
+    }
     control_task.abort();
     shared.controls.remove(&agent_id);
+    lock(&shared.claims).release(&agent_id, &hello.host, conn_id);
     if let Some(mut a) = stats.agents.get_mut(&agent_id) {
         a.connected = false;
     }

@@ -14,6 +14,7 @@
 //! last instance each completed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -117,6 +118,31 @@ pub struct HangCandidate {
 /// Open instances per communicator at most, however small it is.
 pub const MAX_OPEN_INSTANCES: usize = 16_384;
 
+/// Open instances across all communicators at most. A host cut off for
+/// seconds leaves open the instances of the few dozen communicators it is
+/// in (≈ 1,000 each for a fast 8-rank group, 256 for a 4,096-rank one):
+/// 65,536 is several times that, and at a few hundred bytes plus the
+/// members present each, a bounded share of the coordinator's memory. Past
+/// it the communicator holding the most open instances sheds its oldest
+/// (counted as evicted): one agent opening instances on thousands of
+/// communicators that never complete cannot grow the join without bound.
+pub const MAX_OPEN_TOTAL: usize = 65_536;
+
+/// Absent members named in one hang at most (the rest are counted in
+/// [`JoinCounters::missing_unlisted`]): a hang of a 2^20-rank communicator
+/// must not become a million-entry list rewritten into every report.
+pub const MAX_NAMED_MISSING: usize = 4_096;
+
+/// Closed instance keys remembered across all communicators at most (≈ 64
+/// MiB): each communicator keeps `closed_memory` keys, or its share of
+/// this when there are many, but never fewer than [`MIN_CLOSED_PER_COMM`].
+/// Otherwise 65,536 communicators × 16,384 keys could be made to hold
+/// tens of GB by instances opened only to be evicted.
+pub const MAX_CLOSED_TOTAL: usize = 1 << 20;
+/// Closed keys a communicator keeps however many there are: enough to tell
+/// a late record from a new instance over a few seconds of collectives.
+pub const MIN_CLOSED_PER_COMM: usize = 256;
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct JoinConfig {
     /// Open instances kept per communicator before the oldest is evicted,
@@ -200,11 +226,28 @@ struct Open {
     bytes: u64,
     /// Positions of the members (comm positions; two entries for p2p).
     positions: Vec<u32>,
-    records: Vec<Option<Member>>,
-    present: usize,
+    /// Members present, by index (comm position; 0 or 1 for p2p): only
+    /// what arrived is stored, never a table of the claimed size.
+    records: HashMap<u32, Member>,
+    /// Members the instance needs (the communicator's size; 2 for p2p).
+    expected: usize,
     first_host: Arc<str>,
     first_agent_ns: u64,
+    /// Coordinator time of the first entry at the last expiry pass.
+    entered_hint: Option<CoordNs>,
 }
+
+/// Member positions one expiry pass examines at most; instances due past
+/// that wait for the next pass (oldest first each time). Without it, the
+/// tick at which 50,000 open instances of 4,096-rank communicators all
+/// turned stale walked 200 million positions and stalled ingest for
+/// seconds.
+const MAX_EXPIRE_WORK: usize = 1 << 20;
+
+/// How much a host's clock mapping may move between two expiry passes and
+/// still let the last pass's entry time rule an instance out: corrections
+/// are µs to a few ms; 50 ms is far beyond them and far below the timeout.
+const HINT_MARGIN_NS: CoordNs = 50_000_000;
 
 #[derive(Debug)]
 struct CommState {
@@ -268,6 +311,8 @@ pub struct JoinCounters {
     pub hangs: u64,
     pub duplicates: u64,
     pub merged: u64,
+    /// Absent members of hangs beyond [`MAX_NAMED_MISSING`], not listed.
+    pub missing_unlisted: u64,
 }
 
 /// The join of every communicator; safe to call from many ingest tasks.
@@ -276,6 +321,11 @@ pub struct Joiner {
     cfg: JoinConfig,
     comms: DashMap<u64, CommState>,
     counters: std::sync::Mutex<JoinCounters>,
+    /// Open instances across communicators (kept in step with `open`).
+    open_total: AtomicUsize,
+    /// Communicators tracked (kept in step with `comms`; read while a
+    /// shard of it is locked, where `comms.len()` would deadlock).
+    comm_count: AtomicUsize,
 }
 
 impl Joiner {
@@ -284,6 +334,8 @@ impl Joiner {
             cfg,
             comms: DashMap::new(),
             counters: std::sync::Mutex::new(JoinCounters::default()),
+            open_total: AtomicUsize::new(0),
+            comm_count: AtomicUsize::new(0),
         }
     }
 
@@ -309,10 +361,10 @@ impl Joiner {
         if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
             return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
         }
-        let mut st = self
-            .comms
-            .entry(c.comm_id)
-            .or_insert_with(|| CommState::new(c.nranks));
+        let mut st = self.comms.entry(c.comm_id).or_insert_with(|| {
+            self.comm_count.fetch_add(1, Ordering::Relaxed);
+            CommState::new(c.nranks)
+        });
         if st.nranks != c.nranks {
             return Err(RecordError::CommSizeConflict {
                 comm_id: c.comm_id,
@@ -363,7 +415,7 @@ impl Joiner {
     }
 
     /// Offers one validated record.
-    pub fn offer(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
+    fn offer_one(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
         let comm_id = rec.comm_id;
         let mut st = self
             .comms
@@ -389,7 +441,7 @@ impl Joiner {
             if !p2p {
                 if let Some(open) = st.open.get_mut(&key) {
                     let idx = pos as usize;
-                    match &mut open.records[idx] {
+                    match open.records.get_mut(&(idx as u32)) {
                         Some(m) if m.rec == rec => {
                             self.bump(|c| c.duplicates += 1);
                             return Ok(Offer::Duplicate);
@@ -469,16 +521,18 @@ impl Joiner {
             rec,
         };
         let open = st.open.entry(key).or_insert_with(|| {
+            self.open_total.fetch_add(1, Ordering::Relaxed);
             let n = if p2p { 2 } else { nranks as usize };
             Open {
                 born,
                 op: member.rec.op,
                 bytes: member.rec.bytes,
                 positions: if p2p { positions.clone() } else { Vec::new() },
-                records: vec![None; n],
-                present: 0,
+                records: HashMap::new(),
+                expected: n,
                 first_host: host.clone(),
                 first_agent_ns: member.rec.host_entry_ns,
+                entered_hint: None,
             }
         });
         let idx = if p2p {
@@ -486,15 +540,16 @@ impl Joiner {
         } else {
             pos as usize
         };
-        if open.records[idx].is_some() {
+        if open.records.contains_key(&(idx as u32)) {
             return Err(RecordError::Conflict);
         }
-        open.records[idx] = Some(member);
-        open.present += 1;
-        if open.present == open.records.len() {
+        open.records.insert(idx as u32, member);
+        if open.records.len() >= open.expected {
             let open = st.open.remove(&key).expect("present");
-            st.close(key, self.cfg.closed_memory);
-            let members: Vec<Member> = open.records.into_iter().flatten().collect();
+            self.open_total.fetch_sub(1, Ordering::Relaxed);
+            st.close(key, self.closed_cap());
+            let mut members: Vec<Member> = open.records.into_values().collect();
+            members.sort_unstable_by_key(|m| m.rank_in_comm);
             if let InstanceKey::Coll(seq) = key {
                 for m in &members {
                     st.last_completed.insert(m.rank_in_comm, seq);
@@ -513,11 +568,61 @@ impl Joiner {
         if st.open.len() > self.open_cap(nranks) {
             if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
                 st.open.remove(&old);
-                st.close(old, self.cfg.closed_memory);
+                self.open_total.fetch_sub(1, Ordering::Relaxed);
+                st.close(old, self.closed_cap());
                 self.bump(|c| c.evicted += 1);
             }
         }
         Ok(Offer::Pending)
+    }
+
+    /// Offers one member's record of an instance ([`Joiner::offer_one`]),
+    /// then keeps the join within [`MAX_OPEN_TOTAL`].
+    pub fn offer(&self, host: &Arc<str>, rec: CollectiveRecord) -> Result<Offer, RecordError> {
+        let r = self.offer_one(host, rec);
+        if self.open_total.load(Ordering::Relaxed) > self.max_open_total() {
+            self.shed();
+        }
+        r
+    }
+
+    /// Closed keys each communicator remembers now ([`MAX_CLOSED_TOTAL`]).
+    fn closed_cap(&self) -> usize {
+        let share = MAX_CLOSED_TOTAL / self.comm_count.load(Ordering::Relaxed).max(1);
+        self.cfg.closed_memory.min(share.max(MIN_CLOSED_PER_COMM))
+    }
+
+    fn max_open_total(&self) -> usize {
+        MAX_OPEN_TOTAL.max(self.cfg.max_open_per_comm)
+    }
+
+    /// Brings the open instances down to three quarters of
+    /// [`MAX_OPEN_TOTAL`], taking from the communicators that hold the most
+    /// (each keeps at most a common level, its newest; communicators below
+    /// that level lose nothing), oldest first; counted as evicted. A
+    /// quarter of the cap at a time, so the pass over communicators is rare.
+    fn shed(&self) {
+        let counts: Vec<usize> = self.comms.iter().map(|c| c.open.len()).collect();
+        let low = self.max_open_total() * 3 / 4;
+        let level = fill_level(&counts, low);
+        let mut evicted = 0usize;
+        for mut c in self.comms.iter_mut() {
+            let st = &mut *c;
+            if st.open.len() <= level {
+                continue;
+            }
+            let mut by_age: Vec<(u64, InstanceKey)> =
+                st.open.iter().map(|(k, o)| (o.born, *k)).collect();
+            by_age.sort_unstable();
+            let n = by_age.len() - level;
+            for (_, key) in by_age.into_iter().take(n) {
+                st.open.remove(&key);
+                st.close(key, self.closed_cap());
+            }
+            evicted += n;
+        }
+        self.open_total.fetch_sub(evicted, Ordering::Relaxed);
+        self.bump(|c| c.evicted += evicted as u64);
     }
 
     /// Closes instances whose first member entered more than the timeout
@@ -538,14 +643,32 @@ impl Joiner {
         current: impl Fn(u32, &str, CoordNs) -> bool,
     ) -> Vec<Expired> {
         let mut out = Vec::new();
-        for mut entry in self.comms.iter_mut() {
+        let mut work = 0usize;
+        'comms: for mut entry in self.comms.iter_mut() {
             let comm_id = *entry.key();
             let st = &mut *entry;
+            // Instances of a communicator with members never heard of wait
+            // until stale (below); the rest until the timeout.
+            let unslotted = st.slots.len() < st.nranks as usize;
             let due: Vec<(InstanceKey, CoordNs)> = st
                 .open
-                .iter()
+                .iter_mut()
                 .filter_map(|(k, o)| {
+                    let wait = if unslotted && matches!(k, InstanceKey::Coll(_)) {
+                        self.cfg.hang_stale_ns.max(self.cfg.hang_timeout_ns)
+                    } else {
+                        self.cfg.hang_timeout_ns
+                    };
+                    // Far from due by the last look: not worth mapping the
+                    // clock again (a tick over 65,536 open instances did
+                    // that for each, every 100 ms).
+                    if o.entered_hint.is_some_and(|h| {
+                        now.saturating_sub(h).saturating_add(HINT_MARGIN_NS) < wait
+                    }) {
+                        return None;
+                    }
                     let entered = to_coord(&o.first_host, o.first_agent_ns);
+                    o.entered_hint = Some(entered);
                     (now.saturating_sub(entered) > self.cfg.hang_timeout_ns)
                         .then_some((*k, entered))
                 })
@@ -554,18 +677,32 @@ impl Joiner {
             let mut due = due;
             due.sort_unstable_by_key(|d| d.0);
             for (key, entered) in due {
+                let stale = now.saturating_sub(entered) > self.cfg.hang_stale_ns;
+                // A member never heard of on this communicator is not known
+                // to be current: the instance waits until stale. Said
+                // without walking every position of a huge communicator
+                // each tick (members with records all have slots).
+                if !stale
+                    && matches!(key, InstanceKey::Coll(_))
+                    && st.slots.len() < st.nranks as usize
+                {
+                    continue;
+                }
+                if work >= MAX_EXPIRE_WORK {
+                    break 'comms;
+                }
                 let open = &st.open[&key];
                 let positions: Vec<u32> = match key {
                     InstanceKey::P2p { lo, hi, .. } => vec![lo, hi],
                     InstanceKey::Coll(_) => (0..st.nranks).collect(),
                 };
+                work += positions.len();
                 let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
-                let stale = now.saturating_sub(entered) > self.cfg.hang_stale_ns;
                 let mut present_ranks = Vec::new();
                 let mut absent = Vec::new();
                 let mut undecided = false;
                 for (i, p) in positions.iter().enumerate() {
-                    if let Some(m) = &open.records[i] {
+                    if let Some(m) = open.records.get(&(i as u32)) {
                         present_ranks.push(m.rank);
                         continue;
                     }
@@ -581,7 +718,13 @@ impl Joiner {
                     continue;
                 }
                 let open = st.open.remove(&key).expect("listed");
-                st.close(key, self.cfg.closed_memory);
+                self.open_total.fetch_sub(1, Ordering::Relaxed);
+                st.close(key, self.closed_cap());
+                if absent.len() > MAX_NAMED_MISSING {
+                    let extra = (absent.len() - MAX_NAMED_MISSING) as u64;
+                    absent.truncate(MAX_NAMED_MISSING);
+                    self.bump(|c| c.missing_unlisted += extra);
+                }
                 let missing: Vec<MissingMember> = absent
                     .iter()
                     .map(|p| {
@@ -632,6 +775,22 @@ impl Joiner {
 
 /// Whether position `p` already issued an operation after `key` on this
 /// communicator (so its record for `key` was lost, not withheld).
+/// The largest level `l` such that capping every count at `l` leaves at
+/// most `budget` in all (water-filling from the top).
+fn fill_level(counts: &[usize], budget: usize) -> usize {
+    let (mut lo, mut hi) = (0usize, counts.iter().copied().max().unwrap_or(0));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        let total: usize = counts.iter().map(|c| (*c).min(mid)).sum();
+        if total <= budget {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 fn passed(st: &CommState, key: InstanceKey, p: u32) -> bool {
     match key {
         InstanceKey::Coll(seq) => st.last_seq.get(&p).is_some_and(|l| *l > seq),
@@ -690,6 +849,14 @@ mod tests {
             j.register_comm(&h, &comm(r, r, n)).unwrap();
         }
         (j, h)
+    }
+
+    #[test]
+    fn fill_level_caps_the_largest_first() {
+        assert_eq!(fill_level(&[40, 40, 40, 3], 63), 20);
+        assert_eq!(fill_level(&[100, 2, 1], 50), 47);
+        assert_eq!(fill_level(&[5, 5], 100), 5);
+        assert_eq!(fill_level(&[], 10), 0);
     }
 
     #[test]

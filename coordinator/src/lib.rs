@@ -10,6 +10,7 @@
 //! render them. [`analyzer`] is the facade the ingest path calls; [`synth`]
 //! generates synthetic jobs with ground truth.
 
+pub mod admission;
 pub mod alert;
 pub mod analyzer;
 pub mod classify;
@@ -31,6 +32,7 @@ pub mod metrics_http;
 pub mod metrics_text;
 pub mod outputs;
 pub mod overhead;
+pub mod ownership;
 pub mod pace;
 pub mod prom;
 pub mod replay;

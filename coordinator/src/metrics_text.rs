@@ -203,11 +203,19 @@ impl Metrics {
 
 /// The whole `/metrics` page of `slowrank serve`: the analyzer's families
 /// plus the transport's and the hooks'.
+/// The serve-side guards against hostile peers whose counters the page
+/// shows ([`crate::stackstore`], [`crate::metrics_http`]).
+pub struct Guards<'a> {
+    pub stacks: &'a crate::stackstore::StackStore,
+    pub http: &'a crate::metrics_http::HttpStats,
+}
+
 pub fn serve_exposition(
     metrics: &Metrics,
     ingest: &IngestStats,
     hooks: &HookStats,
     agents_connected: usize,
+    guards: &Guards<'_>,
 ) -> Exposition {
     let mut e = metrics.exposition();
     let mut rej: Vec<(String, u64)> = ingest
@@ -220,7 +228,46 @@ pub fn serve_exposition(
     for (k, v) in rej {
         f.sample(&[("reason", &k)], v as f64);
     }
+    let mut refused: Vec<(String, u64)> = ingest
+        .refused
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    refused.sort();
+    let f = e.family(
+        "slowrank_connections_refused_total",
+        Type::Counter,
+        "Connections refused before or at the hello, by reason",
+    );
+    for (k, v) in refused {
+        f.sample(&[("reason", &k)], v as f64);
+    }
     let counters = [
+        (
+            "slowrank_stack_windows_refused_total",
+            "Stack windows refused: for a rank the sending host does not own, or too large",
+            guards.stacks.refused.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_stack_windows_evicted_total",
+            "Stack windows dropped early to keep a rank within its byte cap",
+            guards.stacks.evicted.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_agents_forgotten_total",
+            "Agents that had gone, dropped from the report to keep it bounded",
+            ingest.agents_forgotten.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_metrics_connections_refused_total",
+            "/metrics connections closed unserved: too many open at once",
+            guards.http.refused.load(Ordering::Relaxed),
+        ),
+        (
+            "slowrank_metrics_bad_requests_total",
+            "/metrics requests dropped: too slow, too large or malformed",
+            guards.http.bad_requests.load(Ordering::Relaxed),
+        ),
         (
             "slowrank_batches_received_total",
             "Batches that passed validation",
@@ -233,7 +280,7 @@ pub fn serve_exposition(
         ),
         (
             "slowrank_agents_refused_total",
-            "Agent connections refused (token, malformed hello)",
+            "Agent connections refused (token, malformed or late hello, caps, identity in use)",
             ingest.refused_agents.load(Ordering::Relaxed),
         ),
         (
@@ -318,7 +365,11 @@ mod tests {
         let ingest = IngestStats::default();
         ingest.rejected.insert("host_changed".into(), 2);
         ingest.rejected.insert("truncated".into(), 1);
-        let text = serve_exposition(&m, &ingest, &HookStats::default(), 2).render();
+        let guards = Guards {
+            stacks: &crate::stackstore::StackStore::default(),
+            http: &crate::metrics_http::HttpStats::default(),
+        };
+        let text = serve_exposition(&m, &ingest, &HookStats::default(), 2, &guards).render();
         let mut seen = std::collections::HashSet::new();
         for l in text.lines().filter(|l| l.starts_with("# HELP ")) {
             let name = l.split(' ').nth(2).unwrap();

@@ -130,6 +130,14 @@ pub struct IngestInfo {
     /// Connections refused (bad token, malformed hello); filled by `serve`.
     #[serde(default)]
     pub agents_refused: u64,
+    /// The same refusals by reason (`invalid_token`, `hello_timeout`,
+    /// `preauth_per_address`, `host_in_use`, ...); filled by `serve`.
+    #[serde(default)]
+    pub agents_refused_by: std::collections::BTreeMap<String, u64>,
+    /// Agents that had gone and were dropped from `agents` to keep the
+    /// report bounded (the oldest departures first); filled by `serve`.
+    #[serde(default)]
+    pub agents_forgotten: u64,
 }
 
 /// `report.json`, pretty-printed.

@@ -29,7 +29,7 @@ use crate::{
     alert::{self, HookConfig, HookStats, Hooks},
     control::{coord_now_ns, ProbeSchedule},
     ingest::{Ack, Ingest, IngestError, IngestEvent, IngestStats},
-    metrics_http::{MetricsError, MetricsServer},
+    metrics_http::{HttpStats, MetricsError, MetricsServer},
     outputs::{self, OutputError},
     report::{AgentReport, Report},
     stackstore::StackStore,
@@ -173,12 +173,21 @@ fn render_metrics(
     ingest: &IngestStats,
     hooks: &HookStats,
     agents: &std::sync::Mutex<BTreeMap<String, AgentReport>>,
+    stacks: &StackStore,
+    http: &HttpStats,
 ) -> String {
     let connected = agents
         .lock()
         .map(|a| a.values().filter(|a| a.connected).count())
         .unwrap_or(0);
-    crate::metrics_text::serve_exposition(&analyzer.metrics(), ingest, hooks, connected).render()
+    crate::metrics_text::serve_exposition(
+        &analyzer.metrics(),
+        ingest,
+        hooks,
+        connected,
+        &crate::metrics_text::Guards { stacks, http },
+    )
+    .render()
 }
 
 /// The report page served at `/`: the one last written with the report
@@ -201,6 +210,23 @@ fn live_page(
     })
 }
 
+/// Drops the agents that left longest ago until at most `max` remain
+/// (connected ones are never dropped); returns how many went.
+fn forget_gone_agents(agents: &mut BTreeMap<String, AgentReport>, max: usize) -> u64 {
+    let mut forgot = 0;
+    while agents.len() > max {
+        let oldest = agents
+            .values()
+            .filter(|a| !a.connected)
+            .min_by_key(|a| a.disconnected_at)
+            .map(|a| a.agent_id.clone());
+        let Some(id) = oldest else { break };
+        agents.remove(&id);
+        forgot += 1;
+    }
+    forgot
+}
+
 fn build_report(
     analyzer: &Analyzer,
     stats: &IngestStats,
@@ -213,6 +239,12 @@ fn build_report(
         .map(|e| (e.key().clone(), *e.value()))
         .collect();
     r.ingest.agents_refused = stats.refused_agents.load(Ordering::Relaxed);
+    r.ingest.agents_refused_by = stats
+        .refused
+        .iter()
+        .map(|e| (e.key().clone(), *e.value()))
+        .collect();
+    r.ingest.agents_forgotten = stats.agents_forgotten.load(Ordering::Relaxed);
     r.agents = agents
         .lock()
         .map(|a| a.values().cloned().collect())
@@ -230,13 +262,15 @@ impl Server {
         let hooks = Hooks::start(cfg.hooks.clone());
         let agents = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let page = Arc::new(std::sync::Mutex::new(None));
+        let stacks = Arc::new(StackStore::default());
         let metrics = match cfg.metrics_listen {
             Some(addr) => {
-                let (a, i, h, ag) = (
+                let (a, i, h, ag, st) = (
                     analyzer.clone(),
                     ingest.stats(),
                     hooks.stats(),
                     agents.clone(),
+                    stacks.clone(),
                 );
                 let (a2, i2, ag2, pg) = (
                     analyzer.clone(),
@@ -244,10 +278,15 @@ impl Server {
                     agents.clone(),
                     page.clone(),
                 );
-                Some(MetricsServer::start_with_page(
+                let http = Arc::new(HttpStats::default());
+                let ht = http.clone();
+                Some(MetricsServer::start_with(
                     addr,
-                    Arc::new(move || render_metrics(&a, &i, &h, &ag)),
-                    Some(Arc::new(move || live_page(&a2, &i2, &ag2, &pg))),
+                    crate::metrics_http::Routes {
+                        metrics: Arc::new(move || render_metrics(&a, &i, &h, &ag, &st, &ht)),
+                        page: Some(Arc::new(move || live_page(&a2, &i2, &ag2, &pg))),
+                    },
+                    http,
                 )?)
             }
             None => None,
@@ -259,7 +298,7 @@ impl Server {
             hooks,
             metrics,
             agents,
-            stacks: Arc::new(StackStore::default()),
+            stacks,
             page,
             last_deep_all: std::sync::Mutex::new(None),
         })
@@ -394,7 +433,10 @@ impl Server {
             let done: Vec<_> = run.into_iter()
                 .map(|(agent_id, batch, ack)| {
                     let sum = a.ingest(&batch, recv_ns);
-                    st.add(&batch, &a);
+                    // Stacks only from a batch the analyzer took.
+                    if sum.batch_rejected.is_none() && !sum.duplicate_batch {
+                        st.add(&batch, &a);
+                    }
                     (agent_id, batch, ack, sum)
                 })
                 .collect();
@@ -613,6 +655,7 @@ impl Server {
             } => {
                 info!(agent = %agent_id, %host, "agent up");
                 self.analyzer.agent_connected(&agent_id, connected_mono_ns);
+                self.analyzer.host_live(&host, true);
                 if self.cfg.print_alerts {
                     println!(
                         "{} agent {agent_id} on {host} connected",
@@ -633,6 +676,11 @@ impl Server {
                     e.connected = true;
                     e.disconnected_at = None;
                     e.reason = None;
+                    let forgot = forget_gone_agents(&mut a, crate::ingest::MAX_AGENTS_REMEMBERED);
+                    self.ingest
+                        .stats()
+                        .agents_forgotten
+                        .fetch_add(forgot, Ordering::Relaxed);
                 }
                 None
             }
@@ -697,6 +745,7 @@ impl Server {
                 if self.cfg.print_alerts {
                     println!("{line}");
                 }
+                self.analyzer.host_live(&host, false);
                 if let Ok(mut a) = self.agents.lock() {
                     if let Some(a) = a.get_mut(&agent_id) {
                         a.connected = false;

@@ -15,6 +15,28 @@ use crate::{analyzer::Analyzer, flame, verdict::Verdict};
 /// Windows kept per rank and view (about 5 minutes at the agent's 1 s
 /// interval): bounds memory whatever the job does.
 const KEEP_PER_RANK: usize = 600;
+/// Bytes of stack windows kept per rank (oldest dropped first): 600
+/// windows of a few KiB each is the normal case; a peer sending huge
+/// windows is held to this (so 4,096 ranks stay within a few hundred MiB
+/// only if windows are small; the per-window cap below keeps them so).
+const MAX_BYTES_PER_RANK: usize = 4 << 20;
+/// One window larger than this (frame names plus stacks) is refused: an
+/// agent folds at most a few thousand distinct stacks per window.
+const MAX_WINDOW_BYTES: usize = 1 << 20;
+
+/// Approximate heap bytes of a window (what the caps count).
+fn window_bytes(w: &StackWindow) -> usize {
+    let strings: usize = w.strings.iter().map(|s| s.len() + 24).sum();
+    let stacks: usize = w.stacks.iter().map(|s| s.frames.len() * 4 + 32).sum();
+    64 + strings + stacks
+}
+
+/// One rank's windows and their byte total.
+#[derive(Default)]
+struct RankWindows {
+    q: VecDeque<StackWindow>,
+    bytes: usize,
+}
 /// How far before a verdict's first sighting the diff window starts, so
 /// the onset is inside it (or 10 steps, if longer).
 const LOOKBACK_NS: i64 = 5_000_000_000;
@@ -38,25 +60,47 @@ fn slow_window(v: &Verdict, step_ns: i64, now_ns: i64) -> Option<(u64, u64)> {
 
 #[derive(Default)]
 pub struct StackStore {
-    by_rank: DashMap<u32, VecDeque<StackWindow>>,
+    by_rank: DashMap<u32, RankWindows>,
+    /// Windows refused: rank not owned by the sending host, or too large.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Windows dropped to keep a rank within its byte cap.
+    pub evicted: std::sync::atomic::AtomicU64,
     /// Flame-graph errors of the last report, by verdict id (for the log).
     pub last_errors: Mutex<Vec<(u64, String)>>,
 }
 
 impl StackStore {
-    /// Keeps the batch's stack windows, on the coordinator clock.
+    /// Keeps the batch's stack windows, on the coordinator clock. Call it
+    /// only for a batch the analyzer accepted (not rejected, not a
+    /// duplicate); windows of ranks another host owns, and oversized ones,
+    /// are refused and counted.
     pub fn add(&self, batch: &Batch, analyzer: &Analyzer) {
+        use std::sync::atomic::Ordering::Relaxed;
         for w in &batch.stacks {
+            let bytes = window_bytes(w);
+            if bytes > MAX_WINDOW_BYTES || !analyzer.rank_on_host(w.rank, &batch.host) {
+                self.refused.fetch_add(1, Relaxed);
+                continue;
+            }
             let mut w = w.clone();
             let (s, _) = analyzer.to_coord(&batch.host, w.start_ns);
             let (e, _) = analyzer.to_coord(&batch.host, w.end_ns);
             w.start_ns = s.max(0) as u64;
             w.end_ns = e.max(0) as u64;
-            let mut q = self.by_rank.entry(w.rank).or_default();
-            if q.len() == KEEP_PER_RANK {
-                q.pop_front();
+            let mut r = self.by_rank.entry(w.rank).or_default();
+            let full = |r: &RankWindows| r.q.len() >= KEEP_PER_RANK;
+            let heavy = |r: &RankWindows| !r.q.is_empty() && r.bytes + bytes > MAX_BYTES_PER_RANK;
+            while full(&r) || heavy(&r) {
+                // Rotating out the oldest of a full queue is the normal
+                // case; dropping for weight is counted.
+                if !full(&r) {
+                    self.evicted.fetch_add(1, Relaxed);
+                }
+                let Some(old) = r.q.pop_front() else { break };
+                r.bytes = r.bytes.saturating_sub(window_bytes(&old));
             }
-            q.push_back(w);
+            r.bytes += bytes;
+            r.q.push_back(w);
         }
     }
 
@@ -83,7 +127,7 @@ impl StackStore {
         let windows: Vec<StackWindow> = self
             .by_rank
             .iter()
-            .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
+            .flat_map(|e| e.value().q.iter().cloned().collect::<Vec<_>>())
             .collect();
         let world = world_size.max(self.by_rank.iter().map(|e| *e.key() + 1).max().unwrap_or(1));
         let layout = flame::Layout {

@@ -82,7 +82,21 @@ pub enum RecordError {
     },
     #[error("batch cut at {batch_ns} ns (agent clock) lies {ahead_ns} ns after it arrived")]
     BatchInFuture { batch_ns: u64, ahead_ns: u64 },
+    #[error("batch number {got} jumps more than {MAX_SEQ_GAP} past the agent's last ({last})")]
+    SeqJump { last: u64, got: u64 },
 }
+
+/// Largest forward jump of an agent's batch numbers taken as batches lost
+/// (its spool dropping them): at an agent's ≈ 10 batches a second, 2^24 is
+/// 19 days of them. A larger jump is a corrupt or hostile number, and
+/// believing it would mark every later batch a duplicate.
+pub const MAX_SEQ_GAP: u64 = 1 << 24;
+
+/// Largest growth of an agent's drop counters (ring buffer, spool) between
+/// two of its batches: 2^40 is 30 hours of drops at 10 million a second,
+/// more than any ring buffer sees; a larger step is a corrupt or hostile
+/// number and is not added to the job's sums.
+pub const MAX_COUNTER_STEP: u64 = 1 << 40;
 
 impl RecordError {
     /// Stable label for counters and metrics.
@@ -107,6 +121,7 @@ impl RecordError {
             Self::WorldSizeConflict { .. } => "world_size_conflict",
             Self::CommLargerThanWorld { .. } => "comm_larger_than_world",
             Self::WrongHost { .. } => "wrong_host",
+            Self::SeqJump { .. } => "seq_jump",
             Self::ExitOfOtherProcess { .. } => "exit_of_other_process",
             Self::HostChanged { .. } => "host_changed",
             Self::BatchInFuture { .. } => "batch_in_future",

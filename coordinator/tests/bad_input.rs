@@ -430,7 +430,7 @@ async fn wire_faults_are_rejected_by_reason_while_a_good_agent_keeps_being_serve
     tokio::spawn(async move { runner.run(tx).await });
 
     let good = RawAgent::connect(addr, &identity.cert_pem, "good-0", "node-0").await;
-    let bad = RawAgent::connect(addr, &identity.cert_pem, "bad-0", "node-0").await;
+    let bad = RawAgent::connect(addr, &identity.cert_pem, "bad-0", "node-1").await;
 
     let mut g = Generator::new(spec());
     let _ = g.initial_samples();

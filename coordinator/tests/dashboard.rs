@@ -26,6 +26,10 @@ fn families() -> HashMap<String, Type> {
         &IngestStats::default(),
         &HookStats::default(),
         0,
+        &slowrank_coordinator::metrics_text::Guards {
+            stacks: &slowrank_coordinator::stackstore::StackStore::default(),
+            http: &slowrank_coordinator::metrics_http::HttpStats::default(),
+        },
     );
     e.families()
         .iter()

@@ -121,6 +121,37 @@ fn resent_batch_is_a_duplicate_and_gaps_are_counted() {
     assert_eq!(rep.ingest.counters.missing_batches, 2);
 }
 
+/// Batch 0 is deduplicated like any other; a batch number that leaps
+/// past any plausible gap is refused (believing it would mark every later
+/// batch a duplicate); a drop counter of u64::MAX does not pin the job's sums.
+#[test]
+fn batch_zero_huge_numbers_and_huge_counters_cannot_poison_the_books() {
+    let (a, batches, _) = first_batches();
+    let (recv, first) = &batches[0];
+    let mut b = first.clone();
+    b.seq = 0;
+    assert!(!a.ingest(&b, *recv).duplicate_batch);
+    assert!(a.ingest(&b, *recv).duplicate_batch, "batch 0 sent twice");
+    let mut leap = b.clone();
+    leap.seq = u64::MAX - 1;
+    assert_eq!(a.ingest(&leap, *recv).batch_rejected, Some("seq_jump"));
+    let mut next = b.clone();
+    next.seq = 1;
+    next.ringbuf_drops = u64::MAX;
+    next.spool_drops = u64::MAX;
+    let s = a.ingest(&next, *recv);
+    assert!(!s.duplicate_batch && s.batch_rejected.is_none(), "{s:?}");
+    let mut after = b.clone();
+    after.seq = 2;
+    after.ringbuf_drops = 5;
+    a.ingest(&after, *recv);
+    let rep = a.report();
+    assert_eq!(rep.ingest.counters.duplicate_batches, 1);
+    assert_eq!(rep.ingest.counters.missing_batches, 0);
+    assert_eq!(rep.ingest.counters.ringbuf_drops, 5);
+    assert_eq!(rep.ingest.counters.spool_drops, 0);
+}
+
 #[test]
 fn garbage_never_panics() {
     let a = Analyzer::new(AnalyzerConfig::default());

@@ -76,12 +76,19 @@ fn serve(
     stop: &AtomicBool,
     answered: &AtomicU64,
 ) {
-    let hello = Datagram::Hello { token }.encode(&key);
+    // Counted so the coordinator can refuse a replayed hello.
+    let mut hellos = 0u64;
     let mut last_hello: Option<Instant> = None;
     let mut buf = [0u8; MAX_DATAGRAM + 1];
     let mut warned = false;
     while !stop.load(Ordering::Relaxed) {
         if last_hello.is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
+            hellos += 1;
+            let hello = Datagram::Hello {
+                token,
+                counter: hellos,
+            }
+            .encode(&key);
             if let Err(e) = sock.send_to(&hello, coordinator) {
                 if !warned {
                     tracing::warn!(%coordinator, "clock port unreachable ({e}); clock probes stay on the control stream");
@@ -140,7 +147,7 @@ mod tests {
         let hello = coord.recv(&mut buf).unwrap().expect("hello");
         assert_eq!(
             Datagram::decode(&buf[..hello.len], &key),
-            Ok(Datagram::Hello { token })
+            Ok(Datagram::Hello { token, counter: 1 })
         );
         let agent = hello.from;
         let wrong = Datagram::Probe {

@@ -34,7 +34,8 @@ use std::{
 };
 
 const MAGIC: [u8; 4] = *b"SRCK";
-const VERSION: u8 = 2;
+/// 3: the hello carries a counter, so a replayed hello is refused.
+const VERSION: u8 = 3;
 const MAC_LEN: usize = 16;
 /// Longest datagram (the answer).
 pub const MAX_DATAGRAM: usize = 72;
@@ -48,8 +49,10 @@ pub type Key = [u8; 32];
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Datagram {
     /// "Here I am": lets the coordinator learn the agent's address (through
-    /// NAT as well); repeated every second.
-    Hello { token: Token },
+    /// NAT as well); repeated every second. `counter` grows with every hello
+    /// of the connection: the coordinator takes only a hello newer than the
+    /// last it took, so one replayed from elsewhere cannot move the route.
+    Hello { token: Token, counter: u64 },
     Probe {
         token: Token,
         seq: u64,
@@ -87,14 +90,16 @@ fn mac(key: &Key, body: &[u8]) -> [u8; MAC_LEN] {
 impl Datagram {
     pub fn token(&self) -> &Token {
         match self {
-            Self::Hello { token } | Self::Probe { token, .. } | Self::Answer { token, .. } => token,
+            Self::Hello { token, .. } | Self::Probe { token, .. } | Self::Answer { token, .. } => {
+                token
+            }
         }
     }
 
     /// The datagram's bytes, MAC'd under `key`.
     pub fn encode(&self, key: &Key) -> Vec<u8> {
         let (kind, words): (u8, &[u64]) = match self {
-            Self::Hello { .. } => (1, &[]),
+            Self::Hello { counter, .. } => (1, std::slice::from_ref(counter)),
             Self::Probe {
                 seq, coord_send_ns, ..
             } => (2, &[*seq, *coord_send_ns]),
@@ -128,7 +133,7 @@ impl Datagram {
             return Err(DatagramError::Foreign);
         }
         let want = match b[5] {
-            1 => 24,
+            1 => 32,
             2 => 40,
             3 => 56,
             k => return Err(DatagramError::Kind(k)),
@@ -149,7 +154,10 @@ impl Datagram {
         }
         let word = |i: usize| u64::from_le_bytes(b[24 + 8 * i..32 + 8 * i].try_into().expect("8"));
         Ok(match b[5] {
-            1 => Self::Hello { token },
+            1 => Self::Hello {
+                token,
+                counter: word(0),
+            },
             2 => Self::Probe {
                 token,
                 seq: word(0),
@@ -303,7 +311,7 @@ mod tests {
         let token = [7u8; 16];
         let key = [9u8; 32];
         for d in [
-            Datagram::Hello { token },
+            Datagram::Hello { token, counter: 7 },
             Datagram::Probe {
                 token,
                 seq: 3,
@@ -330,7 +338,7 @@ mod tests {
             altered[b.len() - MAC_LEN - 1] ^= 1;
             assert_eq!(Datagram::decode(&altered, &key), Err(DatagramError::Mac));
         }
-        let mut b = Datagram::Hello { token }.encode(&key);
+        let mut b = Datagram::Hello { token, counter: 1 }.encode(&key);
         b[0] = b'X';
         assert_eq!(Datagram::decode(&b, &key), Err(DatagramError::Foreign));
         b[0] = b'S';

@@ -242,7 +242,10 @@ proptest! {
 
 fn datagram() -> impl Strategy<Value = Datagram> {
     (any::<[u8; 16]>(), any::<[u64; 4]>(), 0u8..3).prop_map(|(token, w, k)| match k {
-        0 => Datagram::Hello { token },
+        0 => Datagram::Hello {
+            token,
+            counter: w[0],
+        },
         1 => Datagram::Probe {
             token,
             seq: w[0],
