@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use chrono::{DateTime, Utc};
 use dashmap::DashMap;
 use slowrank_shared::wire::{
-    Batch, CollOp, CommRecord, LinkRecord, RankExit, RankIdentity, RankInterval,
+    Batch, CollOp, CollectiveRecord, CommRecord, LinkRecord, RankExit, RankIdentity, RankInterval,
 };
+use tracing::warn;
 
 use crate::classify;
 use crate::clock::{
@@ -33,6 +34,7 @@ use crate::intervals::{IntervalObs, IntervalStore};
 use crate::iteration::{IterationClock, IterationConfig};
 use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
 use crate::links::{LinkConfig, LinkObs, LinkStats};
+use crate::park::{ParkConfig, Parking};
 use crate::report::{self, Report};
 use crate::stats::{align, AlignedInstance, IterBucket, RankScore, Stats, StatsConfig};
 use crate::validate::{self, RecordError};
@@ -119,6 +121,11 @@ pub struct IngestCounters {
     /// restart, the instances that straddle it had their other members'
     /// records go to the previous coordinator. Not an error.
     pub replayed_unjoinable: u64,
+    /// Records that came before their communicator's membership and were
+    /// held until it arrived ([`crate::park`]); `expired` and `overflow`
+    /// are the ones lost.
+    #[serde(default)]
+    pub parking: crate::park::ParkCounters,
 }
 
 #[derive(Debug, Default)]
@@ -228,6 +235,8 @@ pub struct Analyzer {
     /// agent saw up to then has been ingested.
     watermarks: DashMap<String, u64>,
     wall_offset: Mutex<Option<i64>>,
+    /// Collectives waiting for their communicator's membership.
+    parking: Mutex<Parking<ParkedRecord>>,
     core: Mutex<Core>,
 }
 
@@ -251,6 +260,23 @@ fn step_marks(a: &AlignedInstance) -> crate::iteration::Marks {
 /// ranks far behind in one iteration is a host- or job-wide event, not a
 /// straggler.
 const MAX_REPLAYED: usize = 32;
+
+/// A collective parked until its membership arrives.
+#[derive(Debug)]
+struct ParkedRecord {
+    host: Arc<str>,
+    rec: CollectiveRecord,
+    /// Its agent's connection time when it arrived (for the replay rule).
+    connected_at: u64,
+}
+
+/// What offering a run of collectives produced.
+#[derive(Default)]
+struct Offered {
+    completed: Vec<JoinedInstance>,
+    progress: Vec<(u64, crate::join::InstanceKey, bool)>,
+    nccl_errors: u64,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere must not take the coordinator down with it.
@@ -306,6 +332,7 @@ impl Analyzer {
             overhead: Mutex::new(Default::default()),
             watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
+            parking: Mutex::new(Parking::new(ParkConfig::default())),
             core: Mutex::new(core),
         }
     }
@@ -376,6 +403,28 @@ impl Analyzer {
             .connected_mono_ns = mono_ns;
     }
 
+    /// Resumes from an earlier life's ingest journal: each agent's last
+    /// ingested batch, so its resends of those are known as duplicates.
+    pub fn restore_marks<'a>(&self, marks: impl IntoIterator<Item = &'a crate::resume::Mark>) {
+        for m in marks {
+            let mut a = self.agents.entry(m.agent_id.clone()).or_default();
+            a.host = Some(m.host.clone());
+            a.last_seq = Some(a.last_seq.map_or(m.seq, |l| l.max(m.seq)));
+            a.ringbuf_drops = a.ringbuf_drops.max(m.ringbuf_drops);
+            a.spool_drops = a.spool_drops.max(m.spool_drops);
+        }
+    }
+
+    /// The iteration period decided so far (for [`crate::resume`]).
+    pub fn iteration_period(&self) -> Option<crate::iteration::Period> {
+        lock(&self.core).iteration.period()
+    }
+
+    /// Resumes with the period an earlier life decided.
+    pub fn restore_period(&self, p: crate::iteration::Period) {
+        lock(&self.core).iteration.restore_period(p);
+    }
+
     /// Ingests one decoded batch received at coordinator time `recv_ns`.
     /// Never panics on bad content: each impossible record is rejected,
     /// counted with its reason, and the rest of the batch is used.
@@ -394,13 +443,20 @@ impl Analyzer {
             if a.host.is_none() {
                 a.host = Some(b.host.clone());
             }
-            if a.last_seq.is_some_and(|last| b.seq <= last) {
+            // Sequence 0 after later batches is the agent's reconnection
+            // preamble: it re-declares its ranks and communicators (a
+            // restarted coordinator needs them) and is never a resend.
+            let preamble = b.seq == 0 && a.last_seq.is_some_and(|l| l > 0);
+            if !preamble && a.last_seq.is_some_and(|last| b.seq <= last) {
                 drop(a);
                 lock(&self.counters).duplicate_batches += 1;
                 sum.duplicate_batch = true;
                 return sum;
             }
-            let missing = a.last_seq.map_or(0, |last| b.seq - last - 1);
+            let missing = match a.last_seq {
+                Some(last) if !preamble => b.seq - last - 1,
+                _ => 0,
+            };
             if missing >= validate::MAX_SEQ_GAP {
                 let e = RecordError::SeqJump {
                     last: a.last_seq.unwrap_or(0),
@@ -422,7 +478,7 @@ impl Analyzer {
                 step(b.ringbuf_drops, a.ringbuf_drops),
                 step(b.spool_drops, a.spool_drops),
             );
-            a.last_seq = Some(b.seq);
+            a.last_seq = Some(a.last_seq.map_or(b.seq, |l| l.max(b.seq)));
             if rd.is_some() {
                 a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
             }
@@ -480,6 +536,7 @@ impl Analyzer {
             }
             sum.accepted += 1;
         }
+        let mut announced = Vec::new();
         for c in &b.comms {
             if let Err(e) = self
                 .check_rank(c.rank, &b.host)
@@ -491,11 +548,13 @@ impl Analyzer {
                 sum.rejected += 1;
             } else {
                 sum.accepted += 1;
+                announced.push(c.comm_id);
             }
         }
-        let mut completed = Vec::new();
-        let mut progress = Vec::new();
-        let mut nccl_errors = 0;
+        let mut out = Offered::default();
+        // Records that waited for these memberships go first: they were
+        // issued before this batch's.
+        self.release_parked(&announced, recv_ns, &mut sum, &mut out);
         // Records from before the agent's current connection: it was away
         // (spooled, or held by its fold) while they happened.
         let connected_at = self
@@ -516,36 +575,30 @@ impl Analyzer {
             }
         }
         for r in &b.collectives {
-            let res = self
+            match self
                 .check_rank(r.rank, &b.host)
                 .and_then(|_| validate::check_collective(r, b.mono_ns, slack))
-                .and_then(|_| self.joiner.offer(&host, r.clone()));
-            match res {
-                Ok(o) => {
-                    if r.ret != 0 {
-                        nccl_errors += 1;
-                    }
-                    match o {
-                        Offer::Completed(i) => completed.push(i),
-                        Offer::Duplicate => sum.duplicates += 1,
-                        Offer::HangProgress {
-                            comm_id,
-                            key,
-                            resolved,
-                        } => progress.push((comm_id, key, resolved)),
-                        Offer::Pending | Offer::Merged => {}
-                    }
-                    sum.accepted += 1;
-                }
-                Err(RecordError::Late { .. }) if r.host_entry_ns < connected_at => {
-                    lock(&self.counters).replayed_unjoinable += 1;
-                }
+            {
+                Ok(()) => self.offer_one(
+                    &host,
+                    r.clone(),
+                    connected_at,
+                    None,
+                    recv_ns,
+                    &mut sum,
+                    &mut out,
+                ),
                 Err(e) => {
                     self.reject(e);
                     sum.rejected += 1;
                 }
             }
         }
+        let Offered {
+            completed,
+            progress,
+            nccl_errors,
+        } = out;
         let cap = self.cfg.limits.max_queued_records;
         {
             let mut q = lock(&self.raw_intervals);
@@ -633,11 +686,137 @@ impl Analyzer {
         sum
     }
 
+    /// Offers one checked collective to the join; one whose communicator
+    /// or member is not known yet is parked ([`crate::park`]), not refused.
+    /// `parked_since`: when it was first parked, for one offered again.
+    #[allow(clippy::too_many_arguments)]
+    fn offer_one(
+        &self,
+        host: &Arc<str>,
+        r: CollectiveRecord,
+        connected_at: u64,
+        parked_since: Option<u64>,
+        now: u64,
+        sum: &mut IngestSummary,
+        out: &mut Offered,
+    ) {
+        match self.joiner.offer(host, r.clone()) {
+            Ok(o) => {
+                if r.ret != 0 {
+                    out.nccl_errors += 1;
+                }
+                match o {
+                    Offer::Completed(i) => out.completed.push(i),
+                    Offer::Duplicate => sum.duplicates += 1,
+                    Offer::HangProgress {
+                        comm_id,
+                        key,
+                        resolved,
+                    } => out.progress.push((comm_id, key, resolved)),
+                    Offer::Pending | Offer::Merged => {}
+                }
+                sum.accepted += 1;
+            }
+            Err(RecordError::Late { .. }) if r.host_entry_ns < connected_at => {
+                lock(&self.counters).replayed_unjoinable += 1;
+            }
+            Err(
+                RecordError::UnknownCommunicator { comm_id }
+                | RecordError::NotAMember { comm_id, .. },
+            ) => {
+                let item = ParkedRecord {
+                    host: host.clone(),
+                    rec: r,
+                    connected_at,
+                };
+                let bytes = std::mem::size_of::<ParkedRecord>();
+                let mut p = lock(&self.parking);
+                let res = match parked_since {
+                    Some(since) => p.repark(comm_id, item, bytes, since),
+                    None => p.park(comm_id, item, bytes, now),
+                };
+                let n = p.counters().overflow;
+                drop(p);
+                // Said at 1, 2, 4, 8 … losses: a full parking refuses many.
+                if let (Err(e), true) = (res, n.is_power_of_two()) {
+                    warn!("{n} collective record(s) lost, the latest of communicator {comm_id:#x}: {e}");
+                }
+            }
+            Err(e) => {
+                self.reject(e);
+                sum.rejected += 1;
+            }
+        }
+    }
+
+    /// Offers again the records parked for the communicators just announced.
+    fn release_parked(&self, comms: &[u64], now: u64, sum: &mut IngestSummary, out: &mut Offered) {
+        for &comm_id in comms {
+            let released = {
+                let mut p = lock(&self.parking);
+                if !p.waits_for(comm_id) {
+                    continue;
+                }
+                p.release(comm_id)
+            };
+            if let (Some(n), Some(top)) = (
+                self.joiner.comm_nranks(comm_id),
+                released
+                    .iter()
+                    .filter(|(p, _)| !matches!(p.rec.op, CollOp::Send | CollOp::Recv))
+                    .map(|(p, _)| p.rec.seq)
+                    .max(),
+            ) {
+                let mut issued = lock(&self.issued);
+                let e = issued.entry(comm_id).or_insert((n, 0));
+                e.1 = e.1.max(top);
+            }
+            for (p, since) in released {
+                self.offer_one(&p.host, p.rec, p.connected_at, Some(since), now, sum, out);
+            }
+        }
+    }
+
+    /// The ingest counters, with the parking's.
+    fn ingest_counters(&self) -> IngestCounters {
+        let mut c = lock(&self.counters).clone();
+        c.parking = lock(&self.parking).counters();
+        c
+    }
+
+    /// Parked records whose membership never came are lost: say so.
+    fn expire_parked(&self, now: CoordNs) {
+        let lost = lock(&self.parking).expire(now.max(0) as u64);
+        if !lost.is_empty() {
+            let comms: std::collections::BTreeSet<u64> =
+                lost.iter().map(|p| p.rec.comm_id).collect();
+            warn!(
+                records = lost.len(),
+                communicators = ?comms.iter().map(|c| format!("{c:#x}")).collect::<Vec<_>>(),
+                "collective records lost: their communicator's membership never arrived within {} s",
+                crate::park::PARK_TIMEOUT_NS / 1_000_000_000
+            );
+        }
+    }
+
     fn observe_batch_clock(&self, b: &Batch, recv_ns: u64) {
-        self.clocks
+        // A batch cut before its agent's current connection waited in the
+        // spool (a restarted coordinator gets the whole backlog): its
+        // arrival bounds the offset by its age, tens of ms too late, which
+        // made a restarted coordinator see one host's ranks that much late
+        // until the first probe answered.
+        let spooled = self
+            .agents
+            .get(&b.agent_id)
+            .is_some_and(|a| b.mono_ns < a.connected_mono_ns);
+        let mut clock = self
+            .clocks
             .entry(b.host.clone())
-            .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()))
-            .observe_one_way(b.mono_ns, recv_ns);
+            .or_insert_with(|| ClockEstimator::new(self.cfg.clock.clone()));
+        if !spooled {
+            clock.observe_one_way(b.mono_ns, recv_ns);
+        }
+        drop(clock);
         if b.wall_ns != 0 {
             let (c, _) = self.to_coord(&b.host, b.mono_ns);
             *lock(&self.wall_offset) = Some((b.wall_ns as i64).saturating_sub(c));
@@ -812,6 +991,7 @@ impl Analyzer {
     /// hang events (open, reopen, close) for alerts.
     pub fn tick(&self, now: CoordNs) -> Vec<VerdictEvent> {
         let mut events = Vec::new();
+        self.expire_parked(now);
         let completed = std::mem::take(&mut *lock(&self.completed));
         let progress = std::mem::take(&mut *lock(&self.hang_progress));
         let mut raw_links = std::mem::take(&mut *lock(&self.raw_links));
@@ -1755,7 +1935,7 @@ impl Analyzer {
                 .cmp(&a.active)
                 .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
         });
-        let counters = lock(&self.counters).clone();
+        let counters = self.ingest_counters();
         let join = self.joiner.counters();
         let (roots, blocked) = split_hangs(&core.hangs);
         report::Report {
@@ -1824,6 +2004,7 @@ impl Analyzer {
             agents: Vec::new(),
             slowdown: core.pace.slowing(),
             overhead: lock(&self.overhead).report(),
+            resumed: None,
         }
     }
 
@@ -1915,7 +2096,7 @@ impl Analyzer {
             hangs_active: core.hangs.iter().filter(|h| h.active).count(),
             clock_error_ns: clock,
             clock_probes: probes,
-            ingest: lock(&self.counters).clone(),
+            ingest: self.ingest_counters(),
             open_instances: self.joiner.open_instances(),
             evicted_instances: self.joiner.counters().evicted,
             iterations_sealed: core.last_sealed.map_or(0, |k| k + 1),
@@ -2128,5 +2309,75 @@ mod tests {
         // A cycle (everyone missing somewhere waits elsewhere): all stay.
         let c = [hang(1, &[1], &[2]), hang(2, &[2], &[1])];
         assert_eq!(split_hangs(&c).0.len(), 2);
+    }
+
+    /// Feeds 8 iterations of a 2-host job; host 1's membership (its comm
+    /// records) is held back until iteration `announce_at` (never: None).
+    /// Returns the analyzer and the last iteration's end.
+    fn feed_with_late_membership(announce_at: Option<u64>) -> (Analyzer, u64) {
+        use crate::synth::{Generator, SynthSpec};
+        let a = Analyzer::new(AnalyzerConfig::default());
+        let mut g = Generator::new(SynthSpec::dp(2, 4));
+        for (h, s) in g.initial_samples() {
+            a.add_clock_sample(&h, s).unwrap();
+        }
+        let mut held = Vec::new();
+        let mut end = 0;
+        for it in 0..8u64 {
+            let out = g.next_iteration();
+            for (h, s) in &out.samples {
+                a.add_clock_sample(h, *s).unwrap();
+            }
+            for (recv, mut b) in out.batches {
+                if b.host == "node-1" {
+                    held.append(&mut b.comms);
+                    if Some(it) == announce_at {
+                        b.comms = std::mem::take(&mut held);
+                    }
+                }
+                a.ingest(&b, recv);
+            }
+            end = out.end_ns;
+            a.tick(end as i64 + 3_000_000);
+        }
+        (a, end)
+    }
+
+    #[test]
+    fn records_before_their_membership_are_parked_then_joined() {
+        let (a, _) = feed_with_late_membership(Some(3));
+        let (base, _) = feed_with_late_membership(Some(0));
+        let r = a.report();
+        assert!(
+            r.ingest.counters.records_rejected.is_empty(),
+            "{:?}",
+            r.ingest.counters.records_rejected
+        );
+        let p = r.ingest.counters.parking;
+        assert!(p.parked > 0 && p.released == p.parked, "{p:?}");
+        assert_eq!((p.expired, p.overflow, p.held), (0, 0, 0), "{p:?}");
+        // Joined as live data: every instance completes, as when nothing waited.
+        assert_eq!(
+            r.ingest.instances_completed,
+            base.report().ingest.instances_completed
+        );
+        assert_eq!(base.report().ingest.counters.parking.parked, 0);
+    }
+
+    #[test]
+    fn records_whose_membership_never_comes_expire_as_lost() {
+        let (a, end) = feed_with_late_membership(None);
+        a.tick(end as i64 + 3_000_000);
+        let held = a.report().ingest.counters.parking;
+        assert!(held.held > 0 && held.expired == 0, "{held:?}");
+        a.tick((end + crate::park::PARK_TIMEOUT_NS) as i64 + 1_000_000_000);
+        let p = a.report().ingest.counters.parking;
+        assert_eq!((p.held, p.held_bytes), (0, 0), "{p:?}");
+        assert_eq!(p.expired, held.held, "{p:?}");
+        assert!(a.report().ingest.counters.records_rejected.is_empty());
+        assert!(a
+            .metrics()
+            .to_prometheus()
+            .contains("slowrank_parked_records_total{outcome=\"expired\"}"));
     }
 }

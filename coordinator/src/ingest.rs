@@ -65,9 +65,6 @@ const AGENT_STREAMS: u32 = 16;
 /// One batch must arrive within this once its stream is open: a stream
 /// left unfinished is dropped (and counted) instead of holding a slot.
 const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// A connection silent this long is gone (agents send keep-alives every
-/// second and time out after 6 s themselves; the smaller of the two wins).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes quinn buffers packets for before they are accepted or
 /// refused, and the bytes it buffers for each and in total (its defaults:
 /// 65,536 handshakes, 10 MiB each, 100 MiB in all).
@@ -264,9 +261,10 @@ fn server_transport() -> quinn::TransportConfig {
         .stream_receive_window(STREAM_RECEIVE_WINDOW.into())
         .max_concurrent_bidi_streams(PREAUTH_STREAMS.into())
         .max_concurrent_uni_streams(0u32.into())
-        .max_idle_timeout(Some(
-            quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("10 s fits a QUIC varint"),
-        ));
+        // Liveness: a silent agent (killed, host gone) is let go after
+        // AGENT_SILENCE_TIMEOUT; keep-alives keep a quiet live one.
+        .keep_alive_interval(Some(KEEP_ALIVE))
+        .max_idle_timeout(quinn::IdleTimeout::try_from(AGENT_SILENCE_TIMEOUT).ok());
     t
 }
 
@@ -407,6 +405,17 @@ impl Drop for Ingest {
         }
     }
 }
+
+/// A connection silent this long is closed ("timed out") and its agent shown
+/// disconnected. A killed agent (or a dead host) sends nothing more, and
+/// operators are promised it is shown gone within 5 s: 4 s of silence plus
+/// the event's way to the report. A live agent is never silent that long:
+/// both ends send keep-alives every [`KEEP_ALIVE`]. QUIC uses the smaller of
+/// the two ends' idle timeouts, so this also bounds the agent's (6 s).
+pub const AGENT_SILENCE_TIMEOUT: Duration = Duration::from_secs(4);
+/// Four chances per timeout: one lost or late keep-alive on a loaded host
+/// does not end a connection.
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
 
 /// Tells the agent a batch will never be ingested (no point resending).
 /// Receive buffer asked for on the UDP socket. Every agent's packets land

@@ -49,17 +49,19 @@ impl Default for IterationConfig {
 }
 
 /// The decided period.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Period {
     pub comm_id: u64,
     pub comm_nranks: u32,
     pub instances_per_iteration: u64,
     pub phase: u64,
+    /// How it was told (absent in journals written before it was kept).
+    #[serde(default)]
     pub method: Method,
 }
 
 /// How the step was told (`job.step_inferred_by` in `report.json`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Method {
     /// The host's wait for the GPU (stream/device synchronize) that ends
@@ -79,6 +81,7 @@ pub enum Method {
     Override,
     /// Nothing repeats clearly enough: each instance is counted as a step,
     /// and the report says the step could not be told.
+    #[default]
     Undetermined,
 }
 
@@ -134,6 +137,17 @@ impl IterationClock {
 
     pub fn period(&self) -> Option<Period> {
         self.period
+    }
+
+    /// Starts from the period an earlier coordinator life decided
+    /// ([`crate::resume`]): one that joins a job mid-run sees sequence holes
+    /// (instances whose halves went to the dead life) and would fall back
+    /// to one instance per iteration.
+    pub fn restore_period(&mut self, p: Period) {
+        if self.period.is_none() {
+            self.period = Some(p);
+            self.pending.clear();
+        }
     }
 
     /// A member issued collective `seq` on a communicator of `nranks`

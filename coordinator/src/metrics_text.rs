@@ -193,6 +193,32 @@ impl Metrics {
         for (k, v) in &self.ingest.records_rejected {
             f.sample(&[("reason", k)], *v as f64);
         }
+        let p = &self.ingest.parking;
+        let f = e.family(
+            "slowrank_parked_records_total",
+            c,
+            "Collective records parked until their communicator's membership arrived, by outcome (expired and overflow are lost)",
+        );
+        for (k, v) in [
+            ("parked", p.parked),
+            ("released", p.released),
+            ("expired", p.expired),
+            ("overflow", p.overflow),
+        ] {
+            f.sample(&[("outcome", k)], v as f64);
+        }
+        e.single(
+            "slowrank_parked_records",
+            g,
+            "Collective records parked now",
+            p.held as f64,
+        );
+        e.single(
+            "slowrank_parked_bytes",
+            g,
+            "Bytes of parked collective records now",
+            p.held_bytes as f64,
+        );
         let f = e.family(BATCHES_REJECTED, c, BATCHES_REJECTED_HELP);
         for (k, v) in &self.ingest.batches_rejected {
             f.sample(&[("reason", k)], *v as f64);

@@ -39,14 +39,23 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), OutputEr
         source,
     };
     fs::create_dir_all(dir).map_err(io)?;
-    let mut f = fs::File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    fs::rename(&tmp, &path).map_err(io)
+    let written = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, &path)
+    })();
+    if written.is_err() {
+        // A half-written temp file on a full disk would keep it full, and
+        // the next write (of a smaller file first) would fail too.
+        let _ = fs::remove_file(&tmp);
+    }
+    written.map_err(io)
 }
 
-/// Writes the report (JSON and human) and the trace into `dir`.
+/// Writes the report (JSON and human) and the trace into `dir`: the report
+/// first, so a disk with room for only the small files keeps it current.
 pub fn write_all(
     dir: &Path,
     report: &Report,

@@ -45,6 +45,10 @@ pub struct Report {
     /// agents' measured trap cost and hit counts (absent: no interval yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead: Option<crate::overhead::OverheadReport>,
+    /// Set when this report spans several coordinator lives (restarts on
+    /// the same `--out`): how many, and what the earlier ones counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<crate::resume::ResumeInfo>,
 }
 
 /// One agent connection as seen by `slowrank serve`.

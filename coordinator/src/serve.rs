@@ -138,6 +138,8 @@ pub enum ServeError {
     Output(#[from] OutputError),
     #[error("cannot read the listening address")]
     Addr(#[source] std::io::Error),
+    #[error("cannot resume from the earlier coordinator's state in --out")]
+    Resume(#[from] crate::resume::ResumeError),
 }
 
 /// What a finished serve did.
@@ -166,6 +168,21 @@ pub struct Server {
     /// slowed without a named rank, the wait before the next such window,
     /// and how many verdicts had opened by then.
     last_deep_all: std::sync::Mutex<Option<(std::time::Instant, Duration, usize)>>,
+    /// What earlier lives left in `--out`, merged into every report.
+    earlier: Arc<crate::resume::Earlier>,
+    started: chrono::DateTime<Utc>,
+    /// The ingest journal (with `--out`): appended before batches are acked.
+    journal: Option<Arc<std::sync::Mutex<crate::resume::Journal>>>,
+    /// Failed writes of the report files and of the journal.
+    write_failures: Arc<WriteFailures>,
+}
+
+/// Failed writes to `--out` (a full or read-only disk): counted, logged,
+/// and retried at the next write.
+#[derive(Debug, Default)]
+pub struct WriteFailures {
+    pub outputs: std::sync::atomic::AtomicU64,
+    pub journal: std::sync::atomic::AtomicU64,
 }
 
 fn render_metrics(
@@ -227,6 +244,51 @@ fn forget_gone_agents(agents: &mut BTreeMap<String, AgentReport>, max: usize) ->
     forgot
 }
 
+/// Appends the marks of the batches just ingested to the journal.
+fn journal_marks(
+    j: &std::sync::Mutex<crate::resume::Journal>,
+    done: &[(String, Box<Batch>, Ack, crate::analyzer::IngestSummary)],
+    failures: &WriteFailures,
+) {
+    let marks: Vec<crate::resume::Mark> = done
+        .iter()
+        .filter(|(_, b, _, sum)| b.seq != 0 && !sum.duplicate_batch && sum.batch_rejected.is_none())
+        .map(|(agent_id, b, _, _)| crate::resume::Mark {
+            agent_id: agent_id.clone(),
+            host: b.host.clone(),
+            seq: b.seq,
+            ringbuf_drops: b.ringbuf_drops,
+            spool_drops: b.spool_drops,
+        })
+        .collect();
+    let r = j.lock().map_err(|_| ()).map(|mut j| j.append(&marks));
+    if let Ok(Err(e)) = r {
+        // Still acked: holding the agents back on a full disk would lose
+        // more than a possible second ingest after a restart.
+        if failures.journal.fetch_add(1, Ordering::Relaxed) == 0 {
+            warn!(
+                "{e}: {}; a restart may ingest these batches twice",
+                alert::source_chain(&e)
+            );
+        }
+    }
+}
+
+fn write_failures_metrics(s: &mut String, f: &WriteFailures) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        s,
+        "# HELP slowrank_out_write_failures_total Failed writes to --out (full or read-only disk), by file\n# TYPE slowrank_out_write_failures_total counter"
+    );
+    for (what, v) in [("reports", &f.outputs), ("journal", &f.journal)] {
+        let _ = writeln!(
+            s,
+            "slowrank_out_write_failures_total{{what=\"{what}\"}} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+}
+
 fn build_report(
     analyzer: &Analyzer,
     stats: &IngestStats,
@@ -249,6 +311,13 @@ fn build_report(
         .lock()
         .map(|a| a.values().cloned().collect())
         .unwrap_or_default();
+    // The connection knows first: its "gone" event may still be queued
+    // behind batches on a busy coordinator.
+    for a in &mut r.agents {
+        if a.connected && stats.agents.get(&a.agent_id).is_some_and(|s| !s.connected) {
+            a.connected = false;
+        }
+    }
     r
 }
 
@@ -259,18 +328,42 @@ impl Server {
             cfg.listen, identity, &cfg.token, cfg.probes,
         )?);
         let analyzer = Arc::new(Analyzer::new(cfg.analyzer.clone()));
+        let started = Utc::now();
+        let (earlier, journal) = match &cfg.out_dir {
+            Some(dir) => {
+                let e = crate::resume::load(dir)?;
+                if e.report.is_some() || !e.marks.is_empty() {
+                    info!(
+                        dir = %dir.display(),
+                        agents = e.marks.len(),
+                        verdicts = e.report.as_ref().map_or(0, |r| r.verdicts.len()),
+                        torn_lines = e.bad_lines,
+                        "resuming from an earlier coordinator's state"
+                    );
+                }
+                analyzer.restore_marks(e.marks.values());
+                if let Some(p) = e.period {
+                    analyzer.restore_period(p);
+                }
+                let j = crate::resume::Journal::open(dir, &e, started)?;
+                (e, Some(Arc::new(std::sync::Mutex::new(j))))
+            }
+            None => (Default::default(), None),
+        };
+        let write_failures = Arc::new(WriteFailures::default());
         let hooks = Hooks::start(cfg.hooks.clone());
         let agents = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
         let page = Arc::new(std::sync::Mutex::new(None));
         let stacks = Arc::new(StackStore::default());
         let metrics = match cfg.metrics_listen {
             Some(addr) => {
-                let (a, i, h, ag, st) = (
+                let (a, i, h, ag, st, wf) = (
                     analyzer.clone(),
                     ingest.stats(),
                     hooks.stats(),
                     agents.clone(),
                     stacks.clone(),
+                    write_failures.clone(),
                 );
                 let (a2, i2, ag2, pg) = (
                     analyzer.clone(),
@@ -283,7 +376,11 @@ impl Server {
                 Some(MetricsServer::start_with(
                     addr,
                     crate::metrics_http::Routes {
-                        metrics: Arc::new(move || render_metrics(&a, &i, &h, &ag, &st, &ht)),
+                        metrics: Arc::new(move || {
+                            let mut s = render_metrics(&a, &i, &h, &ag, &st, &ht);
+                            write_failures_metrics(&mut s, &wf);
+                            s
+                        }),
                         page: Some(Arc::new(move || live_page(&a2, &i2, &ag2, &pg))),
                     },
                     http,
@@ -301,6 +398,10 @@ impl Server {
             stacks,
             page,
             last_deep_all: std::sync::Mutex::new(None),
+            earlier: Arc::new(earlier),
+            started,
+            journal,
+            write_failures,
         })
     }
 
@@ -328,7 +429,9 @@ impl Server {
     /// The analyzer's report plus what only `serve` knows (agents, transport
     /// rejections).
     pub fn report(&self) -> Report {
-        build_report(&self.analyzer, &self.ingest.stats(), &self.agents)
+        let mut r = build_report(&self.analyzer, &self.ingest.stats(), &self.agents);
+        self.earlier.merge_into(&mut r, self.started);
+        r
     }
 
     /// Renders and writes the report files on the blocking pool.
@@ -361,6 +464,11 @@ impl Server {
             self.stacks.clone(),
             self.page.clone(),
         );
+        let (earlier, started, failures) = (
+            self.earlier.clone(),
+            self.started,
+            self.write_failures.clone(),
+        );
         let job = move || {
             let t0 = std::time::Instant::now();
             let mut report = build_report(&a, &s, &ag);
@@ -376,6 +484,8 @@ impl Server {
                 coord_now_ns() as CoordNs,
                 &dir,
             );
+            // After the annotation: it needs this life's verdict times.
+            earlier.merge_into(&mut report, started);
             let t2 = t0.elapsed();
             let trace = a.trace_json();
             let t3 = t0.elapsed();
@@ -386,6 +496,9 @@ impl Server {
                 }
                 Ok(())
             });
+            if r.is_err() {
+                failures.outputs.fetch_add(1, Ordering::Relaxed);
+            }
             debug!(target: "slowrank::timing", report_ms = t1.as_secs_f64() * 1e3,
                 annotate_ms = (t2 - t1).as_secs_f64() * 1e3, trace_ms = (t3 - t2).as_secs_f64() * 1e3,
                 write_ms = (t0.elapsed() - t3).as_secs_f64() * 1e3, "outputs written");
@@ -426,6 +539,7 @@ impl Server {
         }
         let a = self.analyzer.clone();
         let st = self.stacks.clone();
+        let (journal, failures) = (self.journal.clone(), self.write_failures.clone());
         let recv_ns = coord_now_ns();
         let done = match tokio::task::spawn_blocking(move || {
             let t0 = std::time::Instant::now();
@@ -441,6 +555,16 @@ impl Server {
                 })
                 .collect();
             debug!(target: "slowrank::timing", batches = n, ms = t0.elapsed().as_secs_f64() * 1e3, "batches ingested");
+            // Journaled before the answers leave: a restarted coordinator
+            // then knows these batches and ignores their resends.
+            if let Some(j) = &journal {
+                journal_marks(j, &done, &failures);
+                if let (Some(p), Ok(mut j)) = (a.iteration_period(), j.lock()) {
+                    if j.note_period(p).is_err() {
+                        failures.journal.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
             done
         })
         .await
@@ -803,6 +927,17 @@ impl Server {
                 }
                 _ = tick.tick() => {
                     let events = self.tick().await;
+                    // A verdict opened or closed is on disk at once, not up to
+                    // `write_every` later: a coordinator killed meanwhile
+                    // would leave it out of the history the next life resumes.
+                    if !events.is_empty() && writer.as_ref().is_none_or(|h| h.is_finished()) {
+                        if let Some(h) = writer.take() {
+                            if let Err(e) = Self::writer_result(h.await) {
+                                warn!("writing the report files: {e}: {}", alert::source_chain(&e));
+                            }
+                        }
+                        writer = self.spawn_write_outputs();
+                    }
                     self.alert(events, &mut log);
                     self.deep_window_on_slowdown();
                 }

@@ -25,7 +25,7 @@ fn impossible_records_are_rejected_with_reasons() {
     let base = b.collectives[0].clone();
     let mut bad = Vec::new();
     let mut r = base.clone();
-    r.comm_id = 0xdead; // never announced
+    r.comm_id = 0xdead; // never announced: parked (it may be early), not refused
     bad.push(r);
     let mut r = base.clone();
     r.host_entry_ns = b.mono_ns + 10_000_000_000; // after the batch was cut
@@ -58,11 +58,15 @@ fn impossible_records_are_rejected_with_reasons() {
     l.end_ns = l.start_ns - 1;
     b.links.push(l);
     let sum = a.ingest(&b, *recv);
-    assert_eq!(sum.rejected, 9, "{:?}", a.report().ingest);
+    assert_eq!(sum.rejected, 8, "{:?}", a.report().ingest);
     let rep = a.report();
     let rej = &rep.ingest.counters.records_rejected;
+    assert_eq!(
+        rep.ingest.counters.parking.held, 1,
+        "{:?}",
+        rep.ingest.counters.parking
+    );
     for reason in [
-        "unknown_communicator",
         "time_in_future",
         "time_order",
         "rank_out_of_range",

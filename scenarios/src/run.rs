@@ -137,6 +137,11 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
     for d in [out.clone(), out.join("logs"), out.join("sim")] {
         fs::create_dir_all(&d).map_err(io("cannot create", &d))?;
     }
+    // A coordinator resumes from what it finds in --out (docs/operations.md,
+    // "what survives a restart"): a new run must not inherit an old one's.
+    for stale in ["report.json", "ingested.jsonl"] {
+        let _ = fs::remove_file(out.join(stale));
+    }
     let spec_path = out.join("spec.toml");
     let spec_text = toml::to_string(spec).expect("a spec always serialises");
     fs::write(&spec_path, spec_text).map_err(io("cannot write", &spec_path))?;

@@ -287,12 +287,42 @@ pub fn coordinator_batches(log: &Path) -> BTreeMap<(String, u64), u64> {
         else {
             continue;
         };
-        out.insert(
-            (host, seq.parse().expect("seq")),
-            colls.parse().expect("collectives"),
-        );
+        // A reconnection preamble is logged as sequence 0 too: the first
+        // line of a sequence (the agent's real batch 0) is the one counted.
+        out.entry((host, seq.parse().expect("seq")))
+            .or_insert(colls.parse().expect("collectives"));
     }
     out
+}
+
+/// One "batch ingested" line of a coordinator log.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ingested {
+    pub agent: String,
+    pub host: String,
+    pub seq: u64,
+    pub collectives: u64,
+}
+
+/// Every batch a coordinator logged as ingested, in log order.
+pub fn ingested_batches(log: &Path) -> Vec<Ingested> {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("batch ingested"))
+        .filter_map(|line| {
+            let field = |k: &str| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                    .map(|v| v.trim_matches('"').to_owned())
+            };
+            Some(Ingested {
+                agent: field("agent")?,
+                host: field("host")?,
+                seq: field("seq")?.parse().ok()?,
+                collectives: field("collectives")?.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The coordinator's `report.json` (written on exit and every `--write-every`).
@@ -300,6 +330,11 @@ pub fn report(dir: &Path) -> serde_json::Value {
     let text = fs::read_to_string(dir.join("report.json"))
         .unwrap_or_else(|e| panic!("{}/report.json: {e}", dir.display()));
     serde_json::from_str(&text).expect("report.json parses")
+}
+
+/// The report, or None while it is not there (or half-read).
+pub fn try_report(dir: &Path) -> Option<serde_json::Value> {
+    serde_json::from_str(&fs::read_to_string(dir.join("report.json")).ok()?).ok()
 }
 
 /// (rank, kind) of every verdict of the report.

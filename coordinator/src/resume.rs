@@ -1,0 +1,587 @@
+//! What a coordinator keeps across a restart, in its `--out` directory.
+//!
+//! Two files, both in `--out`:
+//! - `report.json` (written atomically by [`crate::outputs`]): the verdicts,
+//!   open and closed, with their evidence, and the ingest counters. A new
+//!   life reads it back and carries every verdict of the earlier lives into
+//!   its own reports ([`Earlier::merge_into`]), each once.
+//! - [`MARKS_FILE`], an append-only journal: one JSON line per ingested
+//!   batch (agent, host, sequence, drop counters), appended *before* the
+//!   batch is acknowledged to its agent. A batch the agent resends after a
+//!   restart (it never saw the answer) is then known as ingested and
+//!   counted as a duplicate instead of being ingested twice. A line is
+//!   written with one `write` and survives a SIGKILL of the coordinator (it
+//!   is in the page cache); the journal is fsync'ed when it is compacted
+//!   at startup. A torn last line (a host crash mid-append) is skipped.
+//!
+//! What does not survive: open collective instances, the per-rank
+//! statistics behind the verdicts (baselines) and the clock models. A new
+//! life learns those again from the resent and new records (clock models
+//! in seconds, baselines within the warm-up iterations); see
+//! `docs/operations.md`, "What survives a restart".
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::analyzer::IngestCounters;
+use crate::outputs::{self, OutputError, ReadError};
+use crate::report::Report;
+use crate::verdict::Verdict;
+
+/// The ingest journal's file name in `--out`.
+pub const MARKS_FILE: &str = "ingested.jsonl";
+
+/// Iterations a new life must analyse before a verdict that was active
+/// when the earlier life died, and that it has not raised again, is shown
+/// closed. The lifecycle needs about as many iterations to open a verdict
+/// after its warm-up (baselines, then a few slow iterations in a row), so
+/// fewer would close a verdict the new life simply has not reached yet.
+pub const RECONFIRM_ITERATIONS: u64 = 60;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the ingest journal {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot compact the ingest journal")]
+    Compact(#[from] OutputError),
+}
+
+/// The last batch ingested from one agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    pub agent_id: String,
+    pub host: String,
+    pub seq: u64,
+    pub ringbuf_drops: u64,
+    pub spool_drops: u64,
+}
+
+/// One line of the journal: a batch ingested, or a life started (written
+/// before that life serves anything, so a life killed before its first
+/// report still counts).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Line {
+    Mark(Mark),
+    Life {
+        life_started: chrono::DateTime<chrono::Utc>,
+    },
+    /// The iteration period an earlier life decided.
+    Period {
+        iteration_period: crate::iteration::Period,
+    },
+}
+
+/// What the earlier lives left in `--out`.
+#[derive(Debug, Default, Clone)]
+pub struct Earlier {
+    /// When each earlier life started (from the journal).
+    pub lives: Vec<chrono::DateTime<chrono::Utc>>,
+    /// The iteration period the earlier lives decided (the latest).
+    pub period: Option<crate::iteration::Period>,
+    /// Per agent, its last ingested batch.
+    pub marks: BTreeMap<String, Mark>,
+    /// The last report an earlier life wrote.
+    pub report: Option<Report>,
+    /// Journal lines that could not be read (a torn last line).
+    pub bad_lines: usize,
+    /// An unreadable previous report, moved aside to this path (kept, not
+    /// overwritten).
+    pub moved_aside: Option<PathBuf>,
+}
+
+/// How the report shows that it spans several coordinator lives.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResumeInfo {
+    /// Coordinator lives that wrote this `--out` (1: never restarted).
+    pub lives: u32,
+    /// When each later life started.
+    pub restarted_at: Vec<chrono::DateTime<chrono::Utc>>,
+    /// Verdicts carried over from earlier lives (merged ones included).
+    pub verdicts_carried: usize,
+    /// The ingest counters of the earlier lives, summed (this life's are in
+    /// `ingest`).
+    pub earlier_ingest: IngestCounters,
+}
+
+/// Reads what earlier lives left in `dir` (nothing there: an empty
+/// [`Earlier`]). An unreadable `report.json` is moved aside, not lost.
+pub fn load(dir: &Path) -> Result<Earlier, ResumeError> {
+    let mut e = Earlier::default();
+    let journal = dir.join(MARKS_FILE);
+    match fs::read_to_string(&journal) {
+        Ok(text) => {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                match serde_json::from_str::<Line>(line) {
+                    Ok(Line::Mark(m)) => {
+                        let keep = e.marks.get(&m.agent_id).is_none_or(|old| old.seq < m.seq);
+                        if keep {
+                            e.marks.insert(m.agent_id.clone(), m);
+                        }
+                    }
+                    Ok(Line::Life { life_started }) => e.lives.push(life_started),
+                    Ok(Line::Period { iteration_period }) => e.period = Some(iteration_period),
+                    Err(_) => e.bad_lines += 1,
+                }
+            }
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(ResumeError::Read {
+                path: journal,
+                source,
+            })
+        }
+    }
+    let report = dir.join(outputs::REPORT_JSON);
+    if report.exists() {
+        match outputs::read_report(&report) {
+            Ok(r) => e.report = Some(r),
+            Err(ReadError::Io { path, source }) => return Err(ResumeError::Read { path, source }),
+            Err(err) => {
+                let aside = dir.join(format!(
+                    "{}.unreadable-{}",
+                    outputs::REPORT_JSON,
+                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                ));
+                tracing::warn!(
+                    "{err}; moved to {} and starting without the earlier verdicts",
+                    aside.display()
+                );
+                fs::rename(&report, &aside).map_err(|source| ResumeError::Write {
+                    path: aside.clone(),
+                    source,
+                })?;
+                e.moved_aside = Some(aside);
+            }
+        }
+    }
+    Ok(e)
+}
+
+/// The append-only ingest journal.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: fs::File,
+    /// The period last written (written again only when it changes).
+    period: Option<crate::iteration::Period>,
+}
+
+impl Journal {
+    /// Rewrites the journal as one line per agent and per life, this one's
+    /// (`started`) last (atomically: temp file, fsync, rename), then opens
+    /// it for appending.
+    pub fn open(
+        dir: &Path,
+        earlier: &Earlier,
+        started: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Self, ResumeError> {
+        let mut text = String::new();
+        for life_started in earlier.lives.iter().copied().chain([started]) {
+            text.push_str(&to_line(&Line::Life { life_started }));
+        }
+        if let Some(p) = earlier.period {
+            text.push_str(&to_line(&Line::Period {
+                iteration_period: p,
+            }));
+        }
+        for m in earlier.marks.values() {
+            text.push_str(&line(m));
+        }
+        outputs::write_atomic(dir, MARKS_FILE, text.as_bytes())?;
+        let path = dir.join(MARKS_FILE);
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|source| ResumeError::Write {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self {
+            path,
+            file,
+            period: earlier.period,
+        })
+    }
+
+    /// Records the iteration period once decided (or changed).
+    pub fn note_period(&mut self, p: crate::iteration::Period) -> Result<(), ResumeError> {
+        if self.period == Some(p) {
+            return Ok(());
+        }
+        self.period = Some(p);
+        self.file
+            .write_all(
+                to_line(&Line::Period {
+                    iteration_period: p,
+                })
+                .as_bytes(),
+            )
+            .map_err(|source| ResumeError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Appends `marks` with one write (so a SIGKILL leaves whole lines).
+    pub fn append(&mut self, marks: &[Mark]) -> Result<(), ResumeError> {
+        if marks.is_empty() {
+            return Ok(());
+        }
+        let text: String = marks.iter().map(line).collect();
+        self.file
+            .write_all(text.as_bytes())
+            .map_err(|source| ResumeError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+fn line(m: &Mark) -> String {
+    to_line(&Line::Mark(m.clone()))
+}
+
+fn to_line(l: &Line) -> String {
+    // Always serializes (strings, integers, a timestamp).
+    let mut s = serde_json::to_string(l).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Same subject: the same rank (or link, or host) with the same class.
+fn same_subject(a: &Verdict, b: &Verdict) -> bool {
+    a.kind == b.kind
+        && a.rank == b.rank
+        && a.host == b.host
+        && a.link.as_ref().map(|l| l.ranks) == b.link.as_ref().map(|l| l.ranks)
+}
+
+impl Earlier {
+    /// Lives before this one (0: a first start).
+    fn lives(&self) -> u32 {
+        let reported = self
+            .report
+            .as_ref()
+            .map_or(0, |r| r.resumed.as_ref().map_or(1, |i| i.lives));
+        reported.max(self.lives.len() as u32)
+    }
+
+    /// Puts the earlier lives' verdicts and counters into `r` (this life's
+    /// report): a verdict this life raised again is merged into the earlier
+    /// one (its id, its first sighting, costs added); the others are kept
+    /// as they were, except that one still active at the restart and not
+    /// raised again within [`RECONFIRM_ITERATIONS`] is shown closed.
+    pub fn merge_into(&self, r: &mut Report, started: chrono::DateTime<chrono::Utc>) {
+        let Some(prev) = &self.report else {
+            if !self.lives.is_empty() {
+                // Earlier lives died before their first report.
+                r.resumed = Some(ResumeInfo {
+                    lives: self.lives() + 1,
+                    restarted_at: self
+                        .lives
+                        .iter()
+                        .skip(1)
+                        .copied()
+                        .chain([started])
+                        .collect(),
+                    ..Default::default()
+                });
+            }
+            return;
+        };
+        // Another job's report in the same --out is not this job's history.
+        if let (Some(a), Some(b)) = (&prev.job.job_id, &r.job.job_id) {
+            if a != b {
+                return;
+            }
+        }
+        let prev_info = prev.resumed.clone().unwrap_or_else(|| ResumeInfo {
+            lives: 1,
+            ..Default::default()
+        });
+        let mut earlier_ingest = prev_info.earlier_ingest.clone();
+        add_counters(&mut earlier_ingest, &prev.ingest.counters);
+        let restarted_at = if self.lives.len() > 1 {
+            self.lives
+                .iter()
+                .skip(1)
+                .copied()
+                .chain([started])
+                .collect()
+        } else {
+            let mut v = prev_info.restarted_at.clone();
+            v.push(started);
+            v
+        };
+        let observed = r.job.iterations_observed;
+        let mut current = std::mem::take(&mut r.verdicts);
+        let offset = prev.verdicts.iter().map(|v| v.id).max().unwrap_or(0);
+        let mut out = Vec::with_capacity(prev.verdicts.len() + current.len());
+        for e in &prev.verdicts {
+            match current.iter().position(|c| same_subject(c, e)) {
+                Some(i) => {
+                    let mut c = current.remove(i);
+                    c.id = e.id;
+                    c.first_seen = e.first_seen.or(c.first_seen);
+                    c.lost_gpu_seconds += e.lost_gpu_seconds;
+                    // An episode open at the restart continues in this life.
+                    c.episodes += e.episodes.saturating_sub(u32::from(e.active));
+                    c.evidence.push(format!(
+                        "also found before the coordinator restarted at {} ({} episode(s), {:.1} GPU-s lost then)",
+                        started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        e.episodes,
+                        e.lost_gpu_seconds
+                    ));
+                    if c.flamegraph.is_none() {
+                        c.flamegraph = e.flamegraph.clone();
+                    }
+                    out.push(c);
+                }
+                None => {
+                    let mut v = e.clone();
+                    if v.active && observed >= RECONFIRM_ITERATIONS {
+                        v.active = false;
+                        v.evidence.push(format!(
+                            "not seen again in the {observed} iterations after the coordinator restarted at {}",
+                            started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                        ));
+                    }
+                    out.push(v);
+                }
+            }
+        }
+        for mut c in current {
+            c.id += offset;
+            out.push(c);
+        }
+        out.sort_by(|a, b| b.active.cmp(&a.active).then(a.id.cmp(&b.id)));
+        r.verdicts = out;
+        r.resumed = Some(ResumeInfo {
+            lives: self.lives() + 1,
+            restarted_at,
+            verdicts_carried: prev.verdicts.len(),
+            earlier_ingest,
+        });
+    }
+}
+
+/// `into += more`, field by field.
+pub fn add_counters(into: &mut IngestCounters, more: &IngestCounters) {
+    let add_map = |a: &mut BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
+        for (k, v) in b {
+            *a.entry(k.clone()).or_default() += v;
+        }
+    };
+    into.batches += more.batches;
+    into.duplicate_batches += more.duplicate_batches;
+    into.missing_batches += more.missing_batches;
+    into.records_accepted += more.records_accepted;
+    add_map(&mut into.records_rejected, &more.records_rejected);
+    add_map(&mut into.batches_rejected, &more.batches_rejected);
+    into.recent_rejections = more.recent_rejections.clone();
+    into.ringbuf_drops += more.ringbuf_drops;
+    into.spool_drops += more.spool_drops;
+    into.nccl_errors += more.nccl_errors;
+    into.clock_samples_refused += more.clock_samples_refused;
+    into.replayed_unjoinable += more.replayed_unjoinable;
+    let (p, q) = (&mut into.parking, &more.parking);
+    p.parked += q.parked;
+    p.released += q.released;
+    p.expired += q.expired;
+    p.overflow += q.overflow;
+    // Held records of a dead life are gone with it: lost.
+    p.expired += q.held;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("slowrank-resume-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn mark(agent: &str, seq: u64) -> Mark {
+        Mark {
+            agent_id: agent.into(),
+            host: "h".into(),
+            seq,
+            ringbuf_drops: 0,
+            spool_drops: seq / 10,
+        }
+    }
+
+    #[test]
+    fn journal_keeps_the_highest_mark_and_skips_a_torn_line() {
+        let d = dir("journal");
+        assert!(load(&d).unwrap().marks.is_empty());
+        let t = chrono::Utc::now();
+        let mut j = Journal::open(&d, &Earlier::default(), t).unwrap();
+        j.append(&[mark("a", 1), mark("b", 1)]).unwrap();
+        j.append(&[mark("a", 7), mark("a", 3)]).unwrap();
+        drop(j);
+        // A crash in the middle of an append.
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(d.join(MARKS_FILE))
+            .unwrap();
+        f.write_all(b"{\"agent_id\":\"a\",\"ho").unwrap();
+        let e = load(&d).unwrap();
+        assert_eq!(e.marks["a"], mark("a", 7));
+        assert_eq!(e.marks["b"], mark("b", 1));
+        assert_eq!(e.bad_lines, 1);
+        assert_eq!(e.lives, vec![t]);
+        // Compacted: one line per life and per agent, and appendable again.
+        let mut j = Journal::open(&d, &e, chrono::Utc::now()).unwrap();
+        j.append(&[mark("b", 2)]).unwrap();
+        let text = fs::read_to_string(d.join(MARKS_FILE)).unwrap();
+        assert_eq!(text.lines().count(), 5, "{text}");
+        let p = crate::iteration::Period {
+            comm_id: 9,
+            comm_nranks: 8,
+            instances_per_iteration: 4,
+            phase: 1,
+            method: crate::iteration::Method::SyncMarker,
+        };
+        j.note_period(p).unwrap();
+        j.note_period(p).unwrap();
+        let again = load(&d).unwrap();
+        assert_eq!(again.marks["b"].seq, 2);
+        assert_eq!(again.lives.len(), 2);
+        assert_eq!(again.period, Some(p));
+        let text = fs::read_to_string(d.join(MARKS_FILE)).unwrap();
+        assert_eq!(text.matches("iteration_period").count(), 1, "{text}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// The report of a synthetic 8-rank job, `iterations` long, with rank
+    /// 5 compute-slow from iteration 10 when `fault`.
+    fn life(fault: bool, iterations: u64) -> Report {
+        use crate::synth::{Fault, FaultKind, Generator, SynthSpec};
+        let a = crate::Analyzer::new(crate::AnalyzerConfig::default());
+        let mut spec = SynthSpec::dp(2, 4);
+        if fault {
+            spec.faults.push(Fault::persistent(
+                FaultKind::Compute {
+                    rank: 5,
+                    factor: 1.5,
+                },
+                10,
+            ));
+        }
+        let mut g = Generator::new(spec);
+        for (h, s) in g.initial_samples() {
+            a.add_clock_sample(&h, s).unwrap();
+        }
+        for _ in 0..iterations {
+            let out = g.next_iteration();
+            for (h, s) in &out.samples {
+                a.add_clock_sample(h, *s).unwrap();
+            }
+            for (recv, b) in &out.batches {
+                a.ingest(b, *recv);
+            }
+            a.tick(out.end_ns as i64 + 3_000_000);
+        }
+        a.report()
+    }
+
+    fn earlier(prev: Report) -> Earlier {
+        Earlier {
+            report: Some(prev),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_verdict_raised_in_both_lives_is_reported_once() {
+        let first = life(true, 40);
+        assert_eq!(first.verdicts.len(), 1, "{:?}", first.verdicts);
+        let mut second = life(true, 40);
+        let t = chrono::Utc::now();
+        earlier(first.clone()).merge_into(&mut second, t);
+        assert_eq!(second.verdicts.len(), 1, "{:?}", second.verdicts);
+        let v = &second.verdicts[0];
+        assert_eq!((v.rank, v.id, v.active), (5, first.verdicts[0].id, true));
+        assert_eq!(v.first_seen, first.verdicts[0].first_seen);
+        assert!(v
+            .evidence
+            .iter()
+            .any(|e| e.contains("before the coordinator restarted")));
+        let info = second.resumed.as_ref().expect("resumed");
+        assert_eq!((info.lives, info.verdicts_carried), (2, 1));
+        assert_eq!(info.earlier_ingest.batches, first.ingest.counters.batches);
+        // A third life reads the second's report: still once, three lives.
+        let mut third = life(true, 40);
+        earlier(second.clone()).merge_into(&mut third, t);
+        assert_eq!(third.verdicts.len(), 1);
+        assert_eq!(third.resumed.as_ref().unwrap().lives, 3);
+        assert_eq!(
+            third.resumed.as_ref().unwrap().earlier_ingest.batches,
+            first.ingest.counters.batches + second.ingest.counters.batches
+        );
+    }
+
+    #[test]
+    fn a_verdict_of_an_earlier_life_is_kept_and_closed_once_not_seen_again() {
+        let first = life(true, 40);
+        let t = chrono::Utc::now();
+        // Too early to tell: kept as it was.
+        let mut short = life(false, 20);
+        earlier(first.clone()).merge_into(&mut short, t);
+        assert_eq!(short.verdicts.len(), 1);
+        assert!(short.verdicts[0].active);
+        // Long enough: shown closed, with why.
+        let mut long = life(false, RECONFIRM_ITERATIONS + 5);
+        earlier(first.clone()).merge_into(&mut long, t);
+        assert_eq!(long.verdicts.len(), 1);
+        let v = &long.verdicts[0];
+        assert!(!v.active && v.rank == 5);
+        assert!(v.evidence.iter().any(|e| e.contains("not seen again")));
+        // Survives a JSON round trip (what the next life reads).
+        let text = crate::report::render_json(&long).unwrap();
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back.verdicts).unwrap(),
+            serde_json::to_value(&long.verdicts).unwrap()
+        );
+        assert_eq!(back.resumed, long.resumed);
+    }
+
+    #[test]
+    fn an_unreadable_report_is_moved_aside_not_lost() {
+        let d = dir("bad-report");
+        fs::write(
+            d.join(outputs::REPORT_JSON),
+            "{\"schema\": \"slowrank.report/v1\"",
+        )
+        .unwrap();
+        let e = load(&d).unwrap();
+        assert!(e.report.is_none());
+        let aside = e.moved_aside.expect("moved aside");
+        assert!(aside.is_file());
+        assert!(!d.join(outputs::REPORT_JSON).exists());
+        let _ = fs::remove_dir_all(&d);
+    }
+}
