@@ -1776,7 +1776,12 @@ impl Analyzer {
         }
         let alarms = core.sequential.update(&shares).into_iter().collect();
         if let Some((r, x)) = shares.iter().max_by(|a, b| a.1.total_cmp(b.1)) {
-            tracing::debug!(rank = r, share = x, cusum = core.sequential.sum(*r), "costliest rank of the iteration (what-if)");
+            tracing::debug!(
+                rank = r,
+                share = x,
+                cusum = core.sequential.sum(*r),
+                "costliest rank of the iteration (what-if)"
+            );
         }
         (alarms, shares)
     }
