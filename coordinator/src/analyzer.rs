@@ -1594,8 +1594,19 @@ impl Analyzer {
         );
         crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
         if let Some(m) = model.as_ref().filter(|_| warm) {
-            core.imbalance.observe(m, step, &shares);
-            self.structural(core, k, m, step, from, &mut obs);
+            // Own work is GPU work only on GPU-side times: on host-side
+            // ones a host that ran ahead, or waited, looks like work (and
+            // a restarted coordinator's partial iterations look balanced
+            // badly). Structure is judged on GPU-side iterations only.
+            let gpu_side = core
+                .recent
+                .iter()
+                .filter(|(it, _)| *it == k)
+                .all(|(_, a)| a.basis == crate::stats::Basis::Gpu);
+            if gpu_side {
+                core.imbalance.observe(m, step, &shares);
+                self.structural(core, m, step, from, &mut obs);
+            }
         }
         let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
         let events = core.lifecycle.step(k, obs);
@@ -1623,7 +1634,6 @@ impl Analyzer {
     fn structural(
         &self,
         core: &Core,
-        k: u64,
         m: &crate::whatif::WhatIf,
         step: f64,
         at: CoordNs,
@@ -1664,19 +1674,7 @@ impl Analyzer {
                 },
             );
         };
-        // A stage's work shows only on GPU-side times: on host-side ones a
-        // later stage's host is blocked for its inputs (a pipeline bubble)
-        // and that looks like its own work.
-        let gpu_side = core
-            .recent
-            .iter()
-            .filter(|(it, _)| *it == k)
-            .all(|(_, a)| a.basis == crate::stats::Basis::Gpu);
-        let stage = if gpu_side {
-            crate::structure::stage_imbalance(m, step)
-        } else {
-            None
-        };
+        let stage = crate::structure::stage_imbalance(m, step);
         if let Some(f) = stage {
             add(
                 Subject::Stage(f.stage),
@@ -1699,7 +1697,14 @@ impl Analyzer {
                 },
             );
         }
-        if core.sequential.alarms().is_empty() {
+        // Work imbalance is what is left when no rank explains the waiting:
+        // not while the sequential test names one, nor while a rank, host,
+        // NIC or link verdict is open.
+        let named = core
+            .lifecycle
+            .verdicts()
+            .any(|v| v.active && v.structural.is_none());
+        if core.sequential.alarms().is_empty() && !named {
             if let Some(f) = core.imbalance.finding() {
                 add(
                     Subject::Imbalance,
