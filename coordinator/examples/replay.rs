@@ -117,6 +117,7 @@ fn batches(path: &Path, host: &str) -> Result<Vec<Batch>> {
                 gpu_done_ns: u(&v, "gpu_done_ns")?,
                 launches_before: u(&v, "launches_before")? as u32,
                 sync_wait_ns_before: u(&v, "sync_wait_ns_before")?,
+                gpu_busy_before_ns: v.get("gpu_busy_before_ns").and_then(|x| x.as_u64()),
                 ret: i(&v, "ret")? as i32,
             }),
             "interval" => cur.intervals.push(RankInterval {

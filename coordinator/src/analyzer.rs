@@ -718,7 +718,11 @@ impl Analyzer {
                         comm_id,
                         key,
                         resolved,
-                    } => out.progress.push((comm_id, key, resolved)),
+                        completed,
+                    } => {
+                        out.progress.push((comm_id, key, resolved));
+                        out.completed.extend(completed);
+                    }
                     Offer::Pending | Offer::Merged => {}
                 }
                 sum.accepted += 1;
@@ -1368,9 +1372,26 @@ impl Analyzer {
         // noisy early steps, is not enough), and keeps an open verdict's
         // rank named while its evidence stands; the class, the two-rank and
         // deep-set rules below still apply.
+        // A decisive what-if stands alone (see `sequential`), on a step
+        // that was told, not guessed.
+        let told = core
+            .iteration
+            .period()
+            .is_some_and(|p| p.method != crate::iteration::Method::Undetermined);
+        let mut by_what_if: std::collections::HashSet<u32> = Default::default();
+        for s in scores.iter_mut() {
+            if told && core.sequential.decisive(s.rank) && !s.suspicious {
+                tracing::debug!(rank = s.rank, iteration = k, "named by a decisive what-if");
+                s.suspicious = true;
+                by_what_if.insert(s.rank);
+            }
+        }
         let alarms: std::collections::HashSet<u32> = scores
             .iter()
-            .filter(|s| s.suspicious && alarms.contains(&s.rank))
+            .filter(|s| {
+                s.suspicious
+                    && (alarms.contains(&s.rank) || (told && core.sequential.decisive(s.rank)))
+            })
             .map(|s| s.rank)
             .collect();
         for s in scores.iter_mut() {
@@ -1425,7 +1446,23 @@ impl Analyzer {
                 .stats
                 .reference_comm(s.rank)
                 .and_then(|c| core.stats.order_persistence(c));
-            let c = classify::classify_straggler(&window, cpu.as_ref(), persistence, min_frac);
+            let mut c = classify::classify_straggler(&window, cpu.as_ref(), persistence, min_frac);
+            // Said first where it is what named the rank: the lateness
+            // lines below then read as "barely late", which is the point.
+            if by_what_if.contains(&s.rank) {
+                if let Some(x) = shares.get(&s.rank) {
+                    c.evidence.insert(
+                        0,
+                        format!(
+                            "the what-if replay: at its peers' speed this step would have been {:.0}% ({}) shorter, and every one of the last {} steps at least {:.0}% shorter",
+                            x * 100.0,
+                            classify::fmt_ns(x * step),
+                            core.sequential.config().decisive_run,
+                            core.sequential.config().decisive_share * 100.0
+                        ),
+                    );
+                }
+            }
             // Host-side times say only that this rank's GPU work ran long:
             // kernels or transfers (a slow NIC drains the stream just the
             // same). Where the deep set can tell the two apart, it is asked

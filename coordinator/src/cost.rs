@@ -150,6 +150,7 @@ mod tests {
                 rank: r,
                 at: 10.0 * MS + late.iter().find(|l| l.0 == r).map_or(0.0, |l| l.1),
                 shape: 1,
+                busy: None,
             })
             .collect();
         let end = arrivals.iter().map(|a| a.at).fold(0.0, f64::max) + MS;

@@ -219,6 +219,7 @@ impl IterationClock {
         if nranks < self.largest_repeating && !patience_over {
             return;
         }
+        let cap = PATIENCE * self.cfg.detect_instances.max(1);
         let q = &self.pending[&comm_id].1;
         // Longest run of consecutive sequence numbers from the lowest one.
         let mut run: Vec<(u64, CoordNs, CoordNs, Marks)> = Vec::new();
@@ -241,7 +242,16 @@ impl IterationClock {
                         return;
                     }
                 } else {
-                    detect_by_marks(&run).unwrap_or_else(|| detect_period(&run))
+                    let found = detect_by_marks(&run).unwrap_or_else(|| detect_period(&run));
+                    // A step longer than a third of what was collected
+                    // cannot show yet (a tensor-parallel group carries a
+                    // collective per layer and micro-batch: 24 a step in
+                    // a tp2×pp2×dp2 job with 3 layers and 4 micro-batches):
+                    // collect more before calling it undetermined.
+                    if found.2 == Method::Undetermined && q.len() < cap {
+                        return;
+                    }
+                    found
                 }
             }
         };
@@ -436,19 +446,59 @@ fn gap_phase(run: &[(u64, CoordNs, CoordNs, Marks)], p: u64) -> u64 {
         .unwrap_or(0) as u64
 }
 
-/// The smallest period `p ≥ 2` with which `f` repeats (agreement ≥
-/// [`MARK_AGREEMENT`] over at least three periods); `None` for a constant
-/// or aperiodic marker.
+/// The smallest period `p ≥ 2` with which `f` repeats, or `None` for a
+/// constant or aperiodic marker.
+///
+/// The marker is compared with its own template: the most common value at
+/// each position of the period. The period counts when the template is not
+/// constant (the marker varies *within* a step), at least
+/// [`MARK_AGREEMENT`] of all positions match it, and so do at least that
+/// share of the positions where the marker or the template is not the
+/// marker's usual value. The last rule keeps a rare or windowed marker from
+/// matching every period: launches are counted only in short sampled
+/// windows (issue 23), so "a burst before this instance" is a block of ons
+/// amid offs, which agrees with itself two instances later almost
+/// everywhere and yet says nothing about where steps begin.
 fn marker_period(f: &[u64]) -> Option<u64> {
     let n = f.len();
     if f.iter().all(|x| *x == f[0]) {
         return None;
     }
+    let usual = most_common(f.iter().copied())?;
     (2..=n / 3).find_map(|p| {
-        let pairs = n - p;
-        let same = (0..pairs).filter(|&i| f[i] == f[i + p]).count();
-        (same as f64 >= MARK_AGREEMENT * pairs as f64).then_some(p as u64)
+        let template: Vec<u64> = (0..p)
+            .map(|r| most_common(f.iter().skip(r).step_by(p).copied()).expect("p ≤ n/3"))
+            .collect();
+        if template.iter().all(|t| *t == template[0]) {
+            return None;
+        }
+        let mut same = 0usize;
+        let (mut telling, mut telling_same) = (0usize, 0usize);
+        for (i, v) in f.iter().enumerate() {
+            let t = template[i % p];
+            let hit = *v == t;
+            same += usize::from(hit);
+            if *v != usual || t != usual {
+                telling += 1;
+                telling_same += usize::from(hit);
+            }
+        }
+        let agrees = |k: usize, of: usize| k as f64 >= MARK_AGREEMENT * of as f64;
+        (agrees(same, n) && agrees(telling_same, telling)).then_some(p as u64)
     })
+}
+
+/// The most common value (the smallest on ties, so the answer does not
+/// depend on order).
+fn most_common(values: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+    for v in values {
+        *counts.entry(v).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(v, _)| v)
 }
 
 /// Returns `(period, phase, method)` from the gaps between instances.
@@ -629,8 +679,82 @@ mod tests {
             t += (10_000_000.0 * (1.0 + 0.9 * rng.sym())) as i64;
             c.observe(1, 8, seq, t, t + 500_000, Marks::default());
         }
+        // Not given up on while a longer step could still show...
+        assert!(c.period().is_none());
+        for seq in 80..400u64 {
+            t += (10_000_000.0 * (1.0 + 0.9 * rng.sym())) as i64;
+            c.observe(1, 8, seq, t, t + 500_000, Marks::default());
+        }
+        // ... but said once the patience is spent.
         let p = c.period().unwrap();
         assert_eq!(p.instances_per_iteration, 1);
         assert_eq!(p.method, Method::Undetermined);
+    }
+
+    /// Launches counted only in one sampled window (issue 23): a block of
+    /// ons amid zeros agrees with itself two instances on almost everywhere
+    /// but is no step marker. Seen on a random pp2×dp8 spec: the step was
+    /// read as two of its six buckets (0.9 ms against 333 ms). The gaps
+    /// tell it.
+    #[test]
+    fn a_windowed_launch_count_is_no_step_marker() {
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut t = 0i64;
+        for seq in 0..96u64 {
+            t += if seq % 6 == 0 { 330_000_000 } else { 300_000 };
+            let marks = Marks {
+                bytes: 64 << 20,
+                launches: if (24..42).contains(&seq) {
+                    [5, 5, 4][(seq % 3) as usize]
+                } else {
+                    0
+                },
+                ..Marks::default()
+            };
+            c.observe(1, 8, seq, t, t + 1_000_000, marks);
+        }
+        let p = c.period().unwrap();
+        assert_eq!(
+            (p.instances_per_iteration, p.phase, p.method),
+            (6, 0, Method::GapPattern)
+        );
+    }
+
+    /// A rare marker that fires at random (a sync now and then) matches any
+    /// period on its offs alone; it must not be taken for one.
+    #[test]
+    fn a_rare_random_marker_has_no_period() {
+        let mut rng = Rng::new(9);
+        let f: Vec<u64> = (0..96).map(|_| u64::from(rng.sym() > 0.9)).collect();
+        assert!(f.contains(&1));
+        assert_eq!(marker_period(&f), None);
+        // ... while one that fires before every fifth instance has one.
+        let g: Vec<u64> = (0..96).map(|i| u64::from(i % 5 == 2)).collect();
+        assert_eq!(marker_period(&g), Some(5));
+    }
+
+    /// A tensor-parallel group with a collective per layer and micro-batch
+    /// (24 a step) is the reference of a tp2×pp2×dp2 job: 48 instances are
+    /// two steps, too few to see the period; the clock waits for more
+    /// instead of counting each instance as a step (seen on a random spec:
+    /// a 0.2 ms "step" against 473 ms).
+    #[test]
+    fn a_long_step_is_waited_for_not_called_undetermined() {
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut rng = Rng::new(11);
+        let mut t = 0i64;
+        for seq in 0..240u64 {
+            t += if seq % 24 == 0 {
+                200_000_000
+            } else {
+                (300_000.0 * (1.0 + 0.8 * rng.sym())) as i64
+            };
+            c.observe(1, 2, seq, t, t + 200_000, Marks::default());
+        }
+        let p = c.period().expect("locked");
+        assert_eq!(
+            (p.instances_per_iteration, p.phase, p.method),
+            (24, 0, Method::GapPattern)
+        );
     }
 }

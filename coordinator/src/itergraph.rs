@@ -14,7 +14,7 @@ use std::hash::{Hash, Hasher};
 
 use crate::clock::CoordNs;
 use crate::join::InstanceKey;
-use crate::stats::AlignedInstance;
+use crate::stats::{AlignedInstance, Basis};
 use crate::whatif::{Arrival, Event, IterGraph};
 
 /// Builds the graph of one iteration that began at `start`.
@@ -48,6 +48,12 @@ pub fn build<'a>(
                         rank: m.rank,
                         at: rel(*t),
                         shape: shape(a, side),
+                        // Busy time is GPU time: it bounds work only
+                        // between GPU-side arrivals.
+                        busy: (a.basis == Basis::Gpu)
+                            .then_some(m.gpu_busy_ns)
+                            .flatten()
+                            .map(|b| b as f64),
                     }
                 })
                 .collect();

@@ -193,11 +193,14 @@ pub enum Offer {
     /// A later copy filled GPU-side fields the first copy lacked.
     Merged,
     /// A hang candidate's missing member finally arrived; if `resolved`, no
-    /// member is missing any more.
+    /// member is missing any more, and `completed` is the instance joined
+    /// after all: a wait longer than the hang timeout (a 46 s pipeline
+    /// step whose first stage waits 23 s for the last) is data, not loss.
     HangProgress {
         comm_id: u64,
         key: InstanceKey,
         resolved: bool,
+        completed: Option<JoinedInstance>,
     },
 }
 
@@ -262,6 +265,10 @@ struct CommState {
     closed: HashSet<InstanceKey>,
     closed_order: VecDeque<InstanceKey>,
     hangs: HashMap<InstanceKey, HangCandidate>,
+    /// The members present when each kept hang candidate timed out, so the
+    /// instance still joins if the missing ones arrive (one per entry of
+    /// `hangs`, so as bounded).
+    stalled: HashMap<InstanceKey, Open>,
 }
 
 impl CommState {
@@ -278,6 +285,7 @@ impl CommState {
             closed: HashSet::new(),
             closed_order: VecDeque::new(),
             hangs: HashMap::new(),
+            stalled: HashMap::new(),
         }
     }
 
@@ -497,13 +505,35 @@ impl Joiner {
             if let Some(h) = st.hangs.get_mut(&key) {
                 h.missing.retain(|m| m.rank_in_comm != pos);
                 let resolved = h.missing.is_empty();
+                let nranks = st.nranks;
+                if let Some(open) = st.stalled.get_mut(&key) {
+                    let idx = if p2p {
+                        open.positions.iter().position(|p| *p == pos).unwrap_or(0)
+                    } else {
+                        pos as usize
+                    };
+                    open.records.entry(idx as u32).or_insert(Member {
+                        rank: rec.rank,
+                        rank_in_comm: pos,
+                        host: host.clone(),
+                        rec,
+                    });
+                }
+                let mut completed = None;
                 if resolved {
                     st.hangs.remove(&key);
+                    if let Some(open) = st.stalled.remove(&key) {
+                        if open.records.len() >= open.expected {
+                            self.bump(|c| c.completed += 1);
+                            completed = Some(Self::joined(st, comm_id, key, nranks, open));
+                        }
+                    }
                 }
                 return Ok(Offer::HangProgress {
                     comm_id,
                     key,
                     resolved,
+                    completed,
                 });
             }
             return Err(RecordError::Late {
@@ -548,22 +578,10 @@ impl Joiner {
             let open = st.open.remove(&key).expect("present");
             self.open_total.fetch_sub(1, Ordering::Relaxed);
             st.close(key, self.closed_cap());
-            let mut members: Vec<Member> = open.records.into_values().collect();
-            members.sort_unstable_by_key(|m| m.rank_in_comm);
-            if let InstanceKey::Coll(seq) = key {
-                for m in &members {
-                    st.last_completed.insert(m.rank_in_comm, seq);
-                }
-            }
             self.bump(|c| c.completed += 1);
-            return Ok(Offer::Completed(JoinedInstance {
-                comm_id,
-                key,
-                comm_nranks: nranks,
-                op: open.op,
-                bytes: open.bytes,
-                members,
-            }));
+            return Ok(Offer::Completed(Self::joined(
+                st, comm_id, key, nranks, open,
+            )));
         }
         if st.open.len() > self.open_cap(nranks) {
             if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
@@ -574,6 +592,31 @@ impl Joiner {
             }
         }
         Ok(Offer::Pending)
+    }
+
+    /// A complete instance, its members in communicator order.
+    fn joined(
+        st: &mut CommState,
+        comm_id: u64,
+        key: InstanceKey,
+        nranks: u32,
+        open: Open,
+    ) -> JoinedInstance {
+        let mut members: Vec<Member> = open.records.into_values().collect();
+        members.sort_unstable_by_key(|m| m.rank_in_comm);
+        if let InstanceKey::Coll(seq) = key {
+            for m in &members {
+                st.last_completed.insert(m.rank_in_comm, seq);
+            }
+        }
+        JoinedInstance {
+            comm_id,
+            key,
+            comm_nranks: nranks,
+            op: open.op,
+            bytes: open.bytes,
+            members,
+        }
     }
 
     /// Offers one member's record of an instance ([`Joiner::offer_one`]),
@@ -756,6 +799,7 @@ impl Joiner {
                     // Only the earliest hung instances per communicator matter.
                     if st.hangs.len() < 4 {
                         st.hangs.insert(key, h.clone());
+                        st.stalled.insert(key, open);
                     }
                     self.bump(|c| c.hangs += 1);
                     out.push(Expired::Hang(h));
@@ -833,6 +877,7 @@ mod tests {
             gpu_done_ns: 0,
             launches_before: 3,
             sync_wait_ns_before: 0,
+            gpu_busy_before_ns: None,
             ret: 0,
         }
     }
@@ -962,11 +1007,19 @@ mod tests {
         assert_eq!(hc.missing.len(), 1);
         assert_eq!(hc.missing[0].rank, 1);
         assert_eq!(hc.missing[0].last_completed_seq, Some(4));
-        // It finally shows up: the hang resolves.
-        assert!(matches!(
-            j.offer(&h, rec(1, 5, 202)).unwrap(),
-            Offer::HangProgress { resolved: true, .. }
-        ));
+        // It finally shows up: the hang resolves, and the instance joins
+        // after all (a wait past the timeout is data, not loss).
+        let Offer::HangProgress {
+            resolved: true,
+            completed: Some(i),
+            ..
+        } = j.offer(&h, rec(1, 5, 202)).unwrap()
+        else {
+            panic!("not resolved and joined")
+        };
+        assert_eq!(i.key, InstanceKey::Coll(5));
+        let ranks: Vec<u32> = i.members.iter().map(|m| m.rank).collect();
+        assert_eq!(ranks, vec![0, 1, 2]);
     }
 
     #[test]

@@ -22,7 +22,13 @@
 //! a verdict is released a few iterations after its fault ends, not while
 //! a fault that dips for an iteration or two still lasts. An alarm opens a
 //! verdict only on a rank the per-iteration test (`stats`) also finds
-//! suspicious in that iteration.
+//! suspicious in that iteration — unless the what-if is *decisive* on its
+//! own: the rank saved a large share of every one of the last few steps.
+//! That is the case the lateness test cannot see: in a pipeline whose
+//! replicas re-synchronise every step, a slow first stage delays its
+//! data-parallel peers too (they wait on the later stages it holds up), so
+//! it arrives barely later than they do at their own collectives, while the
+//! replay says half the step is its.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +55,15 @@ pub struct SequentialConfig {
     /// kept pace for `(cap − release) × h / k` ≈ 3 iterations is let go
     /// (and its verdict closes after the lifecycle's clean streak).
     pub release: f64,
+    /// A rank whose what-if share was at least this in each of the last
+    /// [`Self::decisive_run`] iterations is named without the lateness
+    /// test's agreement. Chosen on seed 555 of the random evaluation: its
+    /// five healthy runs with a told step (285 iterations) never had a
+    /// rank above 1.6%, let alone twice running at 5%; 10% is the issue's
+    /// "named within 10 iterations" class.
+    pub decisive_share: f64,
+    /// Consecutive iterations the decisive share must hold.
+    pub decisive_run: u32,
 }
 
 impl Default for SequentialConfig {
@@ -58,6 +73,8 @@ impl Default for SequentialConfig {
             alarm: 0.5,
             cap: 1.0,
             release: 0.5,
+            decisive_share: 0.10,
+            decisive_run: 5,
         }
     }
 }
@@ -67,6 +84,8 @@ impl Default for SequentialConfig {
 pub struct Sequential {
     cfg: SequentialConfig,
     sums: BTreeMap<u32, f64>,
+    /// Consecutive iterations each rank saved at least the decisive share.
+    runs: BTreeMap<u32, u32>,
 }
 
 impl Sequential {
@@ -74,6 +93,7 @@ impl Sequential {
         Self {
             cfg,
             sums: BTreeMap::new(),
+            runs: BTreeMap::new(),
         }
     }
 
@@ -90,7 +110,25 @@ impl Sequential {
             *s = (*s + x - self.cfg.allowance).clamp(0.0, cap);
         }
         self.sums.retain(|_, s| *s > 0.0);
+        // A share above 1 (a saving longer than the step) means the step's
+        // bounds are wrong, not that the rank is decisive.
+        let strong = |x: f64| x >= self.cfg.decisive_share && x <= 1.0;
+        self.runs
+            .retain(|r, _| shares.get(r).is_some_and(|x| strong(*x)));
+        for (r, x) in shares {
+            if strong(*x) {
+                *self.runs.entry(*r).or_insert(0) += 1;
+            }
+        }
         self.alarms()
+    }
+
+    /// Whether the what-if alone names `rank`: it saved at least the
+    /// decisive share of each of the last `decisive_run` iterations.
+    pub fn decisive(&self, rank: u32) -> bool {
+        self.runs
+            .get(&rank)
+            .is_some_and(|n| *n >= self.cfg.decisive_run)
     }
 
     /// Ranks whose sum is at or above the alarm level.
@@ -110,6 +148,10 @@ impl Sequential {
             .is_some_and(|s| *s >= self.cfg.release * self.cfg.alarm)
     }
 
+    pub fn config(&self) -> &SequentialConfig {
+        &self.cfg
+    }
+
     /// The current sum (share of a step), for evidence and tests.
     pub fn sum(&self, rank: u32) -> f64 {
         self.sums.get(&rank).copied().unwrap_or(0.0)
@@ -127,6 +169,26 @@ mod tests {
     fn iterations_to_alarm(x: f64) -> Option<usize> {
         let mut s = Sequential::new(SequentialConfig::default());
         (1..=100).find(|_| !s.update(&one(7, x)).is_empty())
+    }
+
+    #[test]
+    fn only_a_large_share_held_for_several_steps_is_decisive() {
+        let mut s = Sequential::new(SequentialConfig::default());
+        for _ in 0..4 {
+            s.update(&one(3, 0.5));
+        }
+        assert!(!s.decisive(3), "four steps are not enough");
+        s.update(&one(3, 0.5));
+        assert!(s.decisive(3));
+        // One step below the share starts the run again.
+        s.update(&one(3, 0.05));
+        assert!(!s.decisive(3));
+        // Shares above 1 (broken step bounds) never count.
+        let mut t = Sequential::new(SequentialConfig::default());
+        for _ in 0..10 {
+            t.update(&one(4, 3.0));
+        }
+        assert!(!t.decisive(4));
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct AlignedMember {
     pub gpu_done: Option<CoordNs>,
     pub sync_wait_ns: u64,
     pub launches: u32,
+    /// GPU time in the rank's own kernels since its previous collective,
+    /// when the source recorded kernels ([`CollectiveRecord`]'s field).
+    pub gpu_busy_ns: Option<u64>,
     pub ret: i32,
 }
 
@@ -125,6 +128,7 @@ pub fn align(
                 gpu_done: al(m.rec.gpu_done_ns),
                 sync_wait_ns: m.rec.sync_wait_ns_before,
                 launches: m.rec.launches_before,
+                gpu_busy_ns: m.rec.gpu_busy_before_ns,
                 ret: m.rec.ret,
             }
         })
@@ -929,6 +933,7 @@ mod tests {
                         gpu_done_ns: 0,
                         launches_before: 0,
                         sync_wait_ns_before: 0,
+                        gpu_busy_before_ns: None,
                         ret: 0,
                     },
                 })

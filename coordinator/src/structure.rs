@@ -248,11 +248,13 @@ mod tests {
                         rank: s0,
                         at: ts,
                         shape: 7,
+                        busy: None,
                     },
                     Arrival {
                         rank: s1,
                         at: 0.0,
                         shape: 8,
+                        busy: None,
                     },
                 ],
                 end: ts,
@@ -265,11 +267,13 @@ mod tests {
                     rank: a,
                     at: ta,
                     shape,
+                    busy: None,
                 },
                 Arrival {
                     rank: b,
                     at: tb,
                     shape,
+                    busy: None,
                 },
             ],
             end: ta.max(tb) + MS,
@@ -320,6 +324,7 @@ mod tests {
                 rank: r,
                 at: 10.0 * MS + if r == slow { by } else { 0.0 },
                 shape: 1,
+                busy: None,
             })
             .collect();
         let end = 10.0 * MS + by + MS;
@@ -360,6 +365,7 @@ mod tests {
                         + if r >= 4 { 2.0 * MS } else { 0.0 }
                         + if r == 4 + k % 4 { 0.1 * MS } else { 0.0 },
                     shape: 1,
+                    busy: None,
                 })
                 .collect();
             let end = 12.1 * MS + MS;

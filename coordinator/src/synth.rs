@@ -851,6 +851,7 @@ impl Generator {
                                 gpu_done_ns: 0,
                                 launches_before: std::mem::take(&mut st.launches),
                                 sync_wait_ns_before: std::mem::take(&mut st.sync_wait),
+                                gpu_busy_before_ns: None,
                                 ret: 0,
                             };
                             recs[host].push(rec);

@@ -154,6 +154,7 @@ mod tests {
                     gpu_done_ns: 0,
                     launches_before: 0,
                     sync_wait_ns_before: 0,
+                    gpu_busy_before_ns: None,
                     ret: 0,
                 },
             })

@@ -39,6 +39,10 @@ pub struct Arrival {
     /// hash of (operation, communicator size, which end of a send/recv).
     /// Ranks whose chains have the same sequence of shapes are peers.
     pub shape: u64,
+    /// The rank's GPU busy time since its previous arrival, when the source
+    /// recorded its kernels: its own work is at most this much, and the
+    /// rest of the gap an idle GPU waiting on something not observed.
+    pub busy: Option<f64>,
 }
 
 /// One collective instance of the iteration.
@@ -108,9 +112,13 @@ impl WhatIf {
         }
         // rank → (arrival, event, shape), in arrival order.
         let mut chains: BTreeMap<u32, Vec<(f64, usize, u64)>> = BTreeMap::new();
+        let mut busy: BTreeMap<(u32, usize), f64> = BTreeMap::new();
         for (e, ev) in it.events.iter().enumerate() {
             for a in &ev.arrivals {
                 chains.entry(a.rank).or_default().push((a.at, e, a.shape));
+                if let Some(b) = a.busy {
+                    busy.insert((a.rank, e), b);
+                }
             }
         }
         let transfer: Vec<f64> = it
@@ -190,7 +198,10 @@ impl WhatIf {
                     }
                 };
                 chain.events.push(e);
-                chain.work.push((at - ready).max(0.0));
+                let gap = (at - ready).max(0.0);
+                chain
+                    .work
+                    .push(busy.get(&(rank, e)).map_or(gap, |b| gap.min(*b)));
                 chain.shapes.push(shape);
                 prev = Some((n, at, e));
             }
@@ -440,7 +451,12 @@ mod tests {
     const MS: f64 = 1e6;
 
     fn at(rank: u32, t: f64, shape: u64) -> Arrival {
-        Arrival { rank, at: t, shape }
+        Arrival {
+            rank,
+            at: t,
+            shape,
+            busy: None,
+        }
     }
 
     /// A data-parallel iteration: `n` ranks, `k` synchronous all-reduces;

@@ -52,6 +52,7 @@ pub fn collective(u: &mut Unstructured) -> Result<CollectiveRecord> {
         gpu_done_ns: u.arbitrary()?,
         launches_before: u.arbitrary()?,
         sync_wait_ns_before: u.arbitrary()?,
+        gpu_busy_before_ns: u.arbitrary()?,
         ret: u.arbitrary()?,
     })
 }

@@ -964,6 +964,7 @@ fn collective(
         gpu_done_ns: 0,
         launches_before: launches.min(u64::from(u32::MAX)) as u32,
         sync_wait_ns_before: std::mem::take(&mut p.sync_wait_since_coll),
+        gpu_busy_before_ns: None,
         ret,
     }
 }

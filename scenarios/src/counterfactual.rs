@@ -68,9 +68,13 @@ pub struct FaultCost {
 }
 
 impl FaultCost {
-    /// Below the harness's resolution: too small to score either way.
+    /// Below the harness's resolution: too small to score either way. A
+    /// fault whose run was *faster* than its counterfactual cost the job
+    /// nothing measurable (the difference is the harness's noise, larger in
+    /// that layout than the floor measured on the noise spec), so naming
+    /// it or not is no more right than wrong either.
     pub fn below_resolution(&self) -> bool {
-        self.resolution.is_some_and(|r| self.fraction.abs() < r)
+        self.resolution.is_some_and(|r| self.fraction < r)
     }
 }
 
@@ -261,7 +265,7 @@ pub fn noise_floor(pairs: Vec<NoisePair>) -> NoiseFloor {
 /// Is a measured cost below the harness's resolution? (`false` when no
 /// floor was measured: nothing can be excused then.)
 pub fn below_resolution(fraction: f64, floor: &NoiseFloor) -> bool {
-    floor.resolution.is_some_and(|r| fraction.abs() < r)
+    floor.resolution.is_some_and(|r| fraction < r)
 }
 
 #[cfg(test)]
@@ -397,6 +401,8 @@ mod tests {
         assert!((f.resolution.unwrap() - 2.0 * p90).abs() < 1e-9);
         assert!(below_resolution(0.02, &f));
         assert!(!below_resolution(0.05, &f));
+        // A faulted run faster than its counterfactual: no measurable cost.
+        assert!(below_resolution(-0.07, &f));
         assert!(!below_resolution(0.0, &NoiseFloor::default()));
     }
 }

@@ -187,6 +187,7 @@ pub fn instance_records(
                 gpu_done_ns: done,
                 launches_before: 30,
                 sync_wait_ns_before: 0,
+                gpu_busy_before_ns: None,
                 ret: 0,
             }
         })

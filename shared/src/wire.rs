@@ -29,7 +29,7 @@ use rkyv::{
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below.
-pub const SCHEMA_VERSION: u16 = 5;
+pub const SCHEMA_VERSION: u16 = 6;
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.
@@ -250,6 +250,13 @@ pub struct CollectiveRecord {
     /// collective on this rank.
     pub launches_before: u32,
     pub sync_wait_ns_before: u64,
+    /// Time the GPU spent running this rank's kernels since its previous
+    /// collective, when the source records kernels (profiler traces, the
+    /// straggler study); `None` from the agent, which does not trace
+    /// kernels. It tells the rank's own GPU work from an idle GPU waiting
+    /// on something the source does not show (a host-side barrier, a
+    /// collective of an unrecorded group).
+    pub gpu_busy_before_ns: Option<u64>,
     /// `ncclResult_t` returned by the call.
     pub ret: i32,
 }

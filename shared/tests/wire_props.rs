@@ -74,6 +74,7 @@ fn collective() -> impl Strategy<Value = CollectiveRecord> {
             gpu_done_ns: w[6],
             launches_before: n[2],
             sync_wait_ns_before: w[7],
+            gpu_busy_before_ns: (w[7] % 2 == 0).then_some(w[6]),
             ret,
         })
 }

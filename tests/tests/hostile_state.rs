@@ -55,6 +55,7 @@ fn coll(id: u64, seq: u64) -> CollectiveRecord {
         gpu_done_ns: 0,
         launches_before: 0,
         sync_wait_ns_before: 0,
+        gpu_busy_before_ns: None,
         ret: 0,
     }
 }

@@ -351,6 +351,7 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
             host: Some((a, b.max(a))),
             gpu_start_ns: gs.max(a),
             gpu_end_ns: if ge != 0 { ge.max(gs).max(a) } else { 0 },
+            gpu_busy_before_ns: None,
         });
     }
     if ops.is_empty() {

@@ -78,6 +78,9 @@ impl Line<'_> {
     fn opt(&self, k: &str) -> u64 {
         self.v.get(k).and_then(Value::as_u64).unwrap_or(0)
     }
+    fn opt_some(&self, k: &str) -> Option<u64> {
+        self.v.get(k).and_then(Value::as_u64)
+    }
     fn hex(&self, k: &str) -> Result<u64, ReplayError> {
         let s = self
             .v
@@ -173,6 +176,7 @@ pub fn parse_agent_lines(
                     gpu_done_ns: l.opt("gpu_done_ns"),
                     launches_before: l.opt("launches_before") as u32,
                     sync_wait_ns_before: l.opt("sync_wait_ns_before"),
+                    gpu_busy_before_ns: l.opt_some("gpu_busy_before_ns"),
                     ret: l.i("ret").unwrap_or(0) as i32,
                 })
             }

@@ -187,6 +187,46 @@ fn rank_of(l: &Layout, dp: u32, stage: u32) -> u32 {
     stage * l.dp * l.tp + dp * l.tp
 }
 
+/// Sets each op's `gpu_busy_before_ns`: how much of the time since the
+/// rank's previous op start its GPU spent in `spans` (kernels that are not
+/// joined ops). The trace records every GPU op, so an interval it does not
+/// cover is an idle GPU — waiting on something the trace does not show,
+/// such as a host-side barrier — not the rank's own work.
+fn stamp_busy(ops: &mut [OpEvent], mut spans: Vec<(u64, u64)>) {
+    spans.sort_unstable();
+    // Merge overlaps (compute on one stream, an all-reduce on another).
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (a, b) in spans {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    ops.sort_by_key(|o| o.gpu_start_ns);
+    // Ops that start together (a batched send and receive) each get the
+    // busy time since the previous distinct start: whichever the what-if
+    // takes first bounds the gap, the other has none left.
+    let (mut to, mut sum) = (0u64, 0u64);
+    let mut i = 0usize;
+    for o in ops.iter_mut() {
+        if o.gpu_start_ns != to {
+            let from = to;
+            to = o.gpu_start_ns;
+            while i < merged.len() && merged[i].1 <= from {
+                i += 1;
+            }
+            sum = 0;
+            let mut j = i;
+            while j < merged.len() && merged[j].0 < to {
+                let (a, b) = merged[j];
+                sum += b.min(to).saturating_sub(a.max(from));
+                j += 1;
+            }
+        }
+        o.gpu_busy_before_ns = Some(sum);
+    }
+}
+
 /// Builds the timeline of `rows` under `layout`.
 pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, ReplayError> {
     let mut t = Timeline {
@@ -254,6 +294,9 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
             .collect(),
     );
     let mut skipped: BTreeMap<&str, u64> = BTreeMap::new();
+    // Per rank, when its GPU ran something that is not a joined op
+    // (compute, optimizer, a tensor-parallel all-reduce): its own work.
+    let mut busy: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
     for r in rows {
         let base = origin[&r.step];
         let start = base + (r.start_s * 1e9).round().max(0.0) as u64;
@@ -286,6 +329,7 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
                         _ => "of an unknown op type or a p2p op past the pipeline's ends",
                     })
                     .or_default() += 1;
+                busy.entry(r.rank).or_default().push((start, end));
                 continue;
             }
         };
@@ -308,7 +352,12 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
                 host: None,
                 gpu_start_ns: start,
                 gpu_end_ns: end,
+                gpu_busy_before_ns: None,
             });
+    }
+    for (rank, rt) in t.ranks.iter_mut() {
+        let spans = busy.remove(rank).unwrap_or_default();
+        stamp_busy(&mut rt.ops, spans);
     }
     for (what, n) in skipped {
         t.notes.push(format!("{n} rows skipped: {what}"));

@@ -36,6 +36,9 @@ pub struct OpEvent {
     /// GPU-side start and end; 0 when unknown.
     pub gpu_start_ns: u64,
     pub gpu_end_ns: u64,
+    /// The rank's GPU time in kernels since its previous op in this
+    /// timeline, when the source records kernels.
+    pub gpu_busy_before_ns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -156,6 +159,7 @@ impl Timeline {
                     },
                     launches_before: 0,
                     sync_wait_ns_before: 0,
+                    gpu_busy_before_ns: o.gpu_busy_before_ns,
                     ret: 0,
                 };
                 // An agent ships a record once the collective is done.
@@ -253,6 +257,7 @@ mod tests {
             host,
             gpu_start_ns: start,
             gpu_end_ns: start + 10,
+            gpu_busy_before_ns: None,
         }
     }
 
