@@ -102,6 +102,8 @@ fn batches(path: &Path, host: &str) -> Result<Vec<Batch>> {
                 nranks: u(&v, "nranks")? as u32,
                 rank_in_comm: u(&v, "rank_in_comm")? as u32,
                 created_ns: u(&v, "created_ns")?,
+                split_ordinal: 0,
+                split_key: 0,
             }),
             "collective" => cur.collectives.push(CollectiveRecord {
                 pid: u(&v, "pid")? as u32,

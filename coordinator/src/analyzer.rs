@@ -243,6 +243,8 @@ pub struct Analyzer {
     wall_offset: Mutex<Option<i64>>,
     /// Collectives waiting for their communicator's membership.
     parking: Mutex<Parking<ParkedRecord>>,
+    /// Splits whose size no agent could read, until every member is heard.
+    splits: Mutex<crate::splits::Splits>,
     core: Mutex<Core>,
 }
 
@@ -339,6 +341,7 @@ impl Analyzer {
             watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
             parking: Mutex::new(Parking::new(ParkConfig::default())),
+            splits: Mutex::new(crate::splits::Splits::default()),
             core: Mutex::new(core),
         }
     }
@@ -544,6 +547,47 @@ impl Analyzer {
         }
         let mut announced = Vec::new();
         for c in &b.comms {
+            if c.parent_id != 0 {
+                // Every split record feeds the split table (a member heard);
+                // those without a size are completed by it.
+                let deferred = crate::splits::Splits::needs_resolving(c);
+                let parent = self
+                    .joiner
+                    .comm_info(c.parent_id)
+                    .map(|i| crate::splits::Parent {
+                        nranks: i.nranks,
+                        ranks: i.ranks,
+                    });
+                let offered = self.check_rank(c.rank, &b.host).and_then(|_| {
+                    lock(&self.splits)
+                        .offer(&host, c, parent.as_ref())
+                        .map_err(RecordError::from)
+                });
+                match offered {
+                    Ok(resolved) => {
+                        for (h, rc) in resolved {
+                            match self
+                                .check_comm_size(&rc)
+                                .and_then(|_| self.joiner.register_comm(&h, &rc))
+                            {
+                                Ok(()) => announced.push(rc.comm_id),
+                                Err(e) => self.reject(e),
+                            }
+                        }
+                    }
+                    Err(e) if deferred => {
+                        self.reject(e);
+                        sum.rejected += 1;
+                        continue;
+                    }
+                    // A complete record needs no working out.
+                    Err(_) => {}
+                }
+                if deferred {
+                    sum.accepted += 1;
+                    continue;
+                }
+            }
             if let Err(e) = self
                 .check_rank(c.rank, &b.host)
                 .and_then(|_| validate::check_comm(c))

@@ -859,6 +859,8 @@ mod tests {
             nranks: n,
             rank_in_comm: pos,
             created_ns: 1,
+            split_ordinal: 0,
+            split_key: 0,
         }
     }
 

@@ -41,6 +41,7 @@ pub mod report;
 pub mod resume;
 pub mod sequential;
 pub mod serve;
+pub mod splits;
 pub mod stackstore;
 pub mod stats;
 pub mod structure;

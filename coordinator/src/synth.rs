@@ -696,6 +696,8 @@ impl Generator {
                     nranks: self.comms[ci].members.len() as u32,
                     rank_in_comm: pos,
                     created_ns: s.clocks[host].agent_ns(s.start_ns.saturating_sub(500_000_000)),
+                    split_ordinal: 0,
+                    split_key: 0,
                 });
             }
         }

@@ -17,6 +17,8 @@ pub enum RecordError {
     CommSizeConflict { comm_id: u64, had: u32, got: u32 },
     #[error("rank_in_comm {rank_in_comm} outside a communicator of {nranks}")]
     RankInCommOutOfRange { rank_in_comm: u32, nranks: u32 },
+    #[error(transparent)]
+    Split(#[from] crate::splits::SplitError),
     #[error("communicator {comm_id:#x} position {rank_in_comm} claimed by ranks {had} and {got}")]
     PositionConflict {
         comm_id: u64,
@@ -106,6 +108,9 @@ impl RecordError {
             Self::NotAMember { .. } => "not_a_member",
             Self::CommSizeConflict { .. } => "comm_size_conflict",
             Self::RankInCommOutOfRange { .. } => "rank_in_comm_out_of_range",
+            Self::Split(crate::splits::SplitError::UnknownParent { .. }) => "split_unknown_parent",
+            Self::Split(crate::splits::SplitError::NotInParent { .. }) => "split_not_in_parent",
+            Self::Split(crate::splits::SplitError::Conflict { .. }) => "split_conflict",
             Self::PositionConflict { .. } => "position_conflict",
             Self::RankOutOfRange { .. } => "rank_out_of_range",
             Self::CommTooLarge(_) => "comm_too_large",

@@ -350,6 +350,8 @@ fn comm_template() -> CommRecord {
         nranks: 8,
         rank_in_comm: 0,
         created_ns: 1,
+        split_ordinal: 0,
+        split_key: 0,
     }
 }
 

@@ -95,6 +95,8 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
                 nranks: u.arbitrary()?,
                 rank_in_comm: u.arbitrary()?,
                 created_ns: u.arbitrary()?,
+                split_ordinal: u.arbitrary()?,
+                split_key: u.arbitrary()?,
             })
         })?,
         collectives: vec_of(u, collective)?,

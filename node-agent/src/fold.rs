@@ -60,8 +60,10 @@ pub struct FoldDrops {
     pub comms: u64,
     /// Records dropped because the outgoing queue was full.
     pub records: u64,
-    /// Split communicators whose member position could not be determined.
-    pub split_unresolved: u64,
+    /// Split communicators whose member position could not be read from
+    /// the communicator object: shipped without a size, for the
+    /// coordinator to work out (not a loss).
+    pub split_deferred: u64,
     /// Verbs posts forgotten unmatched (table full) or QPs not tracked.
     pub verbs: u64,
     /// Events of not-yet-classified processes dropped because the holding
@@ -349,18 +351,22 @@ impl Folder {
             }
         }
         if let Some(p) = self.procs.remove(&pid) {
-            // Splits with a snapshot can still be resolved; others cannot.
-            let before = self.splits.len();
-            self.splits.retain(|s| s.pid != pid || s.snapshot.is_some());
-            let lost = before - self.splits.len();
-            if lost > 0 {
-                tracing::warn!(
+            // Splits with a snapshot can still be read; the others are
+            // shipped for the coordinator to work out.
+            let (gone, kept): (Vec<SplitPending>, Vec<SplitPending>) =
+                std::mem::take(&mut self.splits)
+                    .into_iter()
+                    .partition(|s| s.pid == pid && s.snapshot.is_none());
+            self.splits = kept;
+            if !gone.is_empty() {
+                tracing::debug!(
                     pid,
-                    lost,
-                    "rank exited before its split communicators could be read"
+                    n = gone.len(),
+                    "rank exited before its split communicators could be read: the coordinator works them out"
                 );
             }
-            self.drops.split_unresolved += lost as u64;
+            self.drops.split_deferred += gone.len() as u64;
+            self.out.comms.extend(gone.into_iter().map(|s| s.record));
             self.out.exits.push(RankExit {
                 pid,
                 rank: p.rank,
@@ -621,6 +627,8 @@ impl Folder {
                     nranks: open.args[1] as u32,
                     rank_in_comm: open.args[2] as u32,
                     created_ns: clock.map(ret_ts),
+                    split_ordinal: 0,
+                    split_key: 0,
                 });
             }
             Role::CommSplit => {
@@ -634,7 +642,26 @@ impl Folder {
                 let color = open.args[1] as u32 as i32;
                 let comm_ptr = ret_args[0];
                 let qps = p.qps_in_init.remove(&tid).unwrap_or_default();
-                if ret32 != 0 || comm_ptr == 0 || color < 0 {
+                if ret32 != 0 {
+                    return;
+                }
+                if color < 0 || comm_ptr == 0 {
+                    // NCCL_SPLIT_NOCOLOR: this member takes part in the
+                    // split but joins no communicator. Said anyway: the
+                    // coordinator counts every member of the parent before
+                    // it works out the sizes of splits agents could not read.
+                    self.out.comms.push(CommRecord {
+                        pid,
+                        rank: p.rank,
+                        comm_id: 0,
+                        parent_id,
+                        color: -1,
+                        nranks: 0,
+                        rank_in_comm: 0,
+                        created_ns: clock.map(ret_ts),
+                        split_ordinal: ordinal as u32,
+                        split_key: open.args[2] as u32 as i32,
+                    });
                     return;
                 }
                 if p.comms.len() >= limits.comms {
@@ -666,8 +693,10 @@ impl Folder {
                         parent_id,
                         color,
                         nranks: 0,
-                        rank_in_comm: open.args[2] as u32,
+                        rank_in_comm: 0,
                         created_ns: clock.map(ret_ts),
+                        split_ordinal: ordinal as u32,
+                        split_key: open.args[2] as u32 as i32,
                     },
                     snapshot: None,
                 });
@@ -808,7 +837,12 @@ impl Folder {
                 s.record.nranks = nranks;
                 self.out.comms.push(s.record);
             }
-            None => self.drops.split_unresolved += 1,
+            // Shipped with no size: the coordinator works it out from
+            // every member's color and key.
+            None => {
+                self.drops.split_deferred += 1;
+                self.out.comms.push(s.record);
+            }
         }
     }
 

@@ -220,6 +220,8 @@ fn identities(o: &FloodOptions, host: u32, now: u64) -> (Vec<RankIdentity>, Vec<
             nranks: o.ranks,
             rank_in_comm: r,
             created_ns: now,
+            split_ordinal: 0,
+            split_key: 0,
         })
         .collect();
     (ids, comms)

@@ -220,10 +220,20 @@ pub struct CommRecord {
     /// 0 when not made by `ncclCommSplit`.
     pub parent_id: u64,
     pub color: i32,
+    /// 0 for a split whose size the agent could not read from the
+    /// communicator object: the coordinator works it out from every
+    /// member's `split_ordinal`, `color` and `split_key` (NCCL's rule: the
+    /// members of one color, ordered by key, ties by parent rank).
     pub nranks: u32,
-    /// This member's rank inside the communicator.
+    /// This member's rank inside the communicator (meaningless while
+    /// `nranks` is 0).
     pub rank_in_comm: u32,
     pub created_ns: u64,
+    /// For a split: which `ncclCommSplit` on the parent this is (0-based;
+    /// every member of the parent makes them in the same order).
+    pub split_ordinal: u32,
+    /// For a split: the key this member passed.
+    pub split_key: i32,
 }
 
 /// One member's view of one collective instance. `(comm_id, seq)` names the

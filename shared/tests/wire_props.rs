@@ -49,6 +49,8 @@ fn comm() -> impl Strategy<Value = CommRecord> {
         nranks: n[2],
         rank_in_comm: n[3],
         created_ns: w[2],
+        split_ordinal: 0,
+        split_key: 0,
     })
 }
 

@@ -36,6 +36,8 @@ fn comm(id: u64, nranks: u32) -> CommRecord {
         nranks,
         rank_in_comm: 1,
         created_ns: clock::mono_ns(),
+        split_ordinal: 0,
+        split_key: 0,
     }
 }
 

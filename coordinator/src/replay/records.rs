@@ -158,6 +158,8 @@ pub fn parse_agent_lines(
                 nranks: l.u32("nranks")?,
                 rank_in_comm: l.u32("rank_in_comm")?,
                 created_ns: l.opt("created_ns"),
+                split_ordinal: l.opt("split_ordinal") as u32,
+                split_key: l.i("split_key").unwrap_or(0) as i32,
             }),
             "collective" => {
                 let name = l.s("op");

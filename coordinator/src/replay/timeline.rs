@@ -205,6 +205,8 @@ impl Timeline {
                             nranks: members.len() as u32,
                             rank_in_comm: pos as u32,
                             created_ns: created,
+                            split_ordinal: 0,
+                            split_key: 0,
                         });
                     }
                 }
