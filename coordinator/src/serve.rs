@@ -551,6 +551,19 @@ impl Server {
                     if sum.batch_rejected.is_none() && !sum.duplicate_batch {
                         st.add(&batch, &a);
                     }
+                    if sum.duplicate_batch {
+                        debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
+                    } else {
+                        // One line per batch, before the journal marks it:
+                        // with RUST_LOG=slowrank_coordinator::serve=debug the
+                        // log accounts for every batch a restarted life will
+                        // call a duplicate, even if this process is killed
+                        // between the journal and the answer (the fault
+                        // tests count on it).
+                        debug!(agent = %agent_id, host = %batch.host, seq = batch.seq,
+                            collectives = batch.collectives.len(), accepted = sum.accepted,
+                            "batch ingested");
+                    }
                     (agent_id, batch, ack, sum)
                 })
                 .collect();
@@ -581,17 +594,7 @@ impl Server {
                 warn!(agent = %agent_id, seq = batch.seq, rejected = sum.rejected, accepted = sum.accepted,
                     "records rejected (reasons in report.json ingest.records_rejected)");
             }
-            if sum.duplicate_batch {
-                debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
-            } else {
-                // One line per batch: with RUST_LOG=slowrank_coordinator::serve=debug
-                // the log accounts for every batch even if this process is killed
-                // before its next report (the fault tests count on it).
-                debug!(agent = %agent_id, host = %batch.host, seq = batch.seq,
-                    collectives = batch.collectives.len(), accepted = sum.accepted,
-                    "batch ingested");
-            }
-            // Logged and in the analyzer: now the agent may drop it.
+            // Logged, journaled and in the analyzer: now the agent may drop it.
             ack.done();
             if let Ok(mut a) = self.agents.lock() {
                 if let Some(a) = a.get_mut(&agent_id) {
