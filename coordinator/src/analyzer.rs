@@ -60,6 +60,22 @@ pub struct AnalyzerConfig {
     /// random evaluation has scored it.
     pub work_imbalance: bool,
     pub limits: Limits,
+    /// Named groups of ranks to cost as one, each iteration (fixed
+    /// together at their peers' median): a recorded source's own layout
+    /// (the study's dp ranks and stages), for comparing with its answer.
+    pub whatif_groups: Vec<(String, Vec<u32>)>,
+}
+
+/// What fixing a group of ranks would have saved, over the iterations
+/// it was measured in ([`AnalyzerConfig::whatif_groups`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GroupCost {
+    pub group: String,
+    pub ranks: Vec<u32>,
+    /// Mean of the per-iteration saving as a share of the step.
+    pub share: f64,
+    /// Per measured iteration: (iteration, share).
+    pub per_iteration: Vec<(u64, f64)>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -179,6 +195,8 @@ struct Core {
     lifecycle: Lifecycle,
     /// Per-rank sequential test on what-if cost (names and keeps names).
     sequential: crate::sequential::Sequential,
+    /// Per configured group, its per-iteration what-if share.
+    group_shares: Vec<Vec<(u64, f64)>>,
     /// The job's step against its baseline (unexplained slowdowns).
     pace: crate::pace::Pace,
     /// Work imbalance that moves between ranks, over a window.
@@ -300,6 +318,7 @@ impl Analyzer {
             intervals: IntervalStore::default(),
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
             sequential: crate::sequential::Sequential::new(cfg.sequential.clone()),
+            group_shares: vec![Vec::new(); cfg.whatif_groups.len()],
             pace: crate::pace::Pace::new(),
             imbalance: crate::structure::Imbalance::new(),
             pending: VecDeque::new(),
@@ -1158,6 +1177,26 @@ impl Analyzer {
         events
     }
 
+    /// The configured groups' what-if costs so far.
+    pub fn group_costs(&self) -> Vec<GroupCost> {
+        let core = lock(&self.core);
+        self.cfg
+            .whatif_groups
+            .iter()
+            .zip(&core.group_shares)
+            .map(|((name, ranks), v)| GroupCost {
+                group: name.clone(),
+                ranks: ranks.clone(),
+                share: if v.is_empty() {
+                    0.0
+                } else {
+                    v.iter().map(|x| x.1).sum::<f64>() / v.len() as f64
+                },
+                per_iteration: v.clone(),
+            })
+            .collect()
+    }
+
     fn iteration_of(&self, core: &Core, a: &AlignedInstance) -> u64 {
         let p = core.iteration.period().expect("checked");
         match a.key {
@@ -1408,6 +1447,18 @@ impl Analyzer {
         );
         let (model, gpu_ranks) = Self::iteration_model(core, k, from);
         let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
+        if let (Some(m), true) = (model.as_ref(), step.is_finite() && step > 0.0) {
+            for (g, (_, ranks)) in self.cfg.whatif_groups.iter().enumerate() {
+                let here: Vec<u32> = ranks
+                    .iter()
+                    .copied()
+                    .filter(|r| m.ranks().any(|x| x == *r))
+                    .collect();
+                if let Some(len) = m.length_with(&here) {
+                    core.group_shares[g].push((k, (m.length() - len).max(0.0) / step));
+                }
+            }
+        }
         if warm {
             core.pace.observe(k, step, &shares);
         }

@@ -36,9 +36,14 @@ fn shared(rel: &str) -> Option<PathBuf> {
 }
 
 fn analyze(format: cli::Format, paths: &[PathBuf]) -> (replay::Recording, Report) {
+    let (rec, out) = analyze_full(format, paths);
+    (rec, out.report)
+}
+
+fn analyze_full(format: cli::Format, paths: &[PathBuf]) -> (replay::Recording, replay::Replayed) {
     let rec = cli::import(format, paths, &mut |_| {}).unwrap();
     let out = replay::replay(&rec, &cli::options(format, None), &mut |_| {}).unwrap();
-    (rec, out.report)
+    (rec, out)
 }
 
 fn named(r: &Report) -> Vec<(u32, String)> {
@@ -64,8 +69,27 @@ fn trace_ar_names_rank_0_compute_slow_at_the_studys_cost() {
     let Some(p) = shared("stragglers-osdi25/trace-AR.parquet") else {
         return;
     };
-    let (rec, r) = analyze(cli::Format::Study, &[p]);
+    let (rec, out) = analyze_full(cli::Format::Study, &[p]);
+    let r = out.report;
     eprintln!("{}", slowrank_coordinator::render_human(&r));
+    // The study's decomposition (`result-AR.json`): the slowdown S each
+    // group alone adds to the ideal step, a share 1 − 1/S of the step:
+    // dp 0 1.973 (0.493), dp 1–3 1.011 (0.011); stage 0 1.979 (0.495),
+    // stages 1–3 0.996–1.002 (≈ 0). Here each group is fixed at its peers'
+    // median in the recorded step.
+    let share = |g: &str| {
+        out.groups
+            .iter()
+            .find(|x| x.group == g)
+            .unwrap_or_else(|| panic!("no group {g}: {:?}", out.groups))
+            .share
+    };
+    for (g, study) in [("dp 0", 0.493), ("stage 0", 0.495)] {
+        assert!((share(g) - study).abs() <= 0.1 * study, "{g}: {}", share(g));
+    }
+    for g in ["dp 1", "dp 2", "dp 3", "stage 1", "stage 2", "stage 3"] {
+        assert!(share(g) <= 0.03, "{g}: {}", share(g));
+    }
     assert_eq!(rec.world_size, Some(64));
     assert_eq!(rec.unobserved_ranks().len(), 48);
     assert!(

@@ -547,6 +547,11 @@ impl Agent {
     }
 
     /// QPs of `pid` mapped to a peer (qp_num, dest_qp_num, dlid).
+    /// (pid, tid) of the threads seen issuing collectives.
+    pub fn issuing_threads(&self) -> Vec<(u32, u32)> {
+        self.folder.issuing_threads()
+    }
+
     pub fn qp_peers(&self, pid: u32) -> Vec<(u32, u32, u16)> {
         self.folder.qp_peers(pid)
     }

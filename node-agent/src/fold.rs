@@ -157,6 +157,9 @@ struct Proc {
     qps_in_init: HashMap<u32, Vec<u32>>,
     /// GPU-side times of collective instances (deep set).
     gpu: GpuSide,
+    /// Threads that issued a collective (the training loop: main, and in
+    /// PyTorch DDP the autograd thread whose hooks reduce the buckets).
+    issuing: Vec<u32>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -172,6 +175,9 @@ struct Qp {
     announced: bool,
 }
 
+/// Collective-issuing threads remembered per process (a training loop has
+/// one or two; more are a thread pool, and the first ones are enough).
+const ISSUING_MAX: usize = 8;
 /// Communicator snapshots kept per process.
 const SNAPSHOTS_MAX: usize = 256;
 /// Posts awaiting completion, per process, and QPs per process.
@@ -312,6 +318,7 @@ impl Folder {
                 posted: HashMap::new(),
                 qps_in_init: HashMap::new(),
                 gpu: GpuSide::new(self.clock, self.deep_since),
+                issuing: Vec::new(),
             },
         );
         let pid = id.pid;
@@ -705,6 +712,9 @@ impl Folder {
                 p.comms.remove(&open.args[0]);
             }
             Role::Coll { op, args } => {
+                if !p.issuing.contains(&tid) && p.issuing.len() < ISSUING_MAX {
+                    p.issuing.push(tid);
+                }
                 let comm_ptr = loc(&open, args.comm);
                 let Some(comm) = p.comms.get_mut(&comm_ptr) else {
                     self.drops.unknown_comm += 1;
@@ -769,6 +779,18 @@ impl Folder {
     }
 
     /// Verbs contexts opened since the last call.
+    /// (pid, tid) of every thread seen issuing a collective: the training
+    /// threads a flame diff is built around.
+    pub fn issuing_threads(&self) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = self
+            .procs
+            .iter()
+            .flat_map(|(pid, p)| p.issuing.iter().map(move |t| (*pid, *t)))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     pub fn take_contexts(&mut self) -> Vec<(u32, u64)> {
         std::mem::take(&mut self.contexts)
     }
@@ -1180,6 +1202,55 @@ mod tests {
         assert!(c
             .iter()
             .all(|r| r.comm_id == out.comms[0].comm_id && r.rank == 3 && r.peer == -1));
+    }
+
+    #[test]
+    fn the_threads_that_issue_collectives_are_known() {
+        let (mut f, ids) = folder();
+        let uid = [7u64; STACK_WORDS];
+        let init = |ts, kind, args| call(ts, ids["ncclCommInitRank"], kind, args, 0);
+        let mut ev = vec![
+            RawEvent::Stack(StackEvent {
+                call: init(100, CallKind::Entry, [0x1000, 4, 3, 0, 0, 0]),
+                launches: 0,
+                stack: uid,
+            }),
+            RawEvent::Call(init(200, CallKind::Return, [0xc0, 0x1000, 0, 0, 0, 0])),
+        ];
+        // The second all-reduce comes from another thread (DDP's autograd
+        // hooks); a sync on a third thread issues no collective.
+        for (t, tid) in [(1000u64, 10u32), (2000, 11)] {
+            let mut entry = call(
+                t,
+                ids["ncclAllReduce"],
+                CallKind::Entry,
+                [1, 2, 1024, 9, 0, 0xc0],
+                0,
+            );
+            entry.tid = tid;
+            let mut ret = call(t + 50, ids["ncclAllReduce"], CallKind::Return, [0; 6], 0);
+            ret.tid = tid;
+            ev.push(RawEvent::Stack(StackEvent {
+                call: entry,
+                launches: 0,
+                stack: [0; STACK_WORDS],
+            }));
+            ev.push(RawEvent::Call(ret));
+        }
+        let mut sync = call(
+            3000,
+            ids["cudaStreamSynchronize"],
+            CallKind::Entry,
+            [0; 6],
+            0,
+        );
+        sync.tid = 12;
+        ev.push(RawEvent::Call(sync));
+        f.feed(&mut ev);
+        assert_eq!(f.take().collectives.len(), 2);
+        assert_eq!(f.issuing_threads(), vec![(10, 10), (10, 11)]);
+        f.remove_rank(10, 4000);
+        assert!(f.issuing_threads().is_empty());
     }
 
     #[test]

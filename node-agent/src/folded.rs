@@ -23,6 +23,9 @@ pub const TRUNCATED: &str = "[truncated]";
 pub const OTHER: &str = "[other stacks]";
 /// Suffix of the root frame of a process's main thread.
 pub const MAIN_SUFFIX: &str = " [main]";
+/// Suffix of the root frame of a thread other than main that issues the
+/// rank's collectives (the coordinator's `flame::TRAIN_SUFFIX`).
+pub const TRAIN_SUFFIX: &str = " [train]";
 /// Default bound on distinct stacks per rank, view and window.
 pub const DEFAULT_MAX_STACKS: usize = 4096;
 
@@ -77,6 +80,8 @@ pub struct Folder {
     /// Launch records whose stack was cut short.
     pub truncated_launches: u64,
     gpu: GpuTimer,
+    /// Per process: threads other than main seen issuing collectives.
+    train: HashMap<u32, Vec<u32>>,
 }
 
 impl Folder {
@@ -90,6 +95,15 @@ impl Folder {
             unknown_pid_records: 0,
             truncated_launches: 0,
             gpu: GpuTimer::default(),
+            train: HashMap::new(),
+        }
+    }
+
+    /// The threads that issue each rank's collectives, (pid, tid).
+    pub fn set_training_threads(&mut self, threads: &[(u32, u32)]) {
+        self.train.clear();
+        for &(pid, tid) in threads.iter().filter(|(p, t)| p != t) {
+            self.train.entry(pid).or_default().push(tid);
         }
     }
 
@@ -101,6 +115,7 @@ impl Folder {
     /// Forgets process `pid` (exited; its last window was cut).
     pub fn forget(&mut self, pid: u32) {
         self.ranks.remove(&pid);
+        self.train.remove(&pid);
         self.gpu.forget(pid);
     }
 
@@ -121,10 +136,14 @@ impl Folder {
         let truncated = ev.flags & (flag::USER_TRUNCATED | flag::KERNEL_TRUNCATED) != 0;
         let mut frames: Vec<Arc<str>> = Vec::with_capacity(ev.user_frames().len() + 8);
         let comm = String::from_utf8_lossy(ev.comm());
-        // The process's main thread drives the training loop (and issues the
-        // collectives); mark it so reports can focus on it.
+        // The training loop runs on the main thread and on whichever threads
+        // issue the collectives (PyTorch DDP reduces from autograd hooks):
+        // mark them so reports can focus on them.
+        let issues = self.train.get(&ev.pid).is_some_and(|t| t.contains(&ev.tid));
         frames.push(if ev.tid == ev.pid {
             Arc::from(format!("{comm}{MAIN_SUFFIX}"))
+        } else if issues {
+            Arc::from(format!("{comm}{TRAIN_SUFFIX}"))
         } else {
             Arc::from(comm.as_ref())
         });
@@ -302,6 +321,33 @@ mod tests {
             assert!(s.frames.iter().all(|&i| (i as usize) < w.strings.len()));
         }
         assert!(f.cut(200, 200).is_empty(), "the next window starts empty");
+    }
+
+    #[test]
+    fn a_thread_that_issues_collectives_is_marked_as_the_training_thread() {
+        let mut sym = Symbolizer::new();
+        let mut f = Folder::new(0, 64);
+        f.set_rank(999_999, 3);
+        // tid 1001 issues collectives (a DDP autograd thread), 1002 does not;
+        // the main thread's own entry in the list changes nothing.
+        f.set_training_threads(&[(999_999, 1001), (999_999, 999_999)]);
+        for tid in [999_999, 1001, 1002] {
+            f.add(&ev_on(999_999, tid, StackKind::OnCpu, 1000, &[1]), &mut sym);
+        }
+        let w = f.cut(100, 100);
+        let names: Vec<&str> = w[0].strings.iter().map(String::as_str).collect();
+        assert!(names.contains(&"worker [main]"), "{names:?}");
+        assert!(names.contains(&"worker [train]"), "{names:?}");
+        assert!(names.contains(&"worker"), "{names:?}");
+        // Forgetting the process forgets its threads.
+        f.forget(999_999);
+        f.set_rank(999_999, 3);
+        f.add(
+            &ev_on(999_999, 1001, StackKind::OnCpu, 1000, &[1]),
+            &mut sym,
+        );
+        let w = f.cut(200, 200);
+        assert!(!w[0].strings.iter().any(|s| s.ends_with(TRAIN_SUFFIX)));
     }
 
     #[test]

@@ -561,6 +561,7 @@ fn cut(
         return Ok(());
     };
     if let Some(s) = stacks {
+        s.training_threads(&agent.issuing_threads());
         s.collectives(&batch.collectives);
         batch.stacks = s.take();
     }

@@ -90,6 +90,11 @@ impl StackCollector {
         Ok(())
     }
 
+    /// The threads that issue each rank's collectives, (pid, tid).
+    pub fn training_threads(&mut self, threads: &[(u32, u32)]) {
+        self.folder.set_training_threads(threads);
+    }
+
     /// Whose launch sites are recorded now.
     pub fn launch_sites(&self) -> &LaunchSites {
         &self.sites

@@ -169,6 +169,12 @@ impl StackFeed {
         self.collector.poll();
     }
 
+    /// The threads that issue each rank's collectives, (pid, tid): their
+    /// stacks are marked as the training thread from now on.
+    pub fn training_threads(&mut self, threads: &[(u32, u32)]) {
+        self.collector.training_threads(threads);
+    }
+
     /// GPU-side arrivals and completions of the collectives of a batch (on
     /// the reported clock): progress marks for the launch view's GPU time.
     pub fn collectives(&mut self, records: &[CollectiveRecord]) {

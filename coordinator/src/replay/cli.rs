@@ -135,6 +135,7 @@ pub fn analysis_json(args: &AnalyzeArgs, rec: &Recording, r: &Replayed) -> serde
         "unobserved_ranks": rec.unobserved_ranks(),
         "notes": rec.notes,
         "alerts": r.lines,
+        "what_if_by_group": r.groups,
     })
 }
 
@@ -169,6 +170,18 @@ pub fn run(args: &AnalyzeArgs) -> Result<Replayed, ReplayError> {
                 rec.world_size.unwrap_or(0),
                 super::kineto::compact(&missing)
             );
+        }
+        if !out.groups.is_empty() {
+            eprintln!("what-if by the source's own groups (each fixed at its peers' median, mean share of the step saved):");
+            for g in &out.groups {
+                eprintln!(
+                    "  {:<10} {:>6.1}%  over {} iterations (ranks {})",
+                    g.group,
+                    g.share * 100.0,
+                    g.per_iteration.len(),
+                    super::kineto::compact(&g.ranks)
+                );
+            }
         }
         eprintln!(
             "analyze: {} records from {} hosts in {:.2} s (read {:.2} s); report in {}",

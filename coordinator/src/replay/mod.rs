@@ -160,6 +160,9 @@ pub struct Recording {
     /// Training steps the source shows (study `step`s, `ProfilerStep`s),
     /// when it marks them.
     pub steps: Option<u64>,
+    /// Groups of ranks the source's layout names (the study's dp ranks and
+    /// stages), costed as one for a comparison with its own answer.
+    pub groups: Vec<(String, Vec<u32>)>,
 }
 
 impl Recording {
@@ -235,6 +238,8 @@ pub struct Replayed {
     pub trace: serde_json::Value,
     /// The alert lines a live coordinator would have printed, in order.
     pub lines: Vec<String>,
+    /// What-if cost of the source's own groups ([`Recording::groups`]).
+    pub groups: Vec<crate::analyzer::GroupCost>,
 }
 
 /// Feeds `rec` through a fresh [`Analyzer`] on a replay clock and returns
@@ -253,6 +258,7 @@ pub fn replay(
         let half = usize::try_from(n / DECIDE_PERIOD_AFTER_DIVISOR).unwrap_or(usize::MAX);
         cfg.iteration.detect_instances = cfg.iteration.detect_instances.min(half.max(8));
     }
+    cfg.whatif_groups = rec.groups.clone();
     let a = Analyzer::new(cfg);
     // (coordinator receive time, host index, batch index): a total order, so
     // same-time batches always go in the same order.
@@ -326,5 +332,6 @@ pub fn replay(
         report,
         trace,
         lines,
+        groups: a.group_costs(),
     })
 }

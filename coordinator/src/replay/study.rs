@@ -286,6 +286,33 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
             );
         }
     }
+    // The study decomposes its what-if by dp rank and by stage: the same
+    // groups are costed here for the comparison. "all" (every worker at its
+    // peers' median at once) is its ideal step: the job's own slowdown.
+    let mut all: Vec<u32> = workers
+        .iter()
+        .map(|(d, s)| rank_of(layout, *d, *s))
+        .collect();
+    all.sort_unstable();
+    t.groups.push(("all".into(), all));
+    for d in 0..layout.dp {
+        let m: Vec<u32> = (0..layout.pp)
+            .filter(|s| workers.contains(&(d, *s)))
+            .map(|s| rank_of(layout, d, s))
+            .collect();
+        if !m.is_empty() {
+            t.groups.push((format!("dp {d}"), m));
+        }
+    }
+    for s in 0..layout.pp {
+        let m: Vec<u32> = (0..layout.dp)
+            .filter(|d| workers.contains(&(*d, s)))
+            .map(|d| rank_of(layout, d, s))
+            .collect();
+        if !m.is_empty() {
+            t.groups.push((format!("stage {s}"), m));
+        }
+    }
     t.comms.insert(
         "world".into(),
         workers

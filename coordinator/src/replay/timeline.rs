@@ -60,6 +60,8 @@ pub struct Timeline {
     pub notes: Vec<String>,
     /// Training steps the source marks.
     pub steps: Option<u64>,
+    /// Rank groups the source's layout names ([`super::Recording::groups`]).
+    pub groups: Vec<(String, Vec<u32>)>,
 }
 
 /// A stable 64-bit id for a communicator name (FNV-1a): the same name gives
@@ -241,6 +243,7 @@ impl Timeline {
             world_size: Some(self.world_size),
             notes: std::mem::take(&mut self.notes),
             steps: self.steps,
+            groups: std::mem::take(&mut self.groups),
         })
     }
 }
