@@ -104,7 +104,22 @@ pub struct HangReport {
     pub communicator: String,
     pub sequence: u64,
     pub op: String,
+    /// The absent members' ranks; with `missing_count` set, the first
+    /// [`crate::join::HANG_LIST_MAX`] only.
     pub missing_ranks: Vec<u32>,
+    /// Set when more than [`crate::join::HANG_LIST_MAX`] members are
+    /// absent: how many in all (`missing_ranks` and `missing` then list the
+    /// first ones, by position in the communicator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_count: Option<u64>,
+    /// With `missing_count`: every absent member's rank as inclusive
+    /// `[first, last]` ranges (at most [`crate::join::MAX_MISSING_RANGES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_ranges: Option<Vec<[u32; 2]>>,
+    /// With `missing_count`: absent members in none of the ranges (never
+    /// announced by any agent, so of unknown rank, or past the range cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_unlisted: Option<u64>,
     pub missing: Vec<MissingMember>,
     pub present_ranks: Vec<u32>,
     pub iteration: Option<u64>,
@@ -245,7 +260,7 @@ pub fn render_human(r: &Report) -> String {
         let _ = writeln!(
             s,
             "HANG  {} of communicator {} instance {} never arrived (stuck since iteration {})",
-            fmt_ranks(&h.missing_ranks),
+            fmt_missing(h),
             h.communicator,
             h.sequence,
             h.iteration.map_or("?".into(), |i| i.to_string())
@@ -396,6 +411,14 @@ pub fn render_human(r: &Report) -> String {
             if h.active { "active" } else { "resolved" }
         );
         let _ = writeln!(s, "  - arrived: {}", fmt_ranks(&h.present_ranks));
+        if let Some(n) = h.missing_count {
+            let _ = writeln!(
+                s,
+                "  - missing: {}; the first {} of them:",
+                fmt_missing(h),
+                h.missing.len().min(n as usize)
+            );
+        }
         for m in &h.missing {
             let _ = writeln!(
                 s,
@@ -477,6 +500,20 @@ pub fn render_human(r: &Report) -> String {
         let _ = writeln!(s, "overhead: {}", o.summary);
     }
     s
+}
+
+/// A hang's absent members: its ranks, or past the list's bound the
+/// count with ranges.
+pub(crate) fn fmt_missing(h: &HangReport) -> String {
+    match (h.missing_count, &h.missing_ranges) {
+        (Some(count), Some(ranges)) => crate::join::MissingSummary {
+            count,
+            ranges: ranges.clone(),
+            unlisted: h.missing_unlisted.unwrap_or(0),
+        }
+        .describe(),
+        _ => fmt_ranks(&h.missing_ranks),
+    }
 }
 
 fn fmt_ranks(r: &[u32]) -> String {
