@@ -2114,6 +2114,7 @@ impl Analyzer {
             slowdown: core.pace.slowing(),
             overhead: lock(&self.overhead).report(),
             resumed: None,
+            truncated: None,
         }
     }
 
