@@ -1347,6 +1347,7 @@ impl Analyzer {
             let missing: Vec<String> = c
                 .missing
                 .iter()
+                .take(crate::join::HANG_LIST_MAX)
                 .map(|m| {
                     format!(
                         "rank {} on {} (last completed instance {})",
@@ -1357,15 +1358,23 @@ impl Analyzer {
                     )
                 })
                 .collect();
+            // A hang of thousands: the count and ranges, then the first few.
+            let (absent, missing) = match &c.summary {
+                Some(sm) => (
+                    sm.count as usize,
+                    format!("{}; the first: {}", sm.describe(), missing.join(", ")),
+                ),
+                None => (c.missing.len(), missing.join(", ")),
+            };
             let line = format!(
                 "HANG on communicator {:#x} {} instance {}: {} of {} members entered {} ago; missing {}{}",
                 c.comm_id,
                 crate::join::op_name(c.op),
                 c.key.display_seq(),
                 c.present_ranks.len(),
-                c.present_ranks.len() + c.missing.len(),
+                c.present_ranks.len() + absent,
                 classify::fmt_ns(now.saturating_sub(c.entered_at) as f64),
-                missing.join(", "),
+                missing,
                 if exited.is_empty() { String::new() } else { format!(" — exited: {exited:?}") }
             );
             let st = HangState {
@@ -2156,6 +2165,7 @@ impl Analyzer {
             slowdown: core.pace.slowing(),
             overhead: lock(&self.overhead).report(),
             resumed: None,
+            truncated: None,
         }
     }
 
@@ -2318,12 +2328,23 @@ fn split_hangs(hangs: &[HangState]) -> (Vec<&HangState>, Vec<&HangState>) {
 }
 
 fn hang_report(h: &HangState) -> report::HangReport {
+    // Past HANG_LIST_MAX absent members the lists hold the first ones and
+    // the summary says the rest; below it the report is as it always was.
+    let listed = match h.candidate.summary {
+        Some(_) => crate::join::HANG_LIST_MAX,
+        None => h.candidate.missing.len(),
+    };
+    let missing: Vec<_> = h.candidate.missing.iter().take(listed).cloned().collect();
+    let summary = h.candidate.summary.as_ref();
     report::HangReport {
         communicator: format!("{:#x}", h.candidate.comm_id),
         sequence: h.candidate.key.display_seq(),
         op: crate::join::op_name(h.candidate.op).to_owned(),
-        missing_ranks: h.candidate.missing.iter().map(|m| m.rank).collect(),
-        missing: h.candidate.missing.clone(),
+        missing_ranks: missing.iter().map(|m| m.rank).collect(),
+        missing_count: summary.map(|s| s.count),
+        missing_ranges: summary.map(|s| s.ranges.clone()),
+        missing_unlisted: summary.map(|s| s.unlisted),
+        missing,
         present_ranks: h.candidate.present_ranks.clone(),
         iteration: h.iteration,
         first_seen: h.wall,
@@ -2439,6 +2460,7 @@ mod tests {
                         last_completed_seq: None,
                     })
                     .collect(),
+                summary: None,
             },
             iteration: None,
             detected_at: 0,

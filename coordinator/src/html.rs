@@ -170,10 +170,14 @@ fn banner(s: &mut String, r: &Report) {
         if bad { "bad" } else { "ok" }
     );
     for h in &hangs {
+        let who = match h.missing_count {
+            Some(_) => crate::report::fmt_missing(h),
+            None => format!("ranks {}", join_u32(&h.missing_ranks)),
+        };
         let _ = write!(
             s,
-            "<div>HANG: ranks {} never arrived at {} #{} of communicator {}</div>",
-            esc(&join_u32(&h.missing_ranks)),
+            "<div>HANG: {} never arrived at {} #{} of communicator {}</div>",
+            esc(&who),
             esc(&h.op),
             h.sequence,
             esc(&h.communicator)
@@ -741,7 +745,10 @@ fn hangs(s: &mut String, r: &Report) {
             esc(&h.op),
             h.sequence,
             esc(&h.communicator),
-            esc(&join_u32(&h.missing_ranks)),
+            esc(&match h.missing_count {
+                Some(_) => crate::report::fmt_missing(h),
+                None => join_u32(&h.missing_ranks),
+            }),
             esc(&join_u32(&h.present_ranks)),
             h.iteration.map_or("?".into(), |i| i.to_string())
         );

@@ -1,9 +1,10 @@
 //! The QUIC server agents send batches to.
 //!
 //! Per connection: the agent opens a bidirectional stream with [`Hello`]
-//! (job token); a wrong token, a late or malformed hello, or an agent id or
-//! host another live connection holds is refused, logged (rate-limited) and
-//! counted by reason. Until then the connection has a tiny receive window
+//! (job token); a wrong token, a late or malformed hello, a host or agent
+//! id other than the agent's certificate is bound to (mutual TLS with
+//! per-host certificates), or an agent id or host another live connection
+//! holds is refused, logged (rate-limited) and counted by reason. Until then the connection has a tiny receive window
 //! and one stream, and connections waiting for their hello are capped per
 //! source address and in total ([`crate::admission`]). Then every
 //! bidirectional stream carries one batch; streams are read concurrently,
@@ -26,6 +27,7 @@ use std::{
 
 use dashmap::DashMap;
 use quinn::{Connection, Endpoint, Incoming};
+use rustls::pki_types::CertificateDer;
 use slowrank_shared::wire::{
     self, Batch, Control, Hello, HelloReply, HEADER_LEN, MAX_MESSAGE_BYTES,
 };
@@ -532,12 +534,68 @@ async fn reply(send: &mut quinn::SendStream, accepted: bool, reason: String) {
     }
 }
 
-/// Reads and judges the hello: a valid token, and an agent id and host no
-/// other live connection holds (claimed for `conn` on success).
+/// Refusals [`handshake`] counts and logs itself (with the hello's names).
+const HELLO_REFUSALS: [&str; 5] = [
+    "invalid_token",
+    "agent_id_in_use",
+    "host_in_use",
+    "host_not_in_certificate",
+    "agent_id_not_in_certificate",
+];
+
+/// The host the peer's verified certificate binds it to (mutual TLS with
+/// per-host certificates); `None` without a certificate or for a job-wide one.
+fn certificate_host(conn: &Connection) -> Result<Option<String>, Refusal> {
+    let Some(chain) = conn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+    else {
+        return Ok(None);
+    };
+    match chain.first() {
+        Some(leaf) => crate::tls::cert_host(leaf)
+            .map_err(|e| Refusal::new("bad_certificate", format!("agent certificate: {e}"))),
+        None => Ok(None),
+    }
+}
+
+/// Whether `agent_id` may be used by an agent bound to `host`: the agent
+/// makes its id as `<host>-<pid>-<time>`, so one host's certificate cannot
+/// take (or poison the batch numbering of) another host's agent id.
+fn agent_id_of_host(agent_id: &str, host: &str) -> bool {
+    agent_id
+        .strip_prefix(host)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+}
+
+/// Reads and judges the hello: a valid token, the host its certificate is
+/// bound to (if it is), and an agent id and host no other live connection
+/// holds (claimed for `conn` on success).
 async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hello, Refusal> {
     let (mut send, hello) = read_hello(conn).await?;
+    let bound = certificate_host(conn)?;
     let refusal = if !token_matches(&hello.token, &shared.token) {
         Some(Refusal::new("invalid_token", "invalid job token"))
+    } else if let Some(h) = bound.as_ref().filter(|h| **h != hello.host) {
+        Some(Refusal::new(
+            "host_not_in_certificate",
+            format!(
+                "the hello claims host {:?} but the agent's certificate is for {h:?} \
+                 (run the agent with --host {h})",
+                hello.host
+            ),
+        ))
+    } else if let Some(h) = bound
+        .as_ref()
+        .filter(|h| !agent_id_of_host(&hello.agent_id, h))
+    {
+        Some(Refusal::new(
+            "agent_id_not_in_certificate",
+            format!(
+                "agent id {:?} is not one of host {h:?}'s (`{h}-...`), which the certificate is for",
+                hello.agent_id
+            ),
+        ))
     } else {
         lock(&shared.claims)
             .claim(&hello.agent_id, &hello.host, conn.stable_id() as u64)
@@ -755,7 +813,7 @@ async fn serve_connection(
     let hello = match handshake(&conn, shared).await {
         Ok(h) => h,
         Err(r) => {
-            if !matches!(r.label, "invalid_token" | "agent_id_in_use" | "host_in_use") {
+            if !HELLO_REFUSALS.contains(&r.label) {
                 shared.refused(r.label, remote, &r.detail);
                 conn.close(1u32.into(), r.detail.as_bytes());
             }
@@ -904,7 +962,16 @@ async fn serve_connection(
 
 #[cfg(test)]
 mod tests {
-    use super::token_matches;
+    use super::{agent_id_of_host, token_matches};
+
+    #[test]
+    fn agent_ids_belong_to_the_host_they_start_with() {
+        assert!(agent_id_of_host("node-1-4242-99", "node-1"));
+        assert!(agent_id_of_host("node-1", "node-1"));
+        assert!(!agent_id_of_host("node-0-4242-99", "node-1"));
+        assert!(!agent_id_of_host("node-10-4242-99", "node-1"));
+        assert!(!agent_id_of_host("agent-0", "node-1"));
+    }
 
     #[test]
     fn token_comparison() {

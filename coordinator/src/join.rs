@@ -113,6 +113,85 @@ pub struct HangCandidate {
     pub first_agent_ns: u64,
     pub present_ranks: Vec<u32>,
     pub missing: Vec<MissingMember>,
+    /// Set when more than [`HANG_LIST_MAX`] members are absent: all of them
+    /// as a count with rank ranges (`missing` names at most
+    /// [`MAX_NAMED_MISSING`]; reports and alerts list [`HANG_LIST_MAX`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<MissingSummary>,
+}
+
+/// Absent members listed one by one in reports and alerts at most; past
+/// this a hang is said as a count with rank ranges. Real hangs miss a few
+/// ranks (a dead host: 8); a thousand-line list helps nobody, and a
+/// 2^20-rank one made a 206 MB report.
+pub const HANG_LIST_MAX: usize = 64;
+
+/// Rank ranges in one [`MissingSummary`] at most: a hang missing every
+/// other rank must not become a range per rank; the rest is counted.
+pub const MAX_MISSING_RANGES: usize = 256;
+
+/// A hang's absent members in short.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MissingSummary {
+    /// Absent members in all.
+    pub count: u64,
+    /// Their global ranks as inclusive `[first, last]` ranges, lowest
+    /// first, at most [`MAX_MISSING_RANGES`].
+    pub ranges: Vec<[u32; 2]>,
+    /// Absent members in none of the ranges: no agent ever announced them
+    /// (their rank is unknown), or they are past the range cap.
+    pub unlisted: u64,
+}
+
+impl MissingSummary {
+    /// `ranks` are the absent members' global ranks where known; `count`
+    /// the absent members in all.
+    pub fn new(count: u64, mut ranks: Vec<u32>) -> Self {
+        ranks.sort_unstable();
+        ranks.dedup();
+        let mut ranges: Vec<[u32; 2]> = Vec::new();
+        let mut listed = 0u64;
+        for r in ranks {
+            let full = ranges.len() == MAX_MISSING_RANGES;
+            match ranges.last_mut() {
+                Some(last) if last[1].checked_add(1) == Some(r) => last[1] = r,
+                _ if full => break,
+                _ => ranges.push([r, r]),
+            }
+            listed += 1;
+        }
+        Self {
+            count,
+            ranges,
+            unlisted: count.saturating_sub(listed),
+        }
+    }
+
+    /// "1048575 members, ranks 1-1048575" (and what is not listed).
+    pub fn describe(&self) -> String {
+        let ranges: Vec<String> = self
+            .ranges
+            .iter()
+            .map(|[a, b]| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect();
+        let mut s = format!("{} members", self.count);
+        if !ranges.is_empty() {
+            s += &format!(", ranks {}", ranges.join(", "));
+        }
+        if self.unlisted > 0 {
+            s += &format!(
+                " ({} not in the ranges: never announced by an agent, or past {MAX_MISSING_RANGES} ranges)",
+                self.unlisted
+            );
+        }
+        s
+    }
 }
 
 /// Open instances per communicator at most, however small it is.
@@ -763,6 +842,15 @@ impl Joiner {
                 let open = st.open.remove(&key).expect("listed");
                 self.open_total.fetch_sub(1, Ordering::Relaxed);
                 st.close(key, self.closed_cap());
+                // Said as ranges over every absent member, before the list
+                // is cut: ranks past the named ones are in the ranges too.
+                let summary = (absent.len() > HANG_LIST_MAX).then(|| {
+                    let known = absent
+                        .iter()
+                        .filter_map(|p| st.slots.get(p).map(|s| s.rank))
+                        .collect();
+                    MissingSummary::new(absent.len() as u64, known)
+                });
                 if absent.len() > MAX_NAMED_MISSING {
                     let extra = (absent.len() - MAX_NAMED_MISSING) as u64;
                     absent.truncate(MAX_NAMED_MISSING);
@@ -795,6 +883,7 @@ impl Joiner {
                         first_agent_ns: open.first_agent_ns,
                         present_ranks,
                         missing,
+                        summary,
                     };
                     // Only the earliest hung instances per communicator matter.
                     if st.hangs.len() < 4 {
@@ -848,6 +937,30 @@ fn passed(st: &CommState, key: InstanceKey, p: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_missing_ranks_are_a_count_with_ranges() {
+        let mut ranks: Vec<u32> = (1..(1u32 << 20)).rev().collect();
+        ranks.push(7); // said twice: counted once in the ranges
+        let s = MissingSummary::new(1 << 20, ranks);
+        assert_eq!(s.ranges, vec![[1, (1 << 20) - 1]]);
+        assert_eq!(s.unlisted, 1, "one absent member has no known rank");
+        assert!(s
+            .describe()
+            .starts_with("1048576 members, ranks 1-1048575 (1 not"));
+        // Every other rank: the ranges stop at the cap, the rest is counted.
+        let sparse = MissingSummary::new(1000, (0..1000).map(|r| r * 2).collect());
+        assert_eq!(sparse.ranges.len(), MAX_MISSING_RANGES);
+        assert_eq!(sparse.ranges[1], [2, 2]);
+        assert_eq!(sparse.unlisted, 1000 - MAX_MISSING_RANGES as u64);
+        // None known: only the count.
+        let unknown = MissingSummary::new(5, Vec::new());
+        assert!(unknown.ranges.is_empty());
+        assert_eq!(
+            unknown.describe(),
+            "5 members (5 not in the ranges: never announced by an agent, or past 256 ranges)"
+        );
+    }
 
     fn comm(rank: u32, pos: u32, n: u32) -> CommRecord {
         CommRecord {

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use slowrank_coordinator::{
     outputs, render_human, render_json,
     serve::{ServeConfig, Server},
-    tls::{make_job_pki, Identity},
+    tls::{make_job_pki, make_job_pki_for_hosts, Identity},
 };
 
 /// Finds the rank that slows a distributed GPU training job down.
@@ -28,9 +28,13 @@ enum Command {
     /// Show a report written by `slowrank serve --out DIR`.
     Report(ReportArgs),
     /// Make a per-job CA and certificates for mutual TLS: `serve --tls-dir
-    /// DIR` then demands agent certificates signed by it. Give each agent
-    /// DIR/ca.crt (--ca), DIR/agent.crt (--cert) and DIR/agent.key (--key);
-    /// keep DIR/ca.key offline.
+    /// DIR` then demands agent certificates signed by it. With --hosts, one
+    /// agent certificate per host (DIR/agents/HOST.crt, .key): the
+    /// coordinator takes each agent's host name from its certificate and
+    /// refuses a hello claiming another. Without, one certificate for every
+    /// agent (DIR/agent.crt, .key), bound to no host. Give each agent
+    /// DIR/ca.crt (--ca) and its certificate and key (--cert, --key); keep
+    /// DIR/ca.key offline.
     Certs(CertsArgs),
     /// Analyze a recorded job (slowrank records, PyTorch profiler traces,
     /// the straggler study's parquet) through the same stages as live data.
@@ -48,6 +52,12 @@ struct CertsArgs {
     /// agents use in --server-name). Repeatable.
     #[arg(long = "san", value_name = "NAME")]
     sans: Vec<String>,
+    /// Issue one agent certificate per host, bound to that host name (the
+    /// name its agent reports: `slowrank-agent --host`, default the
+    /// machine's hostname). Comma-separated or repeated; letters, digits,
+    /// '-', '_' and '.'.
+    #[arg(long, value_name = "HOST,...", value_delimiter = ',')]
+    hosts: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -312,16 +322,30 @@ async fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn certs(args: CertsArgs) -> Result<()> {
-    let pki = make_job_pki(&args.out, &args.sans)
-        .with_context(|| format!("making the job PKI in {}", args.out.display()))?;
+    let pki = if args.hosts.is_empty() {
+        make_job_pki(&args.out, &args.sans)
+    } else {
+        make_job_pki_for_hosts(&args.out, &args.sans, &args.hosts)
+    }
+    .with_context(|| format!("making the job PKI in {}", args.out.display()))?;
     for f in &pki.files {
         println!("wrote {}", f.display());
     }
-    println!(
-        "coordinator: slowrank serve --tls-dir {dir}   (now requires agent certificates)\n\
-         agents:      slowrank-agent --ca {dir}/ca.crt --cert {dir}/agent.crt --key {dir}/agent.key ...\n\
-         keep {dir}/ca.key offline; it is only needed to issue more certificates",
-        dir = pki.dir.display()
-    );
+    let dir = pki.dir.display();
+    println!("coordinator: slowrank serve --tls-dir {dir}   (now requires agent certificates)");
+    if args.hosts.is_empty() {
+        println!(
+            "agents:      slowrank-agent --ca {dir}/ca.crt --cert {dir}/agent.crt --key {dir}/agent.key ...\n\
+             (one certificate for every agent: host names are not bound to it; \
+             `--hosts` issues one per host)"
+        );
+    } else {
+        println!(
+            "agent on HOST: slowrank-agent --host HOST --ca {dir}/ca.crt \
+             --cert {dir}/agents/HOST.crt --key {dir}/agents/HOST.key ...\n\
+             (its hello must name HOST, or it is refused)"
+        );
+    }
+    println!("keep {dir}/ca.key offline; it is only needed to issue more certificates");
     Ok(())
 }

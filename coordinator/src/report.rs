@@ -49,6 +49,114 @@ pub struct Report {
     /// the same `--out`): how many, and what the earlier ones counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed: Option<crate::resume::ResumeInfo>,
+    /// Set when the report was cut to fit [`MAX_REPORT_BYTES`]: the bound
+    /// and how many entries of each list were left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<Truncation>,
+}
+
+/// `report.json` written by `slowrank serve` is at most this long. A
+/// 4,096-rank job's report is a few MiB (per-rank overhead, per-host
+/// clocks, 8,192 agents at most); 16 MiB leaves room for that and keeps
+/// rewriting it every few seconds cheap, whatever agents send (a 2^20-rank
+/// hang once made a 206 MB report).
+pub const MAX_REPORT_BYTES: usize = 16 << 20;
+
+/// What [`Report::bound_size`] left out.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Truncation {
+    /// The bound on `report.json`, in bytes.
+    pub bound_bytes: u64,
+    /// Entries left out, by list (`resolved_stalls`, `agents`, ...).
+    pub left_out: std::collections::BTreeMap<String, u64>,
+}
+
+/// Removes entries from `list` (from its end, or its front when
+/// `oldest_first`) worth about `excess` bytes of JSON, at least one;
+/// returns how many.
+fn cut<T: serde::Serialize>(list: &mut Vec<T>, excess: usize, oldest_first: bool) -> u64 {
+    if list.is_empty() {
+        return 0;
+    }
+    let bytes = serde_json::to_string_pretty(list).map_or(0, |j| j.len());
+    let per = (bytes / list.len()).max(1);
+    let n = excess.div_ceil(per).clamp(1, list.len());
+    if oldest_first {
+        list.drain(..n);
+    } else {
+        list.truncate(list.len() - n);
+    }
+    n as u64
+}
+
+/// Cuts from `list` only the entries `cuttable` says may go, keeping the
+/// order of the rest.
+fn cut_where<T: serde::Serialize>(
+    list: &mut Vec<T>,
+    excess: usize,
+    cuttable: impl Fn(&T) -> bool,
+) -> u64 {
+    let (mut may, keep): (Vec<T>, Vec<T>) = std::mem::take(list).into_iter().partition(cuttable);
+    let n = cut(&mut may, excess, true);
+    *list = keep;
+    list.append(&mut may);
+    n
+}
+
+impl Report {
+    /// Cuts the least important lists until the JSON is at most
+    /// `max_bytes`, saying in [`Report::truncated`] what was left out:
+    /// stalls that resolved, hangs that are consequences of others, agents
+    /// gone, per-rank overhead, exited ranks, then agents still here, past
+    /// verdicts, hangs and per-host clocks. Verdicts still active are
+    /// never cut. False when it still does not fit.
+    pub fn bound_size(&mut self, max_bytes: usize) -> bool {
+        let size = |r: &Report| render_json(r).map_or(usize::MAX, |j| j.len());
+        let mut len = size(self);
+        if len <= max_bytes {
+            return true;
+        }
+        let mut t = self.truncated.take().unwrap_or_default();
+        t.bound_bytes = max_bytes as u64;
+        // The note itself takes room: a few hundred bytes.
+        let room = max_bytes.saturating_sub(512);
+        type Step = fn(&mut Report, usize) -> u64;
+        let steps: [(&str, Step); 9] = [
+            ("resolved_stalls", |r, x| {
+                cut(&mut r.resolved_stalls, x, true)
+            }),
+            ("blocked_hangs", |r, x| cut(&mut r.blocked_hangs, x, false)),
+            ("agents_gone", |r, x| {
+                cut_where(&mut r.agents, x, |a| !a.connected)
+            }),
+            ("overhead_ranks", |r, x| {
+                r.overhead
+                    .as_mut()
+                    .map_or(0, |o| cut(&mut o.ranks, x, false))
+            }),
+            ("exited_ranks", |r, x| {
+                cut(&mut r.job.exited_ranks, x, false)
+            }),
+            ("agents", |r, x| cut(&mut r.agents, x, false)),
+            ("verdicts_past", |r, x| {
+                cut_where(&mut r.verdicts, x, |v| !v.active)
+            }),
+            ("hangs", |r, x| cut(&mut r.hangs, x, false)),
+            ("clock_hosts", |r, x| cut(&mut r.clock.hosts, x, false)),
+        ];
+        for (name, step) in steps {
+            while len > room {
+                let n = step(self, len - room);
+                if n == 0 {
+                    break;
+                }
+                *t.left_out.entry(name.to_owned()).or_default() += n;
+                len = size(self);
+            }
+        }
+        self.truncated = Some(t);
+        size(self) <= max_bytes
+    }
 }
 
 /// One agent connection as seen by `slowrank serve`.
@@ -104,7 +212,22 @@ pub struct HangReport {
     pub communicator: String,
     pub sequence: u64,
     pub op: String,
+    /// The absent members' ranks; with `missing_count` set, the first
+    /// [`crate::join::HANG_LIST_MAX`] only.
     pub missing_ranks: Vec<u32>,
+    /// Set when more than [`crate::join::HANG_LIST_MAX`] members are
+    /// absent: how many in all (`missing_ranks` and `missing` then list the
+    /// first ones, by position in the communicator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_count: Option<u64>,
+    /// With `missing_count`: every absent member's rank as inclusive
+    /// `[first, last]` ranges (at most [`crate::join::MAX_MISSING_RANGES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_ranges: Option<Vec<[u32; 2]>>,
+    /// With `missing_count`: absent members in none of the ranges (never
+    /// announced by any agent, so of unknown rank, or past the range cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_unlisted: Option<u64>,
     pub missing: Vec<MissingMember>,
     pub present_ranks: Vec<u32>,
     pub iteration: Option<u64>,
@@ -241,11 +364,20 @@ pub fn render_human(r: &Report) -> String {
     if !r.job.exited_ranks.is_empty() {
         let _ = writeln!(s, "EXIT  {} exited", fmt_ranks(&r.job.exited_ranks));
     }
+    if let Some(t) = &r.truncated {
+        let left: Vec<String> = t.left_out.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let _ = writeln!(
+            s,
+            "CUT   report cut to {} bytes: left out {}",
+            t.bound_bytes,
+            left.join(", ")
+        );
+    }
     for h in &active_hangs {
         let _ = writeln!(
             s,
             "HANG  {} of communicator {} instance {} never arrived (stuck since iteration {})",
-            fmt_ranks(&h.missing_ranks),
+            fmt_missing(h),
             h.communicator,
             h.sequence,
             h.iteration.map_or("?".into(), |i| i.to_string())
@@ -396,6 +528,14 @@ pub fn render_human(r: &Report) -> String {
             if h.active { "active" } else { "resolved" }
         );
         let _ = writeln!(s, "  - arrived: {}", fmt_ranks(&h.present_ranks));
+        if let Some(n) = h.missing_count {
+            let _ = writeln!(
+                s,
+                "  - missing: {}; the first {} of them:",
+                fmt_missing(h),
+                h.missing.len().min(n as usize)
+            );
+        }
         for m in &h.missing {
             let _ = writeln!(
                 s,
@@ -479,6 +619,20 @@ pub fn render_human(r: &Report) -> String {
     s
 }
 
+/// A hang's absent members: its ranks, or past the list's bound the
+/// count with ranges.
+pub(crate) fn fmt_missing(h: &HangReport) -> String {
+    match (h.missing_count, &h.missing_ranges) {
+        (Some(count), Some(ranges)) => crate::join::MissingSummary {
+            count,
+            ranges: ranges.clone(),
+            unlisted: h.missing_unlisted.unwrap_or(0),
+        }
+        .describe(),
+        _ => fmt_ranks(&h.missing_ranks),
+    }
+}
+
 fn fmt_ranks(r: &[u32]) -> String {
     match r {
         [one] => format!("rank {one}"),
@@ -515,5 +669,76 @@ mod short_frame_tests {
             "GPU:gemm_backward_kernel"
         );
         assert_eq!(super::short_frame("a::b::c"), "c");
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    fn agent(i: usize, connected: bool) -> AgentReport {
+        AgentReport {
+            agent_id: format!("agent-{i}"),
+            host: format!("host-{i}"),
+            connected,
+            connected_at: Utc::now(),
+            disconnected_at: None,
+            reason: None,
+            batches: 1,
+            ranks_unobserved: vec![1, 2, 3],
+        }
+    }
+
+    fn stall(i: u64) -> HangReport {
+        HangReport {
+            communicator: format!("{i:#x}"),
+            sequence: i,
+            op: "all_reduce".into(),
+            missing_ranks: vec![1],
+            missing_count: None,
+            missing_ranges: None,
+            missing_unlisted: None,
+            missing: Vec::new(),
+            present_ranks: (0..64).collect(),
+            iteration: Some(i),
+            first_seen: None,
+            active: false,
+            exited_ranks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_report_over_its_bound_cuts_the_least_important_lists_and_says_so() {
+        let mut r = crate::Analyzer::new(crate::AnalyzerConfig::default()).report();
+        let small = render_json(&r).unwrap();
+        let mut fits = r.clone();
+        assert!(fits.bound_size(small.len()));
+        assert_eq!(
+            render_json(&fits).unwrap(),
+            small,
+            "a report within its bound is untouched"
+        );
+
+        r.resolved_stalls = (0..4_000).map(stall).collect();
+        r.agents = (0..2_000).map(|i| agent(i, i % 2 == 0)).collect();
+        let bound = 512 << 10;
+        assert!(render_json(&r).unwrap().len() > 4 * bound);
+        assert!(r.bound_size(bound));
+        let json = render_json(&r).unwrap();
+        assert!(json.len() <= bound, "{} bytes", json.len());
+        let t = r.truncated.clone().expect("the cut is said");
+        assert_eq!(t.bound_bytes, bound as u64);
+        // Stalls go first, every one; then agents gone, the connected kept.
+        assert_eq!(t.left_out["resolved_stalls"], 4_000);
+        assert!(r.resolved_stalls.is_empty());
+        let gone = t.left_out["agents_gone"];
+        assert!(gone > 0 && gone <= 1_000, "{t:?}");
+        assert!(!t.left_out.contains_key("agents"), "{t:?}");
+        assert_eq!(r.agents.iter().filter(|a| a.connected).count(), 1_000);
+        assert_eq!(r.agents.len() as u64, 2_000 - gone);
+        assert!(render_human(&r).contains("CUT   report cut to 524288 bytes: left out"));
+        // It reads back as a report.
+        let back: Report = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.truncated, Some(t));
     }
 }

@@ -486,6 +486,13 @@ impl Server {
             );
             // After the annotation: it needs this life's verdict times.
             earlier.merge_into(&mut report, started);
+            // Bounded whatever agents send; the page is made from the same.
+            if !report.bound_size(crate::report::MAX_REPORT_BYTES) {
+                warn!(
+                    "report.json is over {} bytes even with every list it may cut cut",
+                    crate::report::MAX_REPORT_BYTES
+                );
+            }
             let t2 = t0.elapsed();
             let trace = a.trace_json();
             let t3 = t0.elapsed();

@@ -6,7 +6,9 @@
 //!   the certificate as their CA (`slowrank-agent --ca`), so they only talk to
 //!   this coordinator; they prove themselves with the job token.
 //! * mutual TLS: `slowrank certs` ([`make_job_pki`]) makes a per-job CA, the
-//!   coordinator's certificate and an agent certificate, all signed by it.
+//!   coordinator's certificate and agent certificates, all signed by it:
+//!   one per host (`--hosts`, [`make_job_pki_for_hosts`]), which binds the
+//!   agent to that host name ([`cert_host`]), or one for the whole job.
 //!   When the directory holds `ca.crt`, the server demands a client
 //!   certificate signed by that CA; a connection without one fails the
 //!   handshake before it can send anything.
@@ -30,6 +32,15 @@ pub const CA_FILE: &str = "ca.crt";
 pub const CA_KEY_FILE: &str = "ca.key";
 pub const AGENT_CERT_FILE: &str = "agent.crt";
 pub const AGENT_KEY_FILE: &str = "agent.key";
+/// Where per-host agent certificates go: `agents/<host>.crt`, `.key`.
+pub const AGENTS_DIR: &str = "agents";
+/// A per-host agent certificate carries its host as a URI SAN with this
+/// prefix. The CN and a DNS SAN say the same for people and tools, but the
+/// URI is what the coordinator trusts: a job-wide certificate has DNS names
+/// too, and must not be read as bound to a host that happens to share one.
+pub const HOST_URI_PREFIX: &str = "urn:slowrank:host:";
+/// Longest host name accepted (a DNS name's limit).
+const MAX_HOST_NAME: usize = 253;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -55,6 +66,15 @@ pub enum TlsError {
     ClientCa(#[from] rustls::server::VerifierBuilderError),
     #[error("{0} already exists: refusing to overwrite a job's keys")]
     Exists(PathBuf),
+    #[error(
+        "host name {0:?} is not usable in a certificate file name: use 1 to {MAX_HOST_NAME} \
+         characters of letters, digits, '-', '_' and '.', not starting with '.' or '-'"
+    )]
+    BadHostName(String),
+    #[error("cannot parse the peer's certificate")]
+    PeerCert(#[source] webpki::Error),
+    #[error("the peer's certificate names several hosts ({0:?})")]
+    AmbiguousHost(Vec<String>),
 }
 
 /// A certificate chain and its private key.
@@ -174,28 +194,98 @@ pub struct JobPki {
 
 /// Makes a per-job CA and, signed by it, the coordinator's certificate
 /// (for [`SERVER_NAME`], `localhost` and `extra_names`) and one agent
-/// certificate, in `dir`. Keys are written 0600. Refuses to overwrite.
+/// certificate for the whole job (`agent.crt`: not bound to a host, so its
+/// holders are bound like token holders, by first live connection), in
+/// `dir`. Keys are written 0600. Refuses to overwrite.
 pub fn make_job_pki(dir: &Path, extra_names: &[String]) -> Result<JobPki, TlsError> {
+    make_pki(dir, extra_names, None)
+}
+
+/// The same, with one agent certificate per host instead
+/// (`agents/<host>.crt` and `.key`): the coordinator takes an agent's host
+/// from its certificate and refuses a hello that claims another.
+pub fn make_job_pki_for_hosts(
+    dir: &Path,
+    extra_names: &[String],
+    hosts: &[String],
+) -> Result<JobPki, TlsError> {
+    make_pki(dir, extra_names, Some(hosts))
+}
+
+/// Whether `host` can name a certificate file and a SAN as it is (no path
+/// separators, no hidden or option-like names).
+pub fn valid_host_name(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= MAX_HOST_NAME
+        && !host.starts_with(['.', '-'])
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// The host an agent certificate is bound to (its [`HOST_URI_PREFIX`] SAN);
+/// `None` for a certificate bound to no host (the job-wide `agent.crt`).
+/// Only meaningful for a certificate the TLS layer has verified.
+pub fn cert_host(der: &CertificateDer<'_>) -> Result<Option<String>, TlsError> {
+    let cert = webpki::EndEntityCert::try_from(der).map_err(TlsError::PeerCert)?;
+    let mut hosts: Vec<String> = cert
+        .valid_uri_names()
+        .filter_map(|u| u.strip_prefix(HOST_URI_PREFIX))
+        .map(str::to_owned)
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    match hosts.len() {
+        0 => Ok(None),
+        1 => Ok(hosts.pop()),
+        _ => Err(TlsError::AmbiguousHost(hosts)),
+    }
+}
+
+fn make_pki(
+    dir: &Path,
+    extra_names: &[String],
+    hosts: Option<&[String]>,
+) -> Result<JobPki, TlsError> {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose,
+        KeyUsagePurpose, SanType,
     };
-    fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let names = [
-        CA_FILE,
-        CA_KEY_FILE,
-        CERT_FILE,
-        KEY_FILE,
-        AGENT_CERT_FILE,
-        AGENT_KEY_FILE,
-    ];
-    for n in names {
-        if dir.join(n).exists() {
-            return Err(TlsError::Exists(dir.join(n)));
+    let mut hosts: Option<Vec<String>> = hosts.map(<[String]>::to_vec);
+    if let Some(h) = &mut hosts {
+        if let Some(bad) = h.iter().find(|h| !valid_host_name(h)) {
+            return Err(TlsError::BadHostName(bad.clone()));
         }
+        h.sort();
+        h.dedup();
+    }
+    let mut names: Vec<PathBuf> = [CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE]
+        .iter()
+        .map(|n| dir.join(n))
+        .collect();
+    match &hosts {
+        None => names.extend([dir.join(AGENT_CERT_FILE), dir.join(AGENT_KEY_FILE)]),
+        Some(h) => {
+            for host in h {
+                let base = dir.join(AGENTS_DIR).join(host);
+                names.extend([base.with_extension("crt"), base.with_extension("key")]);
+            }
+        }
+    }
+    for n in &names {
+        if n.exists() {
+            return Err(TlsError::Exists(n.clone()));
+        }
+    }
+    let mkdir = |d: &Path| {
+        fs::create_dir_all(d).map_err(|source| TlsError::Io {
+            path: d.to_owned(),
+            source,
+        })
+    };
+    mkdir(dir)?;
+    if hosts.is_some() {
+        mkdir(&dir.join(AGENTS_DIR))?;
     }
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -216,35 +306,61 @@ pub fn make_job_pki(dir: &Path, extra_names: &[String]) -> Result<JobPki, TlsErr
     let server_key = KeyPair::generate()?;
     let server_cert = server.signed_by(&server_key, &ca, &ca_key)?;
 
-    let mut agent = CertificateParams::new(vec!["slowrank-agent".to_owned()])?;
-    agent
-        .distinguished_name
-        .push(DnType::CommonName, "slowrank agent");
-    agent.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let agent_key = KeyPair::generate()?;
-    let agent_cert = agent.signed_by(&agent_key, &ca, &ca_key)?;
-
-    let public = [
-        (CA_FILE, ca.pem()),
-        (CERT_FILE, server_cert.pem()),
-        (AGENT_CERT_FILE, agent_cert.pem()),
+    // (certificate file, key file, host it is bound to)
+    let agents: Vec<(PathBuf, PathBuf, Option<&str>)> = match &hosts {
+        None => vec![(dir.join(AGENT_CERT_FILE), dir.join(AGENT_KEY_FILE), None)],
+        Some(h) => h
+            .iter()
+            .map(|host| {
+                let base = dir.join(AGENTS_DIR).join(host);
+                (
+                    base.with_extension("crt"),
+                    base.with_extension("key"),
+                    Some(host.as_str()),
+                )
+            })
+            .collect(),
+    };
+    let mut public = vec![
+        (dir.join(CA_FILE), ca.pem()),
+        (dir.join(CERT_FILE), server_cert.pem()),
     ];
-    let private = [
-        (CA_KEY_FILE, ca_key.serialize_pem()),
-        (KEY_FILE, server_key.serialize_pem()),
-        (AGENT_KEY_FILE, agent_key.serialize_pem()),
+    let mut private = vec![
+        (dir.join(CA_KEY_FILE), ca_key.serialize_pem()),
+        (dir.join(KEY_FILE), server_key.serialize_pem()),
     ];
+    for (crt, key, host) in agents {
+        let mut agent = CertificateParams::new(Vec::<String>::new())?;
+        match host {
+            Some(h) => {
+                agent.distinguished_name.push(DnType::CommonName, h);
+                agent.subject_alt_names = vec![
+                    SanType::DnsName(h.try_into()?),
+                    SanType::URI(format!("{HOST_URI_PREFIX}{h}").try_into()?),
+                ];
+            }
+            None => {
+                agent
+                    .distinguished_name
+                    .push(DnType::CommonName, "slowrank agent");
+                agent.subject_alt_names = vec![SanType::DnsName("slowrank-agent".try_into()?)];
+            }
+        }
+        agent.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let agent_key = KeyPair::generate()?;
+        let agent_cert = agent.signed_by(&agent_key, &ca, &ca_key)?;
+        public.push((crt, agent_cert.pem()));
+        private.push((key, agent_key.serialize_pem()));
+    }
     let mut files = Vec::new();
-    for (n, pem) in public {
-        let p = dir.join(n);
+    for (p, pem) in public {
         fs::write(&p, pem).map_err(|source| TlsError::Io {
             path: p.clone(),
             source,
         })?;
         files.push(p);
     }
-    for (n, pem) in private {
-        let p = dir.join(n);
+    for (p, pem) in private {
         write_private(&p, &pem)?;
         files.push(p);
     }

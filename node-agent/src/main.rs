@@ -73,10 +73,13 @@ struct RunArgs {
     /// --tls-dir`; under mutual TLS the job CA (`slowrank certs`: ca.crt).
     #[arg(long, value_name = "FILE", requires = "coordinator")]
     ca: Option<PathBuf>,
-    /// This agent's certificate for mutual TLS (`slowrank certs`: agent.crt).
+    /// This agent's certificate for mutual TLS: `slowrank certs --hosts`
+    /// writes agents/HOST.crt for each host, and the coordinator then
+    /// refuses this agent unless --host (default: the machine's hostname)
+    /// is that HOST; without --hosts, agent.crt (any host).
     #[arg(long, value_name = "FILE", requires = "key")]
     cert: Option<PathBuf>,
-    /// The key of --cert (`slowrank certs`: agent.key).
+    /// The key of --cert (`slowrank certs`: agents/HOST.key, or agent.key).
     #[arg(long, value_name = "FILE", requires = "cert")]
     key: Option<PathBuf>,
     /// Name in the coordinator's certificate.

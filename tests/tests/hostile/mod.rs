@@ -18,7 +18,7 @@ use std::{
 
 use slowrank_agent::{
     clock::{self, HostClock},
-    ship::{client_config, Shipper},
+    ship::{client_config, client_config_with, ClientIdentity, Shipper},
 };
 use slowrank_coordinator::tls::SERVER_NAME;
 use slowrank_shared::wire::{self, Batch, Hello, RankIdentity};
@@ -53,6 +53,17 @@ impl Coord {
     /// slowrank-coordinator`, or SLOWRANK_COORDINATOR_BIN) on ephemeral
     /// loopback ports, reports under its own scratch dir.
     pub fn start(name: &str) -> Coord {
+        Self::launch(name, None)
+    }
+
+    /// The same under mutual TLS with no token: `slowrank certs --hosts`
+    /// issues one agent certificate per host of `hosts` first
+    /// ([`Coord::client_as`]).
+    pub fn start_mtls(name: &str, hosts: &[&str]) -> Coord {
+        Self::launch(name, Some(hosts))
+    }
+
+    fn launch(name: &str, mtls_hosts: Option<&[&str]>) -> Coord {
         let dir = std::env::temp_dir().join(format!(
             "slowrank-hostile-{name}-{}-{}",
             std::process::id(),
@@ -62,14 +73,35 @@ impl Coord {
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let bin = slowrank_scenarios::orchestrate::binary("slowrank")
             .expect("the slowrank binary (cargo build -p slowrank-coordinator)");
-        let mut child = Command::new(bin)
+        if let Some(hosts) = mtls_hosts {
+            let out = Command::new(&bin)
+                .arg("certs")
+                .arg("--out")
+                .arg(dir.join("tls"))
+                .arg("--hosts")
+                .arg(hosts.join(","))
+                .output()
+                .expect("run slowrank certs");
+            assert!(
+                out.status.success(),
+                "slowrank certs: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let mut serve = Command::new(bin);
+        serve
             .args(["serve", "--listen", "127.0.0.1:0", "--clock-port", "0"])
             .arg("--tls-dir")
             .arg(dir.join("tls"))
             .arg("--out")
             .arg(dir.join("out"))
-            .args(["--metrics-listen", "127.0.0.1:0", "--write-every", "1"])
-            .env("SLOWRANK_TOKEN", TOKEN)
+            .args(["--metrics-listen", "127.0.0.1:0", "--write-every", "1"]);
+        match mtls_hosts {
+            // The certificate is the credential.
+            Some(_) => serve.env_remove("SLOWRANK_TOKEN"),
+            None => serve.env("SLOWRANK_TOKEN", TOKEN),
+        };
+        let mut child = serve
             .env(
                 "RUST_LOG",
                 std::env::var("HOSTILE_RUST_LOG").unwrap_or_else(|_| "info".into()),
@@ -107,8 +139,14 @@ impl Coord {
                 metrics = w.parse().ok();
             }
         }
-        let ca_pem =
-            std::fs::read_to_string(dir.join("tls").join("coordinator.crt")).expect("CA file");
+        // Under mutual TLS the coordinator's certificate is signed by the
+        // job CA, which is what agents trust.
+        let ca = if mtls_hosts.is_some() {
+            "ca.crt"
+        } else {
+            "coordinator.crt"
+        };
+        let ca_pem = std::fs::read_to_string(dir.join("tls").join(ca)).expect("CA file");
         Coord {
             child,
             dir,
@@ -162,6 +200,25 @@ impl Coord {
 
     pub fn client(&self) -> quinn::ClientConfig {
         client_config(self.ca_pem.as_bytes(), "coordinator CA").expect("client config")
+    }
+
+    /// The client an agent on `host` runs with under mutual TLS: the files
+    /// `slowrank certs --hosts` wrote for it, read as `slowrank-agent --cert
+    /// --key` reads them.
+    pub fn client_as(&self, host: &str) -> quinn::ClientConfig {
+        let agents = self.dir.join("tls").join("agents");
+        let cert = std::fs::read(agents.join(format!("{host}.crt"))).expect("host certificate");
+        let key = std::fs::read(agents.join(format!("{host}.key"))).expect("host key");
+        client_config_with(
+            self.ca_pem.as_bytes(),
+            "ca.crt",
+            Some(ClientIdentity {
+                cert_pem: &cert,
+                key_pem: &key,
+                name: host,
+            }),
+        )
+        .expect("client config")
     }
 }
 
@@ -445,9 +502,18 @@ pub async fn raw_connect(
     coord: &Coord,
     from: &str,
 ) -> Result<(quinn::Endpoint, quinn::Connection), String> {
+    raw_connect_with(coord, from, coord.client()).await
+}
+
+/// The same with the given client (a certificate under mutual TLS).
+pub async fn raw_connect_with(
+    coord: &Coord,
+    from: &str,
+    client: quinn::ClientConfig,
+) -> Result<(quinn::Endpoint, quinn::Connection), String> {
     let mut ep =
         quinn::Endpoint::client(format!("{from}:0").parse().unwrap()).map_err(|e| e.to_string())?;
-    ep.set_default_client_config(coord.client());
+    ep.set_default_client_config(client);
     let conn = ep
         .connect(coord.addr, SERVER_NAME)
         .map_err(|e| e.to_string())?
