@@ -293,7 +293,7 @@ impl ClockEstimator {
                 .map(|k| (k.theta - eval(&first, k.agent_ns)).abs())
                 .collect();
             let mad = median(&mut resid.clone()).unwrap_or(0.0);
-            let limit = (4.0 * 1.4826 * mad).max(20_000.0);
+            let limit = (4.0 * crate::robust::MAD_TO_SIGMA * mad).max(20_000.0);
             let inliers: Vec<Kept> = pts
                 .iter()
                 .zip(&resid)
@@ -551,22 +551,7 @@ fn fit_line(pts: &[Kept], wander: f64, max_drift: f64) -> Option<ClockFit> {
     })
 }
 
-/// Median of a slice (reorders it).
-pub(crate) fn median(v: &mut [f64]) -> Option<f64> {
-    quantile(v, 0.5)
-}
-
-/// Linear-interpolated quantile (reorders the slice).
-pub(crate) fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
-}
+pub(crate) use crate::robust::median;
 
 #[cfg(test)]
 mod tests {

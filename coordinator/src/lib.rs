@@ -39,6 +39,7 @@ pub mod prom;
 pub mod replay;
 pub mod report;
 pub mod resume;
+pub mod robust;
 pub mod sequential;
 pub mod serve;
 pub mod splits;

@@ -8,6 +8,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::robust::{midpoint_median as median, MAD_TO_SIGMA};
+
 /// Steps whose median is the baseline (after warm-up).
 pub const BASELINE_STEPS: usize = 40;
 /// Steps whose median is compared with the baseline.
@@ -48,24 +50,12 @@ pub struct Pace {
     since: Option<u64>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Median and robust standard deviation (MAD × 1.4826).
 fn center_sigma(v: &[f64]) -> (f64, f64) {
     let mut c = v.to_vec();
     let m = median(&mut c);
     let mut d: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
-    (m, 1.4826 * median(&mut d))
+    (m, MAD_TO_SIGMA * median(&mut d))
 }
 
 impl Pace {

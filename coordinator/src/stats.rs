@@ -19,8 +19,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::clock::{median, CoordNs};
+use crate::clock::CoordNs;
 use crate::join::{InstanceKey, JoinedInstance};
+use crate::robust::{median, robust_z, MAD_TO_SIGMA};
 use slowrank_shared::wire::CollOp;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -658,7 +659,7 @@ impl Stats {
                 continue;
             }
             let floor = (0.005 * s.step_ns).max(10_000.0);
-            let z = (mine - center) / (1.4826 * spread.max(floor));
+            let z = robust_z(mine, center, spread.max(floor));
             // Twice the clock error bound per instance: over several
             // iterations a host whose clock estimate is off by about its
             // bound makes all its ranks steadily "late" by that much, which
@@ -724,7 +725,7 @@ impl Stats {
             let excess_xfer = (acc.xfer_ns - c.xfer_med).max(0.0);
             let unexplained = acc.late_sum - excess_wait.max(0.0) - excess_xfer;
             let mad_floor = (0.005 * step_ns).max(10_000.0);
-            let z = (unexplained - unexpl_med) / (1.4826 * unexpl_mad.max(mad_floor));
+            let z = robust_z(unexplained, unexpl_med, unexpl_mad.max(mad_floor));
             let err_floor = acc.err_max * acc.ref_n as f64;
             let significant = |x: f64, z: f64| {
                 step_ns.is_finite()
@@ -741,7 +742,7 @@ impl Stats {
             // while the peers' hosts waited in syncs for theirs.
             let sync_excess = acc.sync_wait - sync_med;
             let host_mean = acc.host_late_sum / acc.ref_n.max(1) as f64;
-            let host_z = (acc.host_late_sum - c.host_med) / (1.4826 * c.host_mad.max(mad_floor));
+            let host_z = robust_z(acc.host_late_sum, c.host_med, c.host_mad.max(mad_floor));
             //
             // On a loaded machine host-side arrivals are noisy (a descheduled
             // rank is late by milliseconds in one iteration, another rank in
@@ -844,7 +845,7 @@ impl Stats {
                 (*m, mad.max(floor))
             };
             excess[i] = mine - center;
-            z[i] = excess[i] / (1.4826 * spread);
+            z[i] = excess[i] / (MAD_TO_SIGMA * spread);
         }
         for (i, s) in scores.iter_mut().enumerate() {
             s.blame_ns = blame.get(&s.rank).copied().unwrap_or(0.0);

@@ -29,6 +29,8 @@ use petgraph::algo::toposort;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
 
+use crate::robust::midpoint_median as median;
+
 /// One member's arrival at an instance.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Arrival {
@@ -430,19 +432,6 @@ impl WhatIf {
 /// Roles up to this size compare a rank with its peers exactly (itself
 /// excluded); larger ones with the role's median.
 const EXACT_PEERS: usize = 16;
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 #[cfg(test)]
 mod tests {
