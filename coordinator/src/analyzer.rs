@@ -34,7 +34,9 @@ use crate::intervals::{IntervalObs, IntervalStore};
 use crate::iteration::{IterationClock, IterationConfig};
 use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
 use crate::links::{LinkConfig, LinkObs, LinkStats};
+pub use crate::metrics_text::Metrics;
 use crate::park::{ParkConfig, Parking};
+pub use crate::report::IngestCounters;
 use crate::report::{self, Report};
 use crate::stats::{align, AlignedInstance, IterBucket, RankScore, Stats, StatsConfig};
 use crate::validate::{self, RecordError};
@@ -121,33 +123,6 @@ pub struct IngestSummary {
     pub duplicate_batch: bool,
     /// The whole batch was refused, and why (`RecordError::label`).
     pub batch_rejected: Option<&'static str>,
-}
-
-/// Ingest counters, for the report and `/metrics`.
-#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct IngestCounters {
-    pub batches: u64,
-    pub duplicate_batches: u64,
-    pub missing_batches: u64,
-    pub records_accepted: u64,
-    pub records_rejected: BTreeMap<String, u64>,
-    /// Whole batches refused (claiming another host, cut in the future).
-    pub batches_rejected: BTreeMap<String, u64>,
-    pub recent_rejections: Vec<String>,
-    pub ringbuf_drops: u64,
-    pub spool_drops: u64,
-    pub nccl_errors: u64,
-    pub clock_samples_refused: u64,
-    /// Records from before their agent's current connection (replayed from
-    /// its spool) whose instance had already been closed here: after a coordinator
-    /// restart, the instances that straddle it had their other members'
-    /// records go to the previous coordinator. Not an error.
-    pub replayed_unjoinable: u64,
-    /// Records that came before their communicator's membership and were
-    /// held until it arrived ([`crate::park`]); `expired` and `overflow`
-    /// are the ones lost.
-    #[serde(default)]
-    pub parking: crate::park::ParkCounters,
 }
 
 #[derive(Debug, Default)]
@@ -2400,37 +2375,13 @@ fn transfer_ratio(bucket: &IterBucket, rank: u32) -> Option<f64> {
     (m > 0.0).then(|| (mine.xfer_member_ns / mine.xfer_n as f64) / m)
 }
 
-/// Snapshot for Prometheus.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Metrics {
-    pub rank_lateness_ns: Vec<(u32, f64)>,
-    pub rank_wait_attributed_gpu_seconds: Vec<(u32, f64)>,
-    pub verdicts_active: usize,
-    pub verdicts_total: usize,
-    pub hangs_active: usize,
-    pub clock_error_ns: Vec<(String, f64)>,
-    /// Per host: probes answered on the clock port, and otherwise.
-    pub clock_probes: Vec<(String, u64, u64)>,
-    pub ingest: IngestCounters,
-    pub open_instances: usize,
-    pub evicted_instances: u64,
-    pub iterations_sealed: u64,
-    pub verdict_trackers: usize,
-    pub pending_instances: usize,
-    pub recent_instances: usize,
-    /// Per rank, percent of its time slowrank's probes cost (agents' figure).
-    pub probe_overhead_percent: Vec<(u32, f64)>,
-    pub job_probe_overhead_percent: Option<f64>,
-    /// The job's step time now (median of recent iterations), when known.
-    pub step_ns: Option<f64>,
-    /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds).
-    pub verdicts: Vec<crate::metrics_text::VerdictRow>,
-}
+impl crate::stackstore::HostView for Analyzer {
+    fn rank_on_host(&self, rank: u32, host: &str) -> bool {
+        Analyzer::rank_on_host(self, rank, host)
+    }
 
-impl Metrics {
-    /// Prometheus text exposition format (families in [`crate::metrics_text`]).
-    pub fn to_prometheus(&self) -> String {
-        self.exposition().render()
+    fn to_coord(&self, host: &str, agent_ns: u64) -> (CoordNs, f64) {
+        Analyzer::to_coord(self, host, agent_ns)
     }
 }
 

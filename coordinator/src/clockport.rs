@@ -29,7 +29,68 @@ use dashmap::DashMap;
 use slowrank_shared::clock_udp::{Datagram, Key, StampedSocket, Token, MAX_DATAGRAM};
 use tokio::sync::mpsc;
 
-use crate::{clock::ClockSample, control::Probes, ingest::IngestEvent};
+use std::collections::BTreeMap;
+
+use tokio::sync::Notify;
+
+use crate::{clock::ClockSample, events::IngestEvent};
+
+/// Unanswered probes remembered (older ones are forgotten).
+const MAX_OUTSTANDING: usize = 256;
+
+/// CLOCK_MONOTONIC in ns: the coordinator's clock for probes, batches and ticks.
+pub fn coord_now_ns() -> u64 {
+    slowrank_shared::clock_udp::mono_ns()
+}
+
+/// Probe bookkeeping shared by the writer, the reader and the clock port.
+pub(crate) struct Probes {
+    /// seq → (send time, whether a follow-up should answer it).
+    outstanding: std::sync::Mutex<BTreeMap<u64, (u64, bool)>>,
+    /// Raised when a scheduled probe's answer arrived.
+    pub(crate) follow: Notify,
+    pub(crate) follow_up: bool,
+}
+
+impl Probes {
+    pub(crate) fn new(follow_up: bool) -> Self {
+        Self {
+            outstanding: std::sync::Mutex::new(BTreeMap::new()),
+            follow: Notify::new(),
+            follow_up,
+        }
+    }
+
+    /// Records probe `seq` as sent now, returning its send time.
+    pub(crate) fn record(&self, seq: u64, lead: bool) -> u64 {
+        let coord_send_ns = coord_now_ns();
+        let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
+        o.insert(seq, (coord_send_ns, lead && self.follow_up));
+        while o.len() > MAX_OUTSTANDING {
+            o.pop_first();
+        }
+        coord_send_ns
+    }
+
+    /// An answer to probe `seq` sent at `coord_send_ns` arrived: true if
+    /// that probe was sent and not answered yet (it is forgotten now).
+    pub(crate) fn answered(&self, seq: u64, coord_send_ns: u64) -> bool {
+        let sent = self
+            .outstanding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&seq);
+        match sent {
+            Some((t, lead)) if t == coord_send_ns => {
+                if lead {
+                    self.follow.notify_one();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 /// Consecutive unanswered UDP probes after which the control stream takes
 /// over again (at 20 probes a second, two seconds of silence).

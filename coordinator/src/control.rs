@@ -13,13 +13,7 @@
 //! Replies are matched against the probes actually sent, so an agent cannot
 //! invent samples.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
-
-use tokio::sync::Notify;
+use std::{sync::Arc, time::Duration};
 
 use quinn::{Connection, RecvStream, SendStream};
 use slowrank_shared::wire::{
@@ -29,19 +23,14 @@ use tokio::sync::mpsc;
 
 use crate::{
     clock::ClockSample,
-    clockport::{self, Registration},
-    ingest::IngestEvent,
+    clockport::{self, Probes, Registration},
+    events::IngestEvent,
 };
 
 /// Largest message accepted on the control stream.
 const MAX_CONTROL: usize = 64 * 1024;
-/// Unanswered probes remembered (older ones are forgotten).
-const MAX_OUTSTANDING: usize = 256;
 
-/// CLOCK_MONOTONIC in ns: the coordinator's clock for probes, batches and ticks.
-pub fn coord_now_ns() -> u64 {
-    slowrank_shared::clock_udp::mono_ns()
-}
+pub use crate::clockport::coord_now_ns;
 
 /// When probes are sent.
 #[derive(Debug, Clone, Copy)]
@@ -175,80 +164,6 @@ pub(crate) async fn run(
     }
 }
 
-/// Probe bookkeeping shared by the writer, the reader and the clock port.
-pub(crate) struct Probes {
-    /// seq → (send time, whether a follow-up should answer it).
-    outstanding: Mutex<BTreeMap<u64, (u64, bool)>>,
-    /// Raised when a scheduled probe's answer arrived.
-    follow: Notify,
-    follow_up: bool,
-}
-
-impl Probes {
-    pub(crate) fn new(follow_up: bool) -> Self {
-        Self {
-            outstanding: Mutex::new(BTreeMap::new()),
-            follow: Notify::new(),
-            follow_up,
-        }
-    }
-
-    /// Records probe `seq` as sent now, returning its send time.
-    pub(crate) fn record(&self, seq: u64, lead: bool) -> u64 {
-        let coord_send_ns = coord_now_ns();
-        let mut o = self.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-        o.insert(seq, (coord_send_ns, lead && self.follow_up));
-        while o.len() > MAX_OUTSTANDING {
-            o.pop_first();
-        }
-        coord_send_ns
-    }
-
-    /// Records and sends probe `seq`: on the clock port when the agent
-    /// answers there, else on the control stream.
-    async fn send(
-        &self,
-        send: &mut SendStream,
-        udp: Option<&Registration>,
-        seq: u64,
-        lead: bool,
-    ) -> Result<(), ControlError> {
-        let route = udp.and_then(|r| r.route(seq).map(|addr| (r, addr)));
-        let coord_send_ns = self.record(seq, lead);
-        match route {
-            Some((r, addr)) => {
-                if let Err(e) = r.send(addr, seq, coord_send_ns) {
-                    tracing::debug!(%addr, "clock probe not sent on the clock port: {e}");
-                }
-            }
-            None => {
-                send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
-                    .await?
-            }
-        }
-        Ok(())
-    }
-
-    /// An answer to probe `seq` sent at `coord_send_ns` arrived: true if
-    /// that probe was sent and not answered yet (it is forgotten now).
-    pub(crate) fn answered(&self, seq: u64, coord_send_ns: u64) -> bool {
-        let sent = self
-            .outstanding
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&seq);
-        match sent {
-            Some((t, lead)) if t == coord_send_ns => {
-                if lead {
-                    self.follow.notify_one();
-                }
-                true
-            }
-            _ => false,
-        }
-    }
-}
-
 async fn write_loop(
     mut send: SendStream,
     mut commands: mpsc::Receiver<Control>,
@@ -269,7 +184,7 @@ async fn write_loop(
             );
             schedule.every.max(share).min(Duration::from_secs(1))
         };
-        probes.send(&mut send, udp, seq, true).await?;
+        send_probe(probes, &mut send, udp, seq, true).await?;
         seq += 1;
         scheduled += 1;
         let sleep = tokio::time::sleep(gap);
@@ -278,7 +193,7 @@ async fn write_loop(
             tokio::select! {
                 _ = &mut sleep => break,
                 _ = probes.follow.notified() => {
-                    probes.send(&mut send, udp, seq, false).await?;
+                    send_probe(probes, &mut send, udp, seq, false).await?;
                     seq += 1;
                 }
                 c = commands.recv(), if commands_open => match c {
@@ -327,6 +242,30 @@ async fn read_loop(
         };
         if events.send(ev).await.is_err() {
             return Err(ControlError::Shutdown);
+        }
+    }
+    Ok(())
+}
+/// Records and sends probe `seq`: on the clock port when the agent
+/// answers there, else on the control stream.
+async fn send_probe(
+    probes: &Probes,
+    send: &mut SendStream,
+    udp: Option<&Registration>,
+    seq: u64,
+    lead: bool,
+) -> Result<(), ControlError> {
+    let route = udp.and_then(|r| r.route(seq).map(|addr| (r, addr)));
+    let coord_send_ns = probes.record(seq, lead);
+    match route {
+        Some((r, addr)) => {
+            if let Err(e) = r.send(addr, seq, coord_send_ns) {
+                tracing::debug!(%addr, "clock probe not sent on the clock port: {e}");
+            }
+        }
+        None => {
+            send.write_all(&wire::encode(&ClockProbe { seq, coord_send_ns })?)
+                .await?
         }
     }
     Ok(())

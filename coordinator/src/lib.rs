@@ -18,6 +18,7 @@ pub mod clock;
 pub mod clockport;
 pub mod control;
 pub mod cost;
+pub mod events;
 pub mod flame;
 pub mod graph;
 pub mod hostwide;

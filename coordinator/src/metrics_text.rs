@@ -8,9 +8,9 @@
 
 use crate::{
     alert::HookStats,
-    analyzer::Metrics,
     ingest::IngestStats,
     prom::{Exposition, Type},
+    report::IngestCounters,
     verdict::Verdict,
 };
 use std::sync::atomic::Ordering;
@@ -352,6 +352,40 @@ pub fn serve_exposition(
     e
 }
 
+/// Snapshot for Prometheus.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Metrics {
+    pub rank_lateness_ns: Vec<(u32, f64)>,
+    pub rank_wait_attributed_gpu_seconds: Vec<(u32, f64)>,
+    pub verdicts_active: usize,
+    pub verdicts_total: usize,
+    pub hangs_active: usize,
+    pub clock_error_ns: Vec<(String, f64)>,
+    /// Per host: probes answered on the clock port, and otherwise.
+    pub clock_probes: Vec<(String, u64, u64)>,
+    pub ingest: IngestCounters,
+    pub open_instances: usize,
+    pub evicted_instances: u64,
+    pub iterations_sealed: u64,
+    pub verdict_trackers: usize,
+    pub pending_instances: usize,
+    pub recent_instances: usize,
+    /// Per rank, percent of its time slowrank's probes cost (agents' figure).
+    pub probe_overhead_percent: Vec<(u32, f64)>,
+    pub job_probe_overhead_percent: Option<f64>,
+    /// The job's step time now (median of recent iterations), when known.
+    pub step_ns: Option<f64>,
+    /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds).
+    pub verdicts: Vec<crate::metrics_text::VerdictRow>,
+}
+
+impl Metrics {
+    /// Prometheus text exposition format (families in [`crate::metrics_text`]).
+    pub fn to_prometheus(&self) -> String {
+        self.exposition().render()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,7 +400,7 @@ mod tests {
             hangs_active: 0,
             clock_error_ns: vec![("node-0".into(), 2e3), ("node-1".into(), f64::INFINITY)],
             clock_probes: vec![("node-0".into(), 5, 1)],
-            ingest: crate::analyzer::IngestCounters {
+            ingest: crate::report::IngestCounters {
                 batches_rejected: [("host_changed".to_owned(), 1)].into(),
                 ..Default::default()
             },

@@ -50,7 +50,7 @@ pub struct Pace {
     since: Option<u64>,
 }
 
-/// Median and robust standard deviation (MAD × 1.4826).
+/// Median and robust standard deviation (MAD × [`MAD_TO_SIGMA`]).
 fn center_sigma(v: &[f64]) -> (f64, f64) {
     let mut c = v.to_vec();
     let m = median(&mut c);

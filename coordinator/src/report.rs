@@ -3,7 +3,6 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::analyzer::IngestCounters;
 use crate::clock::HostClock;
 
 /// Probe silence (ms) worth a line in the human report: probes go out
@@ -48,7 +47,7 @@ pub struct Report {
     /// Set when this report spans several coordinator lives (restarts on
     /// the same `--out`): how many, and what the earlier ones counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resumed: Option<crate::resume::ResumeInfo>,
+    pub resumed: Option<ResumeInfo>,
     /// Set when the report was cut to fit [`MAX_REPORT_BYTES`]: the bound
     /// and how many entries of each list were left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -741,4 +740,44 @@ mod bound_tests {
         let back: Report = serde_json::from_str(&json).unwrap();
         assert_eq!(back.truncated, Some(t));
     }
+}
+/// Ingest counters, for the report and `/metrics`.
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct IngestCounters {
+    pub batches: u64,
+    pub duplicate_batches: u64,
+    pub missing_batches: u64,
+    pub records_accepted: u64,
+    pub records_rejected: std::collections::BTreeMap<String, u64>,
+    /// Whole batches refused (claiming another host, cut in the future).
+    pub batches_rejected: std::collections::BTreeMap<String, u64>,
+    pub recent_rejections: Vec<String>,
+    pub ringbuf_drops: u64,
+    pub spool_drops: u64,
+    pub nccl_errors: u64,
+    pub clock_samples_refused: u64,
+    /// Records from before their agent's current connection (replayed from
+    /// its spool) whose instance had already been closed here: after a coordinator
+    /// restart, the instances that straddle it had their other members'
+    /// records go to the previous coordinator. Not an error.
+    pub replayed_unjoinable: u64,
+    /// Records that came before their communicator's membership and were
+    /// held until it arrived ([`crate::park`]); `expired` and `overflow`
+    /// are the ones lost.
+    #[serde(default)]
+    pub parking: crate::park::ParkCounters,
+}
+
+/// How the report shows that it spans several coordinator lives.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ResumeInfo {
+    /// Coordinator lives that wrote this `--out` (1: never restarted).
+    pub lives: u32,
+    /// When each later life started.
+    pub restarted_at: Vec<chrono::DateTime<chrono::Utc>>,
+    /// Verdicts carried over from earlier lives (merged ones included).
+    pub verdicts_carried: usize,
+    /// The ingest counters of the earlier lives, summed (this life's are in
+    /// `ingest`).
+    pub earlier_ingest: IngestCounters,
 }

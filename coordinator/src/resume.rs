@@ -29,9 +29,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::analyzer::IngestCounters;
 use crate::outputs::{self, OutputError, ReadError};
+use crate::report::IngestCounters;
 use crate::report::Report;
+pub use crate::report::ResumeInfo;
 use crate::verdict::Verdict;
 
 /// The ingest journal's file name in `--out`.
@@ -104,20 +105,6 @@ pub struct Earlier {
     /// An unreadable previous report, moved aside to this path (kept, not
     /// overwritten).
     pub moved_aside: Option<PathBuf>,
-}
-
-/// How the report shows that it spans several coordinator lives.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ResumeInfo {
-    /// Coordinator lives that wrote this `--out` (1: never restarted).
-    pub lives: u32,
-    /// When each later life started.
-    pub restarted_at: Vec<chrono::DateTime<chrono::Utc>>,
-    /// Verdicts carried over from earlier lives (merged ones included).
-    pub verdicts_carried: usize,
-    /// The ingest counters of the earlier lives, summed (this life's are in
-    /// `ingest`).
-    pub earlier_ingest: IngestCounters,
 }
 
 /// Reads what earlier lives left in `dir` (nothing there: an empty

@@ -556,7 +556,7 @@ impl Server {
                     let sum = a.ingest(&batch, recv_ns);
                     // Stacks only from a batch the analyzer took.
                     if sum.batch_rejected.is_none() && !sum.duplicate_batch {
-                        st.add(&batch, &a);
+                        st.add(&batch, a.as_ref());
                     }
                     if sum.duplicate_batch {
                         debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");

@@ -10,7 +10,17 @@ use std::{collections::VecDeque, path::Path, sync::Mutex};
 use dashmap::DashMap;
 use slowrank_shared::wire::{Batch, StackWindow};
 
-use crate::{analyzer::Analyzer, flame, verdict::Verdict};
+use crate::{clock::CoordNs, flame, verdict::Verdict};
+
+/// What the store needs of the live state to accept a window: who owns a
+/// rank, and each host's clock (the analyzer implements it; the store does
+/// not reach into it).
+pub trait HostView {
+    /// Whether `rank` belongs to `host` now.
+    fn rank_on_host(&self, rank: u32, host: &str) -> bool;
+    /// `agent_ns` on `host`'s clock, on the coordinator's, with its bound.
+    fn to_coord(&self, host: &str, agent_ns: u64) -> (CoordNs, f64);
+}
 
 /// Windows kept per rank and view (about 5 minutes at the agent's 1 s
 /// interval): bounds memory whatever the job does.
@@ -74,7 +84,7 @@ impl StackStore {
     /// only for a batch the analyzer accepted (not rejected, not a
     /// duplicate); windows of ranks another host owns, and oversized ones,
     /// are refused and counted.
-    pub fn add(&self, batch: &Batch, analyzer: &Analyzer) {
+    pub fn add(&self, batch: &Batch, analyzer: &impl HostView) {
         use std::sync::atomic::Ordering::Relaxed;
         for w in &batch.stacks {
             let bytes = window_bytes(w);
