@@ -26,25 +26,25 @@ use slowrank_shared::wire::{
 use tracing::warn;
 
 use crate::classify;
+use crate::classify::intervals::{IntervalObs, IntervalStore};
+use crate::classify::links::{LinkConfig, LinkObs, LinkStats};
+use crate::classify::stats::{align, AlignedInstance, IterBucket, RankScore, Stats, StatsConfig};
 use crate::clock::{
     median, ClockConfig, ClockError, ClockEstimator, ClockMap, ClockSample, CoordNs,
 };
-use crate::graph::{Node, WaitGraph};
-use crate::intervals::{IntervalObs, IntervalStore};
-use crate::iteration::{IterationClock, IterationConfig};
-use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
-use crate::links::{LinkConfig, LinkObs, LinkStats};
-pub use crate::metrics_text::Metrics;
-use crate::park::{ParkConfig, Parking};
-pub use crate::report::IngestCounters;
-use crate::report::{self, Report};
-use crate::stats::{align, AlignedInstance, IterBucket, RankScore, Stats, StatsConfig};
-use crate::validate::{self, RecordError};
-use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
-use crate::victims::{
+use crate::graph::iteration::{IterationClock, IterationConfig};
+use crate::graph::victims::{
     cost_share, drop_passed_into_transfers, passed_along, rank_costs, relay_blind_waits,
     relay_transfer_lateness,
 };
+use crate::graph::{Node, WaitGraph};
+use crate::join::park::{ParkConfig, Parking};
+use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
+use crate::net::validate::{self, RecordError};
+pub use crate::report::metrics_text::Metrics;
+pub use crate::report::IngestCounters;
+use crate::report::{self, Report};
+use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct AnalyzerConfig {
@@ -54,8 +54,8 @@ pub struct AnalyzerConfig {
     pub stats: StatsConfig,
     pub links: LinkConfig,
     pub lifecycle: LifecycleConfig,
-    pub sequential: crate::sequential::SequentialConfig,
-    /// Name work imbalance that moves between ranks ([`crate::structure`]).
+    pub sequential: crate::classify::sequential::SequentialConfig,
+    /// Name work imbalance that moves between ranks ([`crate::classify::structure`]).
     /// Off by default: its rule has only been checked on hand-built
     /// iterations, and in a chaos run (coordinator killed three times) it
     /// named imbalance beside a compute-slow rank. It stays off until the
@@ -169,13 +169,13 @@ struct Core {
     intervals: IntervalStore,
     lifecycle: Lifecycle,
     /// Per-rank sequential test on what-if cost (names and keeps names).
-    sequential: crate::sequential::Sequential,
+    sequential: crate::classify::sequential::Sequential,
     /// Per configured group, its per-iteration what-if share.
     group_shares: Vec<Vec<(u64, f64)>>,
     /// The job's step against its baseline (unexplained slowdowns).
-    pace: crate::pace::Pace,
+    pace: crate::classify::pace::Pace,
     /// Work imbalance that moves between ranks, over a window.
-    imbalance: crate::structure::Imbalance,
+    imbalance: crate::classify::structure::Imbalance,
     pending: VecDeque<AlignedInstance>,
     pending_dropped: u64,
     recent: VecDeque<(u64, AlignedInstance)>,
@@ -198,7 +198,7 @@ struct Core {
     /// Durations of the last sealed iterations (ns), oldest first.
     steps: VecDeque<f64>,
     /// Per-iteration lateness and step time for the report page.
-    timeline: crate::timeline::Timeline,
+    timeline: crate::report::timeline::Timeline,
 }
 
 /// The coordinator's reasoning core.
@@ -210,7 +210,7 @@ pub struct Analyzer {
     agents: DashMap<String, AgentState>,
     /// Hosts with a live agent connection, when the caller tells
     /// ([`Analyzer::host_live`]; `serve` does, offline replays do not).
-    live_hosts: crate::ownership::LiveHosts,
+    live_hosts: crate::net::ownership::LiveHosts,
     ranks: DashMap<u32, RankInfo>,
     /// (world size, restart count) of the job, from the rank identities.
     world: Mutex<Option<(u32, u32)>>,
@@ -237,18 +237,18 @@ pub struct Analyzer {
     /// Collectives waiting for their communicator's membership.
     parking: Mutex<Parking<ParkedRecord>>,
     /// Splits whose size no agent could read, until every member is heard.
-    splits: Mutex<crate::splits::Splits>,
+    splits: Mutex<crate::join::splits::Splits>,
     core: Mutex<Core>,
 }
 
 /// What the members did before an instance (medians), for telling where
-/// steps begin ([`crate::iteration::Marks`]).
-fn step_marks(a: &AlignedInstance) -> crate::iteration::Marks {
+/// steps begin ([`crate::graph::iteration::Marks`]).
+fn step_marks(a: &AlignedInstance) -> crate::graph::iteration::Marks {
     let mut l: Vec<u32> = a.members.iter().map(|m| m.launches).collect();
     let mut w: Vec<u64> = a.members.iter().map(|m| m.sync_wait_ns).collect();
     l.sort_unstable();
     w.sort_unstable();
-    crate::iteration::Marks {
+    crate::graph::iteration::Marks {
         op: a.op as u8,
         bytes: a.bytes,
         launches: l.get(l.len() / 2).copied().unwrap_or(0),
@@ -292,10 +292,10 @@ impl Analyzer {
             links: LinkStats::new(cfg.links.clone()),
             intervals: IntervalStore::default(),
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
-            sequential: crate::sequential::Sequential::new(cfg.sequential.clone()),
+            sequential: crate::classify::sequential::Sequential::new(cfg.sequential.clone()),
             group_shares: vec![Vec::new(); cfg.whatif_groups.len()],
-            pace: crate::pace::Pace::new(),
-            imbalance: crate::structure::Imbalance::new(),
+            pace: crate::classify::pace::Pace::new(),
+            imbalance: crate::classify::structure::Imbalance::new(),
             pending: VecDeque::new(),
             pending_dropped: 0,
             recent: VecDeque::new(),
@@ -335,7 +335,7 @@ impl Analyzer {
             watermarks: DashMap::new(),
             wall_offset: Mutex::new(None),
             parking: Mutex::new(Parking::new(ParkConfig::default())),
-            splits: Mutex::new(crate::splits::Splits::default()),
+            splits: Mutex::new(crate::join::splits::Splits::default()),
             core: Mutex::new(core),
         }
     }
@@ -419,12 +419,12 @@ impl Analyzer {
     }
 
     /// The iteration period decided so far (for [`crate::resume`]).
-    pub fn iteration_period(&self) -> Option<crate::iteration::Period> {
+    pub fn iteration_period(&self) -> Option<crate::graph::iteration::Period> {
         lock(&self.core).iteration.period()
     }
 
     /// Resumes with the period an earlier life decided.
-    pub fn restore_period(&self, p: crate::iteration::Period) {
+    pub fn restore_period(&self, p: crate::graph::iteration::Period) {
         lock(&self.core).iteration.restore_period(p);
     }
 
@@ -544,14 +544,14 @@ impl Analyzer {
             if c.parent_id != 0 {
                 // Every split record feeds the split table (a member heard);
                 // those without a size are completed by it.
-                let deferred = crate::splits::Splits::needs_resolving(c);
-                let parent = self
-                    .joiner
-                    .comm_info(c.parent_id)
-                    .map(|i| crate::splits::Parent {
-                        nranks: i.nranks,
-                        ranks: i.ranks,
-                    });
+                let deferred = crate::join::splits::Splits::needs_resolving(c);
+                let parent =
+                    self.joiner
+                        .comm_info(c.parent_id)
+                        .map(|i| crate::join::splits::Parent {
+                            nranks: i.nranks,
+                            ranks: i.ranks,
+                        });
                 let offered = self.check_rank(c.rank, &b.host).and_then(|_| {
                     lock(&self.splits)
                         .offer(&host, c, parent.as_ref())
@@ -731,7 +731,7 @@ impl Analyzer {
     }
 
     /// Offers one checked collective to the join; one whose communicator
-    /// or member is not known yet is parked ([`crate::park`]), not refused.
+    /// or member is not known yet is parked ([`crate::join::park`]), not refused.
     /// `parked_since`: when it was first parked, for one offered again.
     #[allow(clippy::too_many_arguments)]
     fn offer_one(
@@ -842,7 +842,7 @@ impl Analyzer {
                 records = lost.len(),
                 communicators = ?comms.iter().map(|c| format!("{c:#x}")).collect::<Vec<_>>(),
                 "collective records lost: their communicator's membership never arrived within {} s",
-                crate::park::PARK_TIMEOUT_NS / 1_000_000_000
+                crate::join::park::PARK_TIMEOUT_NS / 1_000_000_000
             );
         }
     }
@@ -915,12 +915,12 @@ impl Analyzer {
             return Err(RecordError::WorldTooLarge(id.rank));
         }
         if let Some(r) = self.ranks.get(&id.rank) {
-            let owner = crate::ownership::Owner {
+            let owner = crate::net::ownership::Owner {
                 host: &r.host,
                 exited: r.exited_at.is_some(),
                 restart_count: r.restart_count,
             };
-            if !crate::ownership::may_take(&owner, host, id.restart_count, &self.live_hosts) {
+            if !crate::net::ownership::may_take(&owner, host, id.restart_count, &self.live_hosts) {
                 return Err(RecordError::WrongHost {
                     rank: id.rank,
                     host: host.to_owned(),
@@ -1456,7 +1456,7 @@ impl Analyzer {
         let told = core
             .iteration
             .period()
-            .is_some_and(|p| p.method != crate::iteration::Method::Undetermined);
+            .is_some_and(|p| p.method != crate::graph::iteration::Method::Undetermined);
         let mut by_what_if: std::collections::HashSet<u32> = Default::default();
         for s in scores.iter_mut() {
             if told && core.sequential.decisive(s.rank) && !s.suspicious {
@@ -1714,7 +1714,7 @@ impl Analyzer {
             |r| core.stats.blind_partners(r),
             |r| compute_active.contains(&r),
         );
-        crate::hostwide::merge(&mut obs, &self.live_ranks_by_host());
+        crate::classify::hostwide::merge(&mut obs, &self.live_ranks_by_host());
         if let Some(m) = model.as_ref().filter(|_| warm) {
             // Own work is GPU work only on GPU-side times: on host-side
             // ones a host that ran ahead, or waited, looks like work (and
@@ -1724,7 +1724,7 @@ impl Analyzer {
                 .recent
                 .iter()
                 .filter(|(it, _)| *it == k)
-                .all(|(_, a)| a.basis == crate::stats::Basis::Gpu);
+                .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
             if gpu_side {
                 core.imbalance.observe(m, step, &shares);
                 self.structural(core, m, step, from, &mut obs);
@@ -1750,13 +1750,13 @@ impl Analyzer {
         events
     }
 
-    /// Structural findings of the iteration ([`crate::structure`]): a stage
+    /// Structural findings of the iteration ([`crate::classify::structure`]): a stage
     /// slower on every replica, work imbalance that moves. Each replaces
     /// the rank observations it explains (its ranks are not stragglers).
     fn structural(
         &self,
         core: &Core,
-        m: &crate::whatif::WhatIf,
+        m: &crate::graph::whatif::WhatIf,
         step: f64,
         at: CoordNs,
         obs: &mut BTreeMap<Subject, Observation>,
@@ -1796,7 +1796,7 @@ impl Analyzer {
                 },
             );
         };
-        let stage = crate::structure::stage_imbalance(m, step);
+        let stage = crate::classify::structure::stage_imbalance(m, step);
         if let Some(f) = stage {
             add(
                 Subject::Stage(f.stage),
@@ -1835,7 +1835,7 @@ impl Analyzer {
                     vec![
                         format!(
                             "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
-                            crate::structure::WINDOW,
+                            crate::classify::structure::WINDOW,
                             f.distinct_tops,
                             100.0 * f.top_share
                         ),
@@ -1860,7 +1860,7 @@ impl Analyzer {
         k: u64,
         from: CoordNs,
     ) -> (
-        Option<crate::whatif::WhatIf>,
+        Option<crate::graph::whatif::WhatIf>,
         std::collections::HashSet<u32>,
     ) {
         if from == CoordNs::MIN {
@@ -1874,11 +1874,13 @@ impl Analyzer {
             .collect();
         let gpu_ranks = instances
             .iter()
-            .filter(|a| a.basis == crate::stats::Basis::Gpu)
+            .filter(|a| a.basis == crate::classify::stats::Basis::Gpu)
             .flat_map(|a| a.members.iter().map(|m| m.rank))
             .collect();
-        let model =
-            crate::whatif::WhatIf::new(&crate::itergraph::build(from, instances.into_iter()));
+        let model = crate::graph::whatif::WhatIf::new(&crate::graph::itergraph::build(
+            from,
+            instances.into_iter(),
+        ));
         (model, gpu_ranks)
     }
 
@@ -1888,7 +1890,7 @@ impl Analyzer {
     /// [`MAX_REPLAYED`], the furthest behind first).
     fn sequential_test(
         core: &mut Core,
-        model: Option<&crate::whatif::WhatIf>,
+        model: Option<&crate::graph::whatif::WhatIf>,
         step: f64,
     ) -> (std::collections::HashSet<u32>, BTreeMap<u32, f64>) {
         let mut shares: BTreeMap<u32, f64> = BTreeMap::new();
@@ -1918,11 +1920,11 @@ impl Analyzer {
     /// observation this iteration.
     fn what_if(
         core: &Core,
-        model: Option<&crate::whatif::WhatIf>,
+        model: Option<&crate::graph::whatif::WhatIf>,
         gpu_ranks: &std::collections::HashSet<u32>,
         step: f64,
         obs: &mut BTreeMap<Subject, Observation>,
-    ) -> Vec<crate::cost::Costed> {
+    ) -> Vec<crate::graph::cost::Costed> {
         let active: Vec<(Subject, Vec<u32>, classify::Kind)> = core
             .lifecycle
             .verdicts()
@@ -1939,12 +1941,12 @@ impl Analyzer {
         if obs.is_empty() && active.is_empty() {
             return Vec::new();
         }
-        let it = crate::cost::Iteration {
+        let it = crate::graph::cost::Iteration {
             model,
             gpu_ranks,
             step_ns: step,
         };
-        crate::cost::apply(&it, obs, &active)
+        crate::graph::cost::apply(&it, obs, &active)
     }
 
     fn snapshot(&self, core: &mut Core, id: u64, first_it: u64, link: Option<[u32; 2]>, rank: u32) {
@@ -2148,10 +2150,10 @@ impl Analyzer {
     /// each verdict (or the most recent instances when there is none).
     pub fn trace_json(&self) -> serde_json::Value {
         let core = lock(&self.core);
-        let mut sections: Vec<crate::trace::Section> = Vec::new();
+        let mut sections: Vec<crate::report::trace::Section> = Vec::new();
         for (id, snap) in &core.snapshots {
             if let Some(v) = core.lifecycle.get(*id) {
-                sections.push(crate::trace::Section {
+                sections.push(crate::report::trace::Section {
                     title: v.headline(),
                     focus: match &v.link {
                         Some(l) => l.ranks.to_vec(),
@@ -2163,7 +2165,7 @@ impl Analyzer {
         }
         if sections.is_empty() {
             let n = core.recent.len();
-            sections.push(crate::trace::Section {
+            sections.push(crate::report::trace::Section {
                 title: "recent collectives".into(),
                 focus: Vec::new(),
                 instances: core
@@ -2179,11 +2181,11 @@ impl Analyzer {
             .iter()
             .map(|r| (r.rank, r.host.clone()))
             .collect();
-        crate::trace::render(&sections, &hosts)
+        crate::report::trace::render(&sections, &hosts)
     }
 
     /// The per-iteration series of the report page (`timeline.json`).
-    pub fn timeline(&self) -> crate::timeline::Timeline {
+    pub fn timeline(&self) -> crate::report::timeline::Timeline {
         lock(&self.core).timeline.clone()
     }
 
@@ -2245,7 +2247,7 @@ impl Analyzer {
             verdicts: core
                 .lifecycle
                 .verdicts()
-                .map(crate::metrics_text::VerdictRow::of)
+                .map(crate::report::metrics_text::VerdictRow::of)
                 .collect(),
         }
     }
@@ -2375,7 +2377,7 @@ fn transfer_ratio(bucket: &IterBucket, rank: u32) -> Option<f64> {
     (m > 0.0).then(|| (mine.xfer_member_ns / mine.xfer_n as f64) / m)
 }
 
-impl crate::stackstore::HostView for Analyzer {
+impl crate::verdict::stackstore::HostView for Analyzer {
     fn rank_on_host(&self, rank: u32, host: &str) -> bool {
         Analyzer::rank_on_host(self, rank, host)
     }
@@ -2494,7 +2496,7 @@ mod tests {
         a.tick(end as i64 + 3_000_000);
         let held = a.report().ingest.counters.parking;
         assert!(held.held > 0 && held.expired == 0, "{held:?}");
-        a.tick((end + crate::park::PARK_TIMEOUT_NS) as i64 + 1_000_000_000);
+        a.tick((end + crate::join::park::PARK_TIMEOUT_NS) as i64 + 1_000_000_000);
         let p = a.report().ingest.counters.parking;
         assert_eq!((p.held, p.held_bytes), (0, 0), "{p:?}");
         assert_eq!(p.expired, held.held, "{p:?}");

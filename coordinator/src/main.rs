@@ -4,9 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use slowrank_coordinator::{
-    outputs, render_human, render_json,
+    net::tls::{make_job_pki, make_job_pki_for_hosts, Identity},
+    render_human, render_json,
+    report::outputs,
     serve::{ServeConfig, Server},
-    tls::{make_job_pki, make_job_pki_for_hosts, Identity},
 };
 
 /// Finds the rank that slows a distributed GPU training job down.

@@ -1,7 +1,7 @@
 //! What a coordinator keeps across a restart, in its `--out` directory.
 //!
 //! Two files, both in `--out`:
-//! - `report.json` (written atomically by [`crate::outputs`]): the verdicts,
+//! - `report.json` (written atomically by [`crate::report::outputs`]): the verdicts,
 //!   open and closed, with their evidence, and the ingest counters. A new
 //!   life reads it back and carries every verdict of the earlier lives into
 //!   its own reports ([`Earlier::merge_into`]), each once.
@@ -29,7 +29,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::outputs::{self, OutputError, ReadError};
+use crate::report::outputs::{self, OutputError, ReadError};
 use crate::report::IngestCounters;
 use crate::report::Report;
 pub use crate::report::ResumeInfo;
@@ -85,7 +85,7 @@ enum Line {
     },
     /// The iteration period an earlier life decided.
     Period {
-        iteration_period: crate::iteration::Period,
+        iteration_period: crate::graph::iteration::Period,
     },
 }
 
@@ -95,7 +95,7 @@ pub struct Earlier {
     /// When each earlier life started (from the journal).
     pub lives: Vec<chrono::DateTime<chrono::Utc>>,
     /// The iteration period the earlier lives decided (the latest).
-    pub period: Option<crate::iteration::Period>,
+    pub period: Option<crate::graph::iteration::Period>,
     /// Per agent, its last ingested batch.
     pub marks: BTreeMap<String, Mark>,
     /// The last report an earlier life wrote.
@@ -168,7 +168,7 @@ pub struct Journal {
     path: PathBuf,
     file: fs::File,
     /// The period last written (written again only when it changes).
-    period: Option<crate::iteration::Period>,
+    period: Option<crate::graph::iteration::Period>,
 }
 
 impl Journal {
@@ -209,7 +209,7 @@ impl Journal {
     }
 
     /// Records the iteration period once decided (or changed).
-    pub fn note_period(&mut self, p: crate::iteration::Period) -> Result<(), ResumeError> {
+    pub fn note_period(&mut self, p: crate::graph::iteration::Period) -> Result<(), ResumeError> {
         if self.period == Some(p) {
             return Ok(());
         }
@@ -444,12 +444,12 @@ mod tests {
         j.append(&[mark("b", 2)]).unwrap();
         let text = fs::read_to_string(d.join(MARKS_FILE)).unwrap();
         assert_eq!(text.lines().count(), 5, "{text}");
-        let p = crate::iteration::Period {
+        let p = crate::graph::iteration::Period {
             comm_id: 9,
             comm_nranks: 8,
             instances_per_iteration: 4,
             phase: 1,
-            method: crate::iteration::Method::SyncMarker,
+            method: crate::graph::iteration::Method::SyncMarker,
         };
         j.note_period(p).unwrap();
         j.note_period(p).unwrap();

@@ -26,14 +26,14 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::{
-    alert::{self, HookConfig, HookStats, Hooks},
-    control::{coord_now_ns, ProbeSchedule},
-    ingest::{Ack, Ingest, IngestError, IngestEvent, IngestStats},
-    metrics_http::{HttpStats, MetricsError, MetricsServer},
-    outputs::{self, OutputError},
+    net::control::{coord_now_ns, ProbeSchedule},
+    net::ingest::{Ack, Ingest, IngestError, IngestEvent, IngestStats},
+    net::metrics_http::{HttpStats, MetricsError, MetricsServer},
+    net::tls::Identity,
+    report::alert::{self, HookConfig, HookStats, Hooks},
+    report::outputs::{self, OutputError},
     report::{AgentReport, Report},
-    stackstore::StackStore,
-    tls::Identity,
+    verdict::stackstore::StackStore,
     verdict::EventKind,
     Analyzer, AnalyzerConfig, CoordNs, VerdictEvent,
 };
@@ -197,12 +197,12 @@ fn render_metrics(
         .lock()
         .map(|a| a.values().filter(|a| a.connected).count())
         .unwrap_or(0);
-    crate::metrics_text::serve_exposition(
+    crate::report::metrics_text::serve_exposition(
         &analyzer.metrics(),
         ingest,
         hooks,
         connected,
-        &crate::metrics_text::Guards { stacks, http },
+        &crate::report::metrics_text::Guards { stacks, http },
     )
     .render()
 }
@@ -216,14 +216,14 @@ fn live_page(
     page: &std::sync::Mutex<Option<String>>,
 ) -> String {
     if let Some(html) = page.lock().ok().and_then(|p| p.clone()) {
-        return crate::html::with_refresh(&html, crate::html::LIVE_REFRESH_S);
+        return crate::report::html::with_refresh(&html, crate::report::html::LIVE_REFRESH_S);
     }
     let report = build_report(analyzer, stats, agents);
-    crate::html::render(&crate::html::Page {
+    crate::report::html::render(&crate::report::html::Page {
         report: &report,
         timeline: &analyzer.timeline(),
         flames: Vec::new(),
-        refresh_s: Some(crate::html::LIVE_REFRESH_S),
+        refresh_s: Some(crate::report::html::LIVE_REFRESH_S),
     })
 }
 
@@ -375,7 +375,7 @@ impl Server {
                 let ht = http.clone();
                 Some(MetricsServer::start_with(
                     addr,
-                    crate::metrics_http::Routes {
+                    crate::net::metrics_http::Routes {
                         metrics: Arc::new(move || {
                             let mut s = render_metrics(&a, &i, &h, &ag, &st, &ht);
                             write_failures_metrics(&mut s, &wf);
@@ -765,7 +765,7 @@ impl Server {
         }
         // Only a compute verdict's flame graph is the launch view.
         let launch_sites =
-            self.cfg.launch_sites && crate::flame::view_for(v.kind).0 == StackView::Launch;
+            self.cfg.launch_sites && crate::verdict::flame::view_for(v.kind).0 == StackView::Launch;
         for id in ids {
             let sent = self.ingest.send_control(
                 &id,
@@ -810,7 +810,8 @@ impl Server {
                     e.connected = true;
                     e.disconnected_at = None;
                     e.reason = None;
-                    let forgot = forget_gone_agents(&mut a, crate::ingest::MAX_AGENTS_REMEMBERED);
+                    let forgot =
+                        forget_gone_agents(&mut a, crate::net::ingest::MAX_AGENTS_REMEMBERED);
                     self.ingest
                         .stats()
                         .agents_forgotten

@@ -7,8 +7,8 @@
 use std::{collections::HashMap, path::PathBuf};
 
 use slowrank_coordinator::{
-    alert::HookStats, ingest::IngestStats, metrics_text::serve_exposition, prom::Type, Analyzer,
-    AnalyzerConfig,
+    net::ingest::IngestStats, report::alert::HookStats, report::metrics_text::serve_exposition,
+    report::prom::Type, Analyzer, AnalyzerConfig,
 };
 
 fn repo() -> PathBuf {
@@ -26,9 +26,9 @@ fn families() -> HashMap<String, Type> {
         &IngestStats::default(),
         &HookStats::default(),
         0,
-        &slowrank_coordinator::metrics_text::Guards {
-            stacks: &slowrank_coordinator::stackstore::StackStore::default(),
-            http: &slowrank_coordinator::metrics_http::HttpStats::default(),
+        &slowrank_coordinator::report::metrics_text::Guards {
+            stacks: &slowrank_coordinator::verdict::stackstore::StackStore::default(),
+            http: &slowrank_coordinator::net::metrics_http::HttpStats::default(),
         },
     );
     e.families()

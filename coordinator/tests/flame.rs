@@ -4,8 +4,8 @@
 mod common;
 
 use slowrank_coordinator::classify::Kind;
-use slowrank_coordinator::flame::{self, Layout};
 use slowrank_coordinator::synth::{Fault, FaultKind, HostPhase, SynthSpec};
+use slowrank_coordinator::verdict::flame::{self, Layout};
 use slowrank_shared::wire::{FoldedStack, StackView, StackWindow};
 
 /// Folded CPU stacks of one rank: `loader_us` in the data loader, the rest

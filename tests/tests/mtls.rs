@@ -5,8 +5,8 @@
 use std::sync::{atomic::Ordering, Arc};
 
 use slowrank_agent::ship::{client_config_with, ClientIdentity, Shipper};
-use slowrank_coordinator::ingest::{Ingest, IngestEvent};
-use slowrank_coordinator::tls::{make_job_pki, Identity, SERVER_NAME};
+use slowrank_coordinator::net::ingest::{Ingest, IngestEvent};
+use slowrank_coordinator::net::tls::{make_job_pki, Identity, SERVER_NAME};
 use slowrank_shared::wire::Hello;
 use tokio::sync::mpsc;
 

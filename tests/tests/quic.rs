@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use slowrank_agent::clock::HostClock;
 use slowrank_agent::ship::{client_config, ShipError, Shipper};
-use slowrank_coordinator::control::ProbeSchedule;
-use slowrank_coordinator::ingest::{Ingest, IngestEvent};
-use slowrank_coordinator::tls::{Identity, SERVER_NAME};
+use slowrank_coordinator::net::control::ProbeSchedule;
+use slowrank_coordinator::net::ingest::{Ingest, IngestEvent};
+use slowrank_coordinator::net::tls::{Identity, SERVER_NAME};
 use slowrank_shared::wire::{self, Batch, CallRecord, Hello, ProbeDesc};
 use tokio::sync::mpsc;
 

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use slowrank_agent::clock::{self, HostClock};
 use slowrank_coordinator::{
-    outputs,
+    net::tls::Identity,
+    report::outputs,
     serve::ServeSummary,
     synth::{ClockTruth, Fault, FaultKind, Generator, SynthSpec},
-    tls::Identity,
     Analyzer, EventKind, Report,
 };
 use slowrank_shared::wire;

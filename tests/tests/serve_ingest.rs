@@ -12,8 +12,8 @@ use slowrank_agent::{
     ship::{client_config, ShipError, Shipper},
 };
 use slowrank_coordinator::{
+    net::tls::{Identity, SERVER_NAME},
     synth::{ClockTruth, Generator, SynthSpec},
-    tls::{Identity, SERVER_NAME},
 };
 use slowrank_shared::wire::{self, HEADER_LEN};
 use support::*;

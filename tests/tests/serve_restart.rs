@@ -16,9 +16,9 @@ use std::{
 
 use slowrank_agent::{clock::HostClock, ship::client_config, ship::Shipper};
 use slowrank_coordinator::{
+    net::tls::{Identity, SERVER_NAME},
     serve::{ServeConfig, Server},
     synth::{ClockTruth, Generator, SynthSpec},
-    tls::{Identity, SERVER_NAME},
 };
 use slowrank_shared::wire::{self, Batch};
 use support::*;

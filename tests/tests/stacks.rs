@@ -13,7 +13,7 @@ use std::{
 };
 
 use slowrank_agent::{stack_collector::StackCollector, stacks::StackConfig};
-use slowrank_coordinator::flame::{self, DiffRequest, FlameRef, Threads};
+use slowrank_coordinator::verdict::flame::{self, DiffRequest, FlameRef, Threads};
 use slowrank_shared::wire::{StackView, StackWindow};
 
 fn root_or_skip(test: &str) -> bool {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{replay, Recording, ReplayError, ReplayOptions, Replayed};
-use crate::outputs;
+use crate::report::outputs;
 
 /// The formats `analyze` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -20,7 +20,7 @@ use slowrank_agent::{
     clock::{self, HostClock},
     ship::{client_config, client_config_with, ClientIdentity, Shipper},
 };
-use slowrank_coordinator::tls::SERVER_NAME;
+use slowrank_coordinator::net::tls::SERVER_NAME;
 use slowrank_shared::wire::{self, Batch, Hello, RankIdentity};
 
 pub const TOKEN: &str = "hostile-token";

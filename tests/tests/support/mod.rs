@@ -9,9 +9,9 @@ use slowrank_agent::{
     ship::{client_config, Uplink, UplinkConfig},
 };
 use slowrank_coordinator::{
-    control::ProbeSchedule,
+    net::control::ProbeSchedule,
+    net::tls::{Identity, SERVER_NAME},
     serve::{ServeConfig, ServeError, ServeSummary, Server},
-    tls::{Identity, SERVER_NAME},
 };
 use slowrank_shared::wire::{Batch, Hello};
 

@@ -5,7 +5,7 @@
 //! the first batch matters, then one every 50 ms, each followed by an
 //! immediate second probe once answered) and [`Control`] requests
 //! (deep-probe windows); up come [`ClockReply`]s. First, though, it names
-//! the UDP clock port ([`crate::clockport`]): once the agent says hello
+//! the UDP clock port ([`crate::net::clockport`]): once the agent says hello
 //! there, probes go that way, kernel-stamped at both ends, and the control
 //! stream carries them again only while the port stays silent. Each answered probe becomes
 //! a [`ClockSample`] stamped on the coordinator's monotonic clock — the clock
@@ -23,14 +23,14 @@ use tokio::sync::mpsc;
 
 use crate::{
     clock::ClockSample,
-    clockport::{self, Probes, Registration},
-    events::IngestEvent,
+    net::clockport::{self, Probes, Registration},
+    net::events::IngestEvent,
 };
 
 /// Largest message accepted on the control stream.
 const MAX_CONTROL: usize = 64 * 1024;
 
-pub use crate::clockport::coord_now_ns;
+pub use crate::net::clockport::coord_now_ns;
 
 /// When probes are sent.
 #[derive(Debug, Clone, Copy)]

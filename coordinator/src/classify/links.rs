@@ -724,7 +724,7 @@ mod tests {
     /// is slow" (single intervals up to 1.8× its class, never three in four).
     #[test]
     fn recorded_healthy_noisy_links_name_nothing() {
-        let csv = include_str!("../tests/data/links-healthy-noisy-dp8.csv");
+        let csv = include_str!("../../tests/data/links-healthy-noisy-dp8.csv");
         let mut judged = 0;
         replay(csv, |t, f| {
             judged += f.links_judged;
@@ -739,7 +739,7 @@ mod tests {
     /// touching rank 6 after it.
     #[test]
     fn recorded_weak_nic_fault_is_named_within_a_second() {
-        let csv = include_str!("../tests/data/links-slow-nic-tp4-dp4.csv");
+        let csv = include_str!("../../tests/data/links-slow-nic-tp4-dp4.csv");
         let mut named = Vec::new();
         let onset = replay(csv, |t, f| {
             let ranks: Vec<u32> = f

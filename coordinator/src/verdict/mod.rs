@@ -1,3 +1,7 @@
+//! **Stage: verdict.** In: per-iteration observations. Out: verdicts that
+//! open and close with hysteresis, each with its flame-graph diff
+//! ([`flame`], over the stack windows [`stackstore`] keeps).
+//!
 //! Verdict lifecycle with hysteresis.
 //!
 //! Every sealed iteration, each subject (a rank's lateness, a rank's NIC, a
@@ -15,6 +19,9 @@
 //! of a job count as clean: allocators, autotuning, data-loader workers
 //! starting and the agents attaching make them unrepresentative (a rank
 //! slow for iterations 2–13 of a healthy job was a false verdict).
+
+pub mod flame;
+pub mod stackstore;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -49,9 +56,9 @@ pub enum Subject {
     Link(u32, u32),
     /// Every rank of one host (named by its lowest rank; see `hostwide`).
     Host(u32),
-    /// A pipeline stage slower on every replica ([`crate::structure`]).
+    /// A pipeline stage slower on every replica ([`crate::classify::structure`]).
     Stage(u32),
-    /// Work imbalance that moves between ranks ([`crate::structure`]).
+    /// Work imbalance that moves between ranks ([`crate::classify::structure`]).
     Imbalance,
 }
 
@@ -112,7 +119,7 @@ pub struct Observation {
     pub step_ns: f64,
     /// The saving once a bigger straggler is fixed: (that rank, ns).
     pub once_fixed: Option<(u32, f64)>,
-    /// The per-rank sequential test is in alarm ([`crate::sequential`]):
+    /// The per-rank sequential test is in alarm ([`crate::classify::sequential`]):
     /// opens without waiting for the window's majority.
     pub alarm: bool,
     /// A structural finding's cause (then `rank` is its first rank).
@@ -614,7 +621,7 @@ impl Lifecycle {
 }
 
 // What a verdict carries of its flame graph: plain data the report reads;
-// `crate::flame` computes it (flame → verdict, never back).
+// `crate::verdict::flame` computes it (flame → verdict, never back).
 
 /// A frame where the flagged rank spends more of its time.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -6,13 +6,13 @@
 //! per-host certificates), or an agent id or host another live connection
 //! holds is refused, logged (rate-limited) and counted by reason. Until then the connection has a tiny receive window
 //! and one stream, and connections waiting for their hello are capped per
-//! source address and in total ([`crate::admission`]). Then every
+//! source address and in total ([`crate::net::admission`]). Then every
 //! bidirectional stream carries one batch; streams are read concurrently,
 //! each within a deadline and a memory budget, and forwarded in order. Each batch is validated by
 //! [`wire::decode`] (header, version, size cap, bytecheck) before anything
 //! reads it; a bad one is rejected with its reason and counted, and the
 //! connection keeps serving. Nothing an agent sends can stop the server.
-//! Alongside, a control stream per agent ([`crate::control`]) probes its
+//! Alongside, a control stream per agent ([`crate::net::control`]) probes its
 //! clock and carries deep-probe window requests ([`Ingest::send_control`]).
 
 use std::{
@@ -34,12 +34,12 @@ use slowrank_shared::wire::{
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
-pub use crate::events::{Ack, IngestEvent};
-use crate::tls::{Identity, TlsError};
+pub use crate::net::events::{Ack, IngestEvent};
+use crate::net::tls::{Identity, TlsError};
 use crate::{
-    admission::{LiveClaims, LogLimiter, PreauthGate},
-    clockport::ClockPort,
-    control::{self, ProbeSchedule},
+    net::admission::{LiveClaims, LogLimiter, PreauthGate},
+    net::clockport::ClockPort,
+    net::control::{self, ProbeSchedule},
 };
 
 /// Largest hello accepted: a token, a host name, an agent id and two
@@ -70,7 +70,7 @@ const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Handshakes quinn buffers packets for before they are accepted or
 /// refused, and the bytes it buffers for each and in total (its defaults:
 /// 65,536 handshakes, 10 MiB each, 100 MiB in all).
-const MAX_INCOMING: usize = 2 * crate::admission::MAX_PREAUTH_TOTAL as usize;
+const MAX_INCOMING: usize = 2 * crate::net::admission::MAX_PREAUTH_TOTAL as usize;
 const INCOMING_BUFFER: u64 = 64 * 1024;
 const INCOMING_BUFFER_TOTAL: u64 = 16 << 20;
 /// Memory for batches between their stream and their answer (read,
@@ -169,7 +169,7 @@ struct Shared {
 
 impl Shared {
     /// Counts a refusal and logs it, at most once per
-    /// [`crate::admission::LOG_EVERY`] per reason.
+    /// [`crate::net::admission::LOG_EVERY`] per reason.
     fn refused(&self, label: &'static str, remote: SocketAddr, detail: &str) {
         self.stats.refuse(label);
         let allow = lock(&self.log_limits)
@@ -506,7 +506,7 @@ fn certificate_host(conn: &Connection) -> Result<Option<String>, Refusal> {
         return Ok(None);
     };
     match chain.first() {
-        Some(leaf) => crate::tls::cert_host(leaf)
+        Some(leaf) => crate::net::tls::cert_host(leaf)
             .map_err(|e| Refusal::new("bad_certificate", format!("agent certificate: {e}"))),
         None => Ok(None),
     }

@@ -16,8 +16,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde_json::{json, Value};
 
+use crate::classify::stats::AlignedInstance;
 use crate::join::op_name;
-use crate::stats::AlignedInstance;
 
 /// Rank tracks per section at most.
 pub const MAX_TRACKS: usize = 32;
@@ -129,8 +129,8 @@ mod tests {
     use slowrank_shared::wire::{CollOp, CollectiveRecord};
 
     use super::*;
+    use crate::classify::stats::align;
     use crate::join::{InstanceKey, JoinedInstance, Member};
-    use crate::stats::align;
 
     /// A 200-rank all-reduce where `slow` arrives last.
     fn big(seq: u64, slow: u32) -> AlignedInstance {

@@ -10,7 +10,7 @@ use std::{collections::VecDeque, path::Path, sync::Mutex};
 use dashmap::DashMap;
 use slowrank_shared::wire::{Batch, StackWindow};
 
-use crate::{clock::CoordNs, flame, verdict::Verdict};
+use crate::{clock::CoordNs, verdict::flame, verdict::Verdict};
 
 /// What the store needs of the live state to accept a window: who owns a
 /// rank, and each host's clock (the analyzer implements it; the store does

@@ -1,3 +1,9 @@
+//! **Stage: join.** In: validated records on the coordinator clock. Out:
+//! joined instances (every member's arrival and exit), expired and hung
+//! instances. [`park`] holds records whose membership has not arrived yet;
+//! [`splits`] works out split communicators no agent could read. State is
+//! partitioned by communicator: an instance never spans two.
+//!
 //! Collective join: gathers the records of one instance from all its members.
 //!
 //! A collective instance is `(comm_id, seq)` with `nranks` members. A
@@ -13,6 +19,9 @@
 //! past a timeout, becomes a hang candidate naming the missing ranks and the
 //! last instance each completed.
 
+pub mod park;
+pub mod splits;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,7 +30,7 @@ use dashmap::DashMap;
 use slowrank_shared::wire::{CollOp, CollectiveRecord, CommRecord};
 
 use crate::clock::CoordNs;
-use crate::validate::RecordError;
+use crate::net::validate::RecordError;
 
 /// Names one instance inside a communicator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -444,7 +453,7 @@ impl Joiner {
 
     /// Records one member's creation of a communicator.
     pub fn register_comm(&self, host: &Arc<str>, c: &CommRecord) -> Result<(), RecordError> {
-        crate::validate::check_comm(c)?;
+        crate::net::validate::check_comm(c)?;
         if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
             return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
         }

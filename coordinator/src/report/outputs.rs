@@ -9,8 +9,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::report::timeline::Timeline;
 use crate::report::{render_human, render_json, Report};
-use crate::timeline::Timeline;
 
 pub const REPORT_JSON: &str = "report.json";
 pub const REPORT_TXT: &str = "report.txt";
@@ -71,7 +71,7 @@ pub fn write_all(
 /// graph is looked for where the report says it was written, then under
 /// `dir/flame/` (a run directory copied elsewhere); one that cannot be read
 /// is left out of the page (its verdict still says where it was).
-pub fn load_flames(dir: &Path, report: &Report) -> Vec<crate::html::FlameSvg> {
+pub fn load_flames(dir: &Path, report: &Report) -> Vec<crate::report::html::FlameSvg> {
     let read = |path: &str| {
         let p = PathBuf::from(path);
         let moved = p.file_name().map(|n| dir.join("flame").join(n));
@@ -92,7 +92,7 @@ pub fn load_flames(dir: &Path, report: &Report) -> Vec<crate::html::FlameSvg> {
         };
         for (title, path) in graphs {
             if let Some(svg) = read(path) {
-                out.push(crate::html::FlameSvg {
+                out.push(crate::report::html::FlameSvg {
                     verdict: v.id,
                     title,
                     svg,
@@ -120,7 +120,7 @@ pub fn write_timeline_and_page(
 
 /// Writes `report.html` into `dir`; returns the page.
 pub fn write_page(dir: &Path, report: &Report, timeline: &Timeline) -> Result<String, OutputError> {
-    let html = crate::html::render(&crate::html::Page {
+    let html = crate::report::html::render(&crate::report::html::Page {
         report,
         timeline,
         flames: load_flames(dir, report),
@@ -143,7 +143,7 @@ pub fn read_timeline(dir: &Path) -> Result<Timeline, ReadError> {
         path: file.clone(),
         source,
     })?;
-    if t.schema != crate::timeline::SCHEMA {
+    if t.schema != crate::report::timeline::SCHEMA {
         return Err(ReadError::TimelineSchema {
             path: file,
             found: t.schema,
@@ -200,7 +200,7 @@ pub enum ReadError {
     Schema { path: PathBuf, found: String },
     #[error(
         "{path} has schema {found:?}; this build reads {}",
-        crate::timeline::SCHEMA
+        crate::report::timeline::SCHEMA
     )]
     TimelineSchema { path: PathBuf, found: String },
 }

@@ -7,9 +7,9 @@
 //! meaning. Pure: built from plain snapshots, no IO.
 
 use crate::{
-    alert::HookStats,
-    ingest::IngestStats,
-    prom::{Exposition, Type},
+    net::ingest::IngestStats,
+    report::alert::HookStats,
+    report::prom::{Exposition, Type},
     report::IngestCounters,
     verdict::Verdict,
 };
@@ -230,10 +230,10 @@ impl Metrics {
 /// The whole `/metrics` page of `slowrank serve`: the analyzer's families
 /// plus the transport's and the hooks'.
 /// The serve-side guards against hostile peers whose counters the page
-/// shows ([`crate::stackstore`], [`crate::metrics_http`]).
+/// shows ([`crate::verdict::stackstore`], [`crate::net::metrics_http`]).
 pub struct Guards<'a> {
-    pub stacks: &'a crate::stackstore::StackStore,
-    pub http: &'a crate::metrics_http::HttpStats,
+    pub stacks: &'a crate::verdict::stackstore::StackStore,
+    pub http: &'a crate::net::metrics_http::HttpStats,
 }
 
 pub fn serve_exposition(
@@ -376,11 +376,11 @@ pub struct Metrics {
     /// The job's step time now (median of recent iterations), when known.
     pub step_ns: Option<f64>,
     /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds).
-    pub verdicts: Vec<crate::metrics_text::VerdictRow>,
+    pub verdicts: Vec<crate::report::metrics_text::VerdictRow>,
 }
 
 impl Metrics {
-    /// Prometheus text exposition format (families in [`crate::metrics_text`]).
+    /// Prometheus text exposition format (families in [`crate::report::metrics_text`]).
     pub fn to_prometheus(&self) -> String {
         self.exposition().render()
     }
@@ -426,8 +426,8 @@ mod tests {
         ingest.rejected.insert("host_changed".into(), 2);
         ingest.rejected.insert("truncated".into(), 1);
         let guards = Guards {
-            stacks: &crate::stackstore::StackStore::default(),
-            http: &crate::metrics_http::HttpStats::default(),
+            stacks: &crate::verdict::stackstore::StackStore::default(),
+            http: &crate::net::metrics_http::HttpStats::default(),
         };
         let text = serve_exposition(&m, &ingest, &HookStats::default(), 2, &guards).render();
         let mut seen = std::collections::HashSet::new();

@@ -1,3 +1,11 @@
+//! **Stage: classify.** In: joined instances, iterations, per-rank counters.
+//! Out: per-iteration observations of each subject (suspicious or not, of
+//! which class, with evidence). [`stats`] measures lateness and waits;
+//! [`intervals`] reads host counters; [`links`] judges queue pairs and NICs;
+//! [`hostwide`] folds a late host into one finding; [`sequential`] tests each
+//! rank's cost over iterations; [`pace`] watches the job's step;
+//! [`structure`] finds stage and work imbalance; this module says why.
+//!
 //! Why a rank is slow: compute, host or communication (and hang).
 //!
 //! * **compute** — the host enqueued on time but the GPU reached the
@@ -10,9 +18,17 @@
 //! * **communication** — arrivals on time, but the rank's queue pairs (or
 //!   one pair: a link) complete slowly compared to the rest of the fabric.
 
-use crate::intervals::CpuEvidence;
-use crate::links::{SlowLink, SlowNic};
-use crate::stats::RankScore;
+pub mod hostwide;
+pub mod intervals;
+pub mod links;
+pub mod pace;
+pub mod sequential;
+pub mod stats;
+pub mod structure;
+
+use crate::classify::intervals::CpuEvidence;
+use crate::classify::links::{SlowLink, SlowNic};
+use crate::classify::stats::RankScore;
 
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
@@ -24,7 +40,7 @@ pub enum Kind {
     Host,
     Hang,
     /// Not a slow rank: a pipeline stage slower on every replica, or work
-    /// imbalance that moves between ranks ([`crate::structure`]).
+    /// imbalance that moves between ranks ([`crate::classify::structure`]).
     Structural,
 }
 

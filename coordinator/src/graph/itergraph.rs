@@ -1,5 +1,5 @@
 //! One sealed iteration's aligned instances → the plain [`IterGraph`] the
-//! what-if replays ([`crate::whatif`]).
+//! what-if replays ([`crate::graph::whatif`]).
 //!
 //! Times become f64 ns relative to the iteration's start (coordinator ns
 //! are ~1e18: relative values keep sub-ns precision in f64). A member's
@@ -12,10 +12,10 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
+use crate::classify::stats::{AlignedInstance, Basis};
 use crate::clock::CoordNs;
+use crate::graph::whatif::{Arrival, Event, IterGraph};
 use crate::join::InstanceKey;
-use crate::stats::{AlignedInstance, Basis};
-use crate::whatif::{Arrival, Event, IterGraph};
 
 /// Builds the graph of one iteration that began at `start`.
 pub fn build<'a>(

@@ -3,7 +3,7 @@
 //! is only said of a job that did not slow (DESIGN.md §5).
 //!
 //! In: each sealed iteration's duration and the ranks' what-if shares of it
-//! ([`crate::whatif`]). Out: a [`Slowing`] while the recent median step is
+//! ([`crate::graph::whatif`]). Out: a [`Slowing`] while the recent median step is
 //! above the baseline by more than the job's own noise. Pure.
 
 use std::collections::{BTreeMap, VecDeque};

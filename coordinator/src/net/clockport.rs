@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use tokio::sync::Notify;
 
-use crate::{clock::ClockSample, events::IngestEvent};
+use crate::{clock::ClockSample, net::events::IngestEvent};
 
 /// Unanswered probes remembered (older ones are forgotten).
 const MAX_OUTSTANDING: usize = 256;
@@ -109,7 +109,7 @@ pub struct ClockPort {
     peers: DashMap<Token, Arc<Peer>>,
     stop: AtomicBool,
     /// Datagrams dropped: foreign, unknown token, bad MAC, wrong address,
-    /// stale (shared with [`crate::ingest::IngestStats`] for `/metrics`).
+    /// stale (shared with [`crate::net::ingest::IngestStats`] for `/metrics`).
     pub dropped: Arc<AtomicU64>,
 }
 

@@ -13,7 +13,7 @@
 
 use std::fmt::Write;
 
-use crate::{report::Report, timeline::Timeline, verdict::Verdict};
+use crate::{report::timeline::Timeline, report::Report, verdict::Verdict};
 
 /// Ranks drawn in the heatmap at most: the verdicts' ranks first, then the
 /// latest on average. More rows than this stop being readable.
@@ -391,7 +391,7 @@ fn colour(level: i32) -> String {
     format!("#{:02x}{:02x}{:02x}", r as u8, g as u8, b as u8)
 }
 
-fn iter_span(row: &crate::timeline::Row) -> String {
+fn iter_span(row: &crate::report::timeline::Row) -> String {
     if row.first == row.last {
         format!("iteration {}", row.first)
     } else {
@@ -652,7 +652,7 @@ fn step_chart(s: &mut String, r: &Report, t: &Timeline) {
     s.push_str("</svg><div class=\"note\">Duration of each training iteration (merged iterations: their mean). Red dashed lines: verdict onsets.</div></section>");
 }
 
-fn frame_table(s: &mut String, frames: &[crate::flame::FrameDiff]) {
+fn frame_table(s: &mut String, frames: &[crate::verdict::flame::FrameDiff]) {
     if frames.is_empty() {
         s.push_str("<p class=\"note\">No frame stands out.</p>");
         return;

@@ -8,7 +8,7 @@
 //! — and a verdict's onset from long ago — at coarser resolution. Pure and
 //! sans-IO: the analyzer records each sealed iteration's scores.
 
-use crate::stats::RankScore;
+use crate::classify::stats::RankScore;
 
 /// Cells (rank × row) the series holds at most: bounds `timeline.json` and
 /// the page (≈ 10 bytes a cell in JSON, so about 2 MB) whatever the job's

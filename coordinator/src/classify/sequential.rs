@@ -2,7 +2,7 @@
 //! is named as soon as the evidence adds up, and stays named while it lasts.
 //!
 //! In: per sealed iteration, each rank's what-if saving as a share of the
-//! step ([`crate::whatif`]: how much shorter the iteration would have been
+//! step ([`crate::graph::whatif`]: how much shorter the iteration would have been
 //! had the rank worked at its peers' median). Out: the ranks whose
 //! cumulative excess crossed the alarm level, and whether a rank's evidence
 //! is still standing. Pure: no clock, no IO.

@@ -1,5 +1,5 @@
 //! Who may hold a connection to the coordinator, and for how long, as
-//! plain data (the QUIC side in [`crate::ingest`] asks; nothing here does IO).
+//! plain data (the QUIC side in [`crate::net::ingest`] asks; nothing here does IO).
 //!
 //! - [`PreauthGate`]: connections that have not yet said a valid hello are
 //!   capped per source address and in total, so nobody without the token can

@@ -1,3 +1,10 @@
+//! **Stage: graph.** In: joined instances. Out: iterations and what each
+//! rank costs in them. [`iteration`] tells where a training step begins and
+//! ends; [`itergraph`] turns one sealed iteration into a plain graph;
+//! [`whatif`] replays it with a rank at its peers' speed (the cost);
+//! [`cost`] applies that to each subject; [`victims`] hands a finding to its
+//! cause; this module keeps the wait graph of who waited for whom.
+//!
 //! The dependency graph of waiting, and what each root costs.
 //!
 //! Nodes are ranks and slow links; an edge `A → B` weighs how long A waited
@@ -11,6 +18,12 @@
 //! lateness its waiting explains (`pass_through`, 0 for a root, 1 for a pure
 //! victim). After a few rounds blame rests on the ranks where waiting starts;
 //! the sum is the GPU time lost to each, since every waiting ns idles one GPU.
+
+pub mod cost;
+pub mod iteration;
+pub mod itergraph;
+pub mod victims;
+pub mod whatif;
 
 use std::collections::HashMap;
 

@@ -5,14 +5,14 @@
 //! and naming one rank for either would send the on-call engineer to the
 //! wrong machine.
 //!
-//! In: each sealed iteration's what-if model ([`crate::whatif::WhatIf`]).
+//! In: each sealed iteration's what-if model ([`crate::graph::whatif::WhatIf`]).
 //! Out: per iteration, at most one stage finding (the stage, its work
 //! against the other stages', and what balancing it would save) and, over a
 //! window, a work-imbalance finding. Pure.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::whatif::WhatIf;
+use crate::graph::whatif::WhatIf;
 
 /// A stage's replicas must work this much more than the median stage's
 /// (per rank, per iteration) to be a finding: below it, stages differ by
@@ -230,7 +230,7 @@ impl Imbalance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::whatif::{Arrival, Event, IterGraph};
+    use crate::graph::whatif::{Arrival, Event, IterGraph};
 
     const MS: f64 = 1e6;
 

@@ -1,5 +1,5 @@
 //! Each subject's cost in one iteration, from the what-if
-//! ([`crate::whatif`]): what the verdicts report as "costing N% of the job".
+//! ([`crate::graph::whatif`]): what the verdicts report as "costing N% of the job".
 //!
 //! In: the iteration's replayable model, the subjects observed in it and
 //! the active verdicts' subjects. Out: per subject the iteration time it
@@ -21,8 +21,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::classify::Kind;
+use crate::graph::whatif::WhatIf;
 use crate::verdict::{Observation, Subject, OFF_CRITICAL_PATH};
-use crate::whatif::WhatIf;
 
 /// One subject to cost: an active verdict's or an observation's.
 #[derive(Debug, Clone)]
@@ -140,7 +140,7 @@ pub fn apply(
 mod tests {
     use super::*;
     use crate::classify::Classification;
-    use crate::whatif::{Arrival, Event, IterGraph};
+    use crate::graph::whatif::{Arrival, Event, IterGraph};
 
     const MS: f64 = 1e6;
 

@@ -18,7 +18,7 @@ pub enum RecordError {
     #[error("rank_in_comm {rank_in_comm} outside a communicator of {nranks}")]
     RankInCommOutOfRange { rank_in_comm: u32, nranks: u32 },
     #[error(transparent)]
-    Split(#[from] crate::splits::SplitError),
+    Split(#[from] crate::join::splits::SplitError),
     #[error("communicator {comm_id:#x} position {rank_in_comm} claimed by ranks {had} and {got}")]
     PositionConflict {
         comm_id: u64,
@@ -108,9 +108,13 @@ impl RecordError {
             Self::NotAMember { .. } => "not_a_member",
             Self::CommSizeConflict { .. } => "comm_size_conflict",
             Self::RankInCommOutOfRange { .. } => "rank_in_comm_out_of_range",
-            Self::Split(crate::splits::SplitError::UnknownParent { .. }) => "split_unknown_parent",
-            Self::Split(crate::splits::SplitError::NotInParent { .. }) => "split_not_in_parent",
-            Self::Split(crate::splits::SplitError::Conflict { .. }) => "split_conflict",
+            Self::Split(crate::join::splits::SplitError::UnknownParent { .. }) => {
+                "split_unknown_parent"
+            }
+            Self::Split(crate::join::splits::SplitError::NotInParent { .. }) => {
+                "split_not_in_parent"
+            }
+            Self::Split(crate::join::splits::SplitError::Conflict { .. }) => "split_conflict",
             Self::PositionConflict { .. } => "position_conflict",
             Self::RankOutOfRange { .. } => "rank_out_of_range",
             Self::CommTooLarge(_) => "comm_too_large",

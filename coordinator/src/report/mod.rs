@@ -1,5 +1,20 @@
+//! **Stage: report.** In: an immutable snapshot (verdicts, hangs, clock,
+//! ingest). Out: what users read — text and `report.json` (this module),
+//! [`html`] page, [`trace`] (Perfetto), [`timeline`] series, `/metrics`
+//! ([`metrics_text`] over [`prom`]), [`alert`] lines and hooks, and the files
+//! [`outputs`] keeps current in `--out`. Rendering never reaches into live
+//! state.
+//!
 //! The cluster report: `report.json` (schema `slowrank.report/v1`, documented
 //! in `docs/report-schema.md`) and the human table.
+
+pub mod alert;
+pub mod html;
+pub mod metrics_text;
+pub mod outputs;
+pub mod prom;
+pub mod timeline;
+pub mod trace;
 
 use chrono::{DateTime, Utc};
 
@@ -39,7 +54,7 @@ pub struct Report {
     /// ranks the recent iterations waited for most), whether or not a
     /// verdict explains it; null while it keeps its pace.
     #[serde(default)]
-    pub slowdown: Option<crate::pace::Slowing>,
+    pub slowdown: Option<crate::classify::pace::Slowing>,
     /// What slowrank's own probes cost the job, per rank and host, from the
     /// agents' measured trap cost and hit counts (absent: no interval yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,7 +200,7 @@ pub struct JobInfo {
     /// instance counted as a step, and per-iteration figures are per
     /// instance.
     #[serde(default)]
-    pub step_inferred_by: Option<crate::iteration::Method>,
+    pub step_inferred_by: Option<crate::graph::iteration::Method>,
     /// Median step over the first steps after warm-up (the pace the job is
     /// compared with).
     #[serde(default)]
@@ -483,7 +498,8 @@ pub fn render_human(r: &Report) -> String {
                 // The training thread's own differences first (on-CPU,
                 // then what it waited in); the whole list when unsplit.
                 let parts: Vec<_> = f.views.iter().filter(|p| p.part != "all-threads").collect();
-                let lists: Vec<(String, &[crate::flame::FrameDiff])> = if parts.is_empty() {
+                let lists: Vec<(String, &[crate::verdict::flame::FrameDiff])> = if parts.is_empty()
+                {
                     vec![(String::new(), &f.top_frames[..])]
                 } else {
                     parts
@@ -762,10 +778,10 @@ pub struct IngestCounters {
     /// records go to the previous coordinator. Not an error.
     pub replayed_unjoinable: u64,
     /// Records that came before their communicator's membership and were
-    /// held until it arrived ([`crate::park`]); `expired` and `overflow`
+    /// held until it arrived ([`crate::join::park`]); `expired` and `overflow`
     /// are the ones lost.
     #[serde(default)]
-    pub parking: crate::park::ParkCounters,
+    pub parking: crate::join::park::ParkCounters,
 }
 
 /// How the report shows that it spans several coordinator lives.
