@@ -49,6 +49,9 @@ echo "[repeat] building the test binaries once"
 bins=()
 for t in "${TESTS[@]}"; do bins+=(--test "${t%%:*}"); done
 cargo test -p slowrank-tests "${PROFILE_FLAG[@]}" "${bins[@]}" --no-run 2>&1 | grep -v '^warning: slowrank-agent@' | tail -3
+# The services the tests start (found next to the test binaries): a test
+# build alone leaves them as old as the last full build.
+cargo build "${PROFILE_FLAG[@]}" -p slowrank-coordinator -p slowrank-agent -p slowrank-scenarios --bins 2>&1 | grep -v '^warning: slowrank-agent@' | tail -1
 
 LOAD=${REPEAT_LOAD:-hog}
 load_pids=()

@@ -353,6 +353,36 @@ impl Analyzer {
         r
     }
 
+    /// Every host's clock model worth keeping for a later life.
+    pub fn clock_seeds(&self) -> BTreeMap<String, crate::clock::ClockSeed> {
+        self.clocks
+            .iter()
+            .filter_map(|c| Some((c.key().clone(), c.value().seed()?)))
+            .collect()
+    }
+
+    /// Starts each host's clock from an earlier life's model (at coordinator
+    /// time `now`), so records map before this life's first probe answer.
+    /// A host with a clock already is left alone; a seed unusable at `now`
+    /// is skipped. Returns how many hosts were seeded.
+    pub fn seed_clocks(
+        &self,
+        seeds: &BTreeMap<String, crate::clock::ClockSeed>,
+        now: u64,
+    ) -> usize {
+        let mut n = 0;
+        for (host, seed) in seeds {
+            if self.clocks.contains_key(host) {
+                continue;
+            }
+            if let Some(c) = ClockEstimator::seeded(self.cfg.clock.clone(), seed, now) {
+                self.clocks.insert(host.clone(), c);
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// `host` gained (`true`) or lost (`false`) a live agent connection:
     /// a rank moves to another host only once its owner's agent is gone.
     pub fn host_live(&self, host: &str, live: bool) {
@@ -884,7 +914,10 @@ impl Analyzer {
                 });
             }
         }
-        if let Some(c) = self.clocks.get(&b.host) {
+        // Not on an earlier life's clock: if its host's agent rebooted, the
+        // seed is wrong, and the batch's arrival is what shows it (the seed
+        // is dropped then, not the batch).
+        if let Some(c) = self.clocks.get(&b.host).filter(|c| !c.is_seeded()) {
             let (at, err) = c.value().map().coord_and_bound(b.mono_ns);
             if err.is_finite() {
                 let ahead = at as f64 - recv_ns as f64;

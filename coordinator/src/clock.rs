@@ -193,6 +193,48 @@ pub struct ClockEstimator {
     /// Last completion residual measured against the probe-only clock.
     completion_residual_ns: Option<f64>,
     completion_inconsistent: u64,
+    /// `fit` is an earlier life's model ([`ClockSeed`]), not this life's
+    /// probes: the first kept probe replaces it.
+    seeded: bool,
+    /// Seeds found to contradict a batch's arrival, and dropped.
+    seeds_dropped: u64,
+}
+
+/// One host's clock model as a restarted coordinator keeps it (in `--out`):
+/// the fitted line, its bound, and when it was last valid. Both clocks are
+/// CLOCK_MONOTONIC, which a restart of either process does not reset.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClockSeed {
+    /// Agent ns the offset is given at (the newest probe of the fit).
+    pub ref_agent_ns: u64,
+    /// `coord - agent` at `ref_agent_ns` (ns).
+    pub offset_ns: f64,
+    /// d(offset)/d(agent).
+    pub drift: f64,
+    /// Bound on the error (ns) inside the probed span.
+    pub error_bound_ns: f64,
+    /// Agent ns of the oldest probe of the fit.
+    pub first_agent_ns: u64,
+    /// Growth of the bound per ns past the probes (slope uncertainty plus
+    /// the wander allowed).
+    pub extrapolation_rate: f64,
+    pub samples_used: usize,
+    /// Coordinator ns at which the fit was estimated (its newest probe).
+    pub estimated_coord_ns: u64,
+}
+
+impl ClockSeed {
+    fn fit(&self) -> ClockFit {
+        ClockFit {
+            ref_agent_ns: self.ref_agent_ns,
+            offset_ns: self.offset_ns,
+            drift: self.drift,
+            error_bound_ns: self.error_bound_ns,
+            samples_used: self.samples_used,
+            first_agent_ns: self.first_agent_ns,
+            extrapolation_rate: self.extrapolation_rate,
+        }
+    }
 }
 
 impl ClockEstimator {
@@ -210,7 +252,58 @@ impl ClockEstimator {
             completion_shift_ns: 0.0,
             completion_residual_ns: None,
             completion_inconsistent: 0,
+            seeded: false,
+            seeds_dropped: 0,
         }
+    }
+
+    /// An estimator that starts from an earlier life's model, at coordinator
+    /// time `now_coord_ns`: usable at once, with its bound quoted at the
+    /// agent time that has passed since the model was estimated, so it is
+    /// widened by the drift uncertainty over that time. `None` when `now`
+    /// is before the estimate (not the same boot of the coordinator host).
+    pub fn seeded(cfg: ClockConfig, seed: &ClockSeed, now_coord_ns: u64) -> Option<Self> {
+        let elapsed = now_coord_ns.checked_sub(seed.estimated_coord_ns)?;
+        let finite = seed.offset_ns.is_finite()
+            && seed.drift.is_finite()
+            && seed.error_bound_ns.is_finite()
+            && seed.extrapolation_rate.is_finite();
+        if !finite {
+            return None;
+        }
+        let mut c = Self::new(cfg);
+        c.fit = Some(seed.fit());
+        c.seeded = true;
+        // Agent time runs at the coordinator's rate within ppm, far inside
+        // the widened bound.
+        c.newest_agent_ns = seed.ref_agent_ns.saturating_add(elapsed);
+        Some(c)
+    }
+
+    /// The model to keep for a later life; `None` before any probe (a
+    /// one-way bound from batch arrival is not worth keeping).
+    pub fn seed(&self) -> Option<ClockSeed> {
+        let f = self.fit?;
+        Some(ClockSeed {
+            ref_agent_ns: f.ref_agent_ns,
+            offset_ns: f.offset_ns,
+            drift: f.drift,
+            error_bound_ns: f.error_bound_ns,
+            first_agent_ns: f.first_agent_ns,
+            extrapolation_rate: f.extrapolation_rate,
+            samples_used: f.samples_used,
+            estimated_coord_ns: (f.ref_agent_ns as f64 + f.offset_ns).round().max(0.0) as u64,
+        })
+    }
+
+    /// Seeds dropped because a batch's arrival contradicted them.
+    pub fn seeds_dropped(&self) -> u64 {
+        self.seeds_dropped
+    }
+
+    /// Whether the model is still an earlier life's (no probe kept yet).
+    pub fn is_seeded(&self) -> bool {
+        self.seeded
     }
 
     /// Adds one round-trip probe; keeps it only if it is the best of its bucket.
@@ -262,6 +355,8 @@ impl ClockEstimator {
             None => true,
         };
         if replace {
+            // A fresh probe outranks the earlier life's model.
+            self.seeded = false;
             self.buckets.insert(bucket, kept);
             while self.buckets.len() > self.cfg.max_buckets {
                 self.buckets.pop_first();
@@ -276,6 +371,16 @@ impl ClockEstimator {
     pub fn observe_one_way(&mut self, agent_ns: u64, coord_recv_ns: u64) {
         self.newest_agent_ns = self.newest_agent_ns.max(agent_ns);
         let d = coord_recv_ns as i128 - agent_ns as i128;
+        // A batch is cut before it arrives: a seed that puts the cut after
+        // the arrival by more than its bound is not this host's clock (its
+        // agent's host rebooted): forget it rather than map with it.
+        if let Some(f) = self.fit.filter(|_| self.seeded) {
+            if eval(&f, agent_ns) - f.bound_at(agent_ns) > d as f64 {
+                self.fit = None;
+                self.seeded = false;
+                self.seeds_dropped += 1;
+            }
+        }
         self.one_way_min = Some(self.one_way_min.map_or(d, |m| m.min(d)));
     }
 
@@ -411,7 +516,9 @@ impl ClockEstimator {
             completion_residual_us: self.completion_residual_ns.map(|r| r / 1e3),
             completion_shift_us: self.completion_shift_ns / 1e3,
             completion_inconsistent: self.completion_inconsistent,
-            source: if fit.is_some() {
+            source: if self.seeded {
+                "earlier-life"
+            } else if fit.is_some() {
                 "probes"
             } else if self.one_way_min.is_some() {
                 "batch-arrival"
@@ -597,6 +704,103 @@ mod tests {
                 "host {h}: {summary:?}"
             );
         }
+    }
+
+    /// Two minutes of probes on a drifting host, as an earlier life fitted
+    /// them; `t` is the coordinator time of the last probe.
+    fn fitted(truth: &ClockTruth) -> (ClockEstimator, u64) {
+        let mut rng = Rng::new(5);
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        let mut t = 0;
+        for i in 0..1200u64 {
+            t = 10_000_000_000 + i * 100_000_000;
+            est.add_sample(truth.probe(t, &mut rng)).unwrap();
+        }
+        (est, t)
+    }
+
+    /// A new life seeded 30 s after the model maps at once, within its
+    /// bound, and the bound is the old one widened by the drift uncertainty
+    /// over the time elapsed (more so the longer ago).
+    #[test]
+    fn seed_maps_at_once_with_a_bound_widened_by_elapsed_time() {
+        let truth = ClockTruth::new(2_500_000, 30.0, 3_000_000_000_000);
+        let (est, t_end) = fitted(&truth);
+        let seed = est.seed().expect("a fitted model seeds");
+        // Estimated at its newest kept probe: the best of the last 1 s bucket.
+        let since = t_end as f64 - seed.estimated_coord_ns as f64;
+        assert!((-1e6..1.1e9).contains(&since), "{since}");
+        let now = t_end + 30_000_000_000;
+        let new = ClockEstimator::seeded(ClockConfig::default(), &seed, now).expect("seeded");
+        assert!(new.is_seeded());
+        assert_eq!(new.summary("h").source, "earlier-life");
+        let widened =
+            seed.error_bound_ns + seed.extrapolation_rate * (now - seed.estimated_coord_ns) as f64;
+        assert!(
+            (new.error_bound_ns() - widened).abs() < 1_000.0,
+            "{} vs {widened}",
+            new.error_bound_ns()
+        );
+        assert!(new.error_bound_ns() > seed.error_bound_ns);
+        // Records cut now and a little before (a spool) map within the bound.
+        for t in [now - 5_000_000_000, now] {
+            let (at, bound) = new.map().coord_and_bound(truth.agent_ns(t));
+            let err = (at - t as i64).abs() as f64;
+            assert!(err <= bound, "error {err} ns over bound {bound}");
+        }
+        let later = ClockEstimator::seeded(ClockConfig::default(), &seed, now + 600_000_000_000)
+            .expect("seeded");
+        assert!(later.error_bound_ns() > new.error_bound_ns());
+        // Kept again by a life that got no probe of its own yet.
+        assert_eq!(new.seed(), Some(seed));
+    }
+
+    #[test]
+    fn fresh_probe_replaces_the_seed() {
+        let truth = ClockTruth::new(-7_300_000, -45.0, 9_000_000_000);
+        let (est, t_end) = fitted(&truth);
+        let seed = est.seed().unwrap();
+        let now = t_end + 10_000_000_000;
+        let mut new = ClockEstimator::seeded(ClockConfig::default(), &seed, now).unwrap();
+        new.add_sample(truth.probe(now, &mut Rng::new(9))).unwrap();
+        assert!(!new.is_seeded());
+        assert_eq!(new.fit().unwrap().samples_used, 1);
+        assert_eq!(new.summary("h").source, "probes");
+    }
+
+    /// A seed from before `now` only: a time before its estimate means the
+    /// coordinator's host rebooted (another CLOCK_MONOTONIC).
+    #[test]
+    fn seed_refused_from_another_boot_or_unusable() {
+        let truth = ClockTruth::new(0, 0.0, 50_000_000_000);
+        let (est, t_end) = fitted(&truth);
+        let seed = est.seed().unwrap();
+        assert!(ClockEstimator::seeded(ClockConfig::default(), &seed, t_end / 2).is_none());
+        let nan = ClockSeed {
+            offset_ns: f64::NAN,
+            ..seed
+        };
+        assert!(ClockEstimator::seeded(ClockConfig::default(), &nan, t_end + 1).is_none());
+    }
+
+    /// An agent host that rebooted has another clock: a batch that the seed
+    /// would place after its own arrival drops the seed.
+    #[test]
+    fn seed_contradicted_by_a_batch_arrival_is_dropped() {
+        let truth = ClockTruth::new(1_500_000, 20.0, 123_000_000_000);
+        let (est, t_end) = fitted(&truth);
+        let seed = est.seed().unwrap();
+        let now = t_end + 1_000_000_000;
+        let mut new = ClockEstimator::seeded(ClockConfig::default(), &seed, now).unwrap();
+        // Consistent: cut 1 ms before it arrived.
+        new.observe_one_way(truth.agent_ns(now - 1_000_000), now);
+        assert!(new.is_seeded());
+        // Another boot's clock, a minute ahead: the seed maps the cut a
+        // minute after the batch arrived.
+        new.observe_one_way(truth.agent_ns(now) + 60_000_000_000, now + 1_000_000);
+        assert!(!new.is_seeded());
+        assert!(new.fit().is_none());
+        assert_eq!(new.seeds_dropped(), 1);
     }
 
     #[test]

@@ -14,11 +14,17 @@
 //!   is in the page cache); the journal is fsync'ed when it is compacted
 //!   at startup. A torn last line (a host crash mid-append) is skipped.
 //!
-//! What does not survive: open collective instances, the per-rank
-//! statistics behind the verdicts (baselines) and the clock models. A new
-//! life learns those again from the resent and new records (clock models
-//! in seconds, baselines within the warm-up iterations); see
-//! `docs/operations.md`, "What survives a restart".
+//! - [`CLOCKS_FILE`]: each host's clock model (offset, drift, error bound,
+//!   when it was estimated), rewritten atomically with the report. A new
+//!   life on the same boot of the coordinator's host (both clocks are
+//!   CLOCK_MONOTONIC) seeds its clocks with them, the bound widened for the
+//!   time since, so the resent spools map at once instead of waiting for
+//!   this life's first probe answers; the first fresh probe replaces a seed.
+//!
+//! What does not survive: open collective instances and the per-rank
+//! statistics behind the verdicts (baselines: windows of recent samples
+//! per rank and communicator, not a few numbers; relearned within the
+//! warm-up iterations); see `docs/operations.md`, "What survives a restart".
 
 use std::{
     collections::BTreeMap,
@@ -29,6 +35,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::ClockSeed;
 use crate::report::outputs::{self, OutputError, ReadError};
 use crate::report::IngestCounters;
 use crate::report::Report;
@@ -37,6 +44,9 @@ use crate::verdict::Verdict;
 
 /// The ingest journal's file name in `--out`.
 pub const MARKS_FILE: &str = "ingested.jsonl";
+
+/// The clock models' file name in `--out`.
+pub const CLOCKS_FILE: &str = "clocks.json";
 
 /// Iterations a new life must analyse before a verdict that was active
 /// when the earlier life died, and that it has not raised again, is shown
@@ -61,6 +71,43 @@ pub enum ResumeError {
     },
     #[error("cannot compact the ingest journal")]
     Compact(#[from] OutputError),
+    #[error("cannot write the clock models")]
+    Clocks(#[source] OutputError),
+}
+
+/// The clock models an earlier life kept ([`CLOCKS_FILE`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClockFile {
+    /// The coordinator host's boot (`/proc/sys/kernel/random/boot_id`):
+    /// coordinator times of another boot are another clock.
+    pub boot_id: String,
+    /// Per host.
+    pub hosts: BTreeMap<String, ClockSeed>,
+}
+
+/// This boot of the coordinator's host; `None` where the kernel does not
+/// say (then clock models are neither kept nor seeded).
+pub fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Writes the clock models atomically (temp file, fsync, rename).
+pub fn save_clocks(dir: &Path, file: &ClockFile) -> Result<(), ResumeError> {
+    let bytes =
+        serde_json::to_vec_pretty(file).map_err(|e| ResumeError::Clocks(OutputError::Json(e)))?;
+    outputs::write_atomic(dir, CLOCKS_FILE, &bytes).map_err(ResumeError::Clocks)
+}
+
+/// The seeds to start this life's clocks from: those an earlier life kept
+/// on this same boot (`boot`), none otherwise.
+pub fn clock_seeds(earlier: &Earlier, boot: Option<&str>) -> BTreeMap<String, ClockSeed> {
+    match (&earlier.clocks, boot) {
+        (Some(f), Some(b)) if f.boot_id == b => f.hosts.clone(),
+        _ => BTreeMap::new(),
+    }
 }
 
 /// The last batch ingested from one agent.
@@ -105,6 +152,8 @@ pub struct Earlier {
     /// An unreadable previous report, moved aside to this path (kept, not
     /// overwritten).
     pub moved_aside: Option<PathBuf>,
+    /// The clock models the last earlier life kept.
+    pub clocks: Option<ClockFile>,
 }
 
 /// Reads what earlier lives left in `dir` (nothing there: an empty
@@ -132,6 +181,25 @@ pub fn load(dir: &Path) -> Result<Earlier, ResumeError> {
         Err(source) => {
             return Err(ResumeError::Read {
                 path: journal,
+                source,
+            })
+        }
+    }
+    let clocks = dir.join(CLOCKS_FILE);
+    match fs::read(&clocks) {
+        Ok(bytes) => match serde_json::from_slice::<ClockFile>(&bytes) {
+            Ok(f) => e.clocks = Some(f),
+            // Only a head start is lost: the clocks are learned again.
+            Err(err) => tracing::warn!(
+                path = %clocks.display(),
+                error = %err,
+                "unreadable clock models; learning the clocks again"
+            ),
+        },
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(ResumeError::Read {
+                path: clocks,
                 source,
             })
         }
@@ -459,6 +527,39 @@ mod tests {
         assert_eq!(again.period, Some(p));
         let text = fs::read_to_string(d.join(MARKS_FILE)).unwrap();
         assert_eq!(text.matches("iteration_period").count(), 1, "{text}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// Clock models kept atomically and read back; used only on the same
+    /// boot; an unreadable file costs the head start, not the resume.
+    #[test]
+    fn clock_models_round_trip_on_the_same_boot_only() {
+        let d = dir("clocks");
+        assert!(load(&d).unwrap().clocks.is_none());
+        let seed = ClockSeed {
+            ref_agent_ns: 5_000_000_000,
+            offset_ns: -1_234_567.5,
+            drift: 3e-5,
+            error_bound_ns: 4_000.0,
+            first_agent_ns: 1_000_000_000,
+            extrapolation_rate: 2e-6,
+            samples_used: 4,
+            estimated_coord_ns: 4_998_765_432,
+        };
+        let file = ClockFile {
+            boot_id: "boot-a".into(),
+            hosts: [("host-0".to_string(), seed)].into_iter().collect(),
+        };
+        save_clocks(&d, &file).unwrap();
+        assert!(!d.join(format!(".{CLOCKS_FILE}.tmp")).exists());
+        let e = load(&d).unwrap();
+        assert_eq!(e.clocks.as_ref(), Some(&file));
+        assert_eq!(clock_seeds(&e, Some("boot-a"))["host-0"], seed);
+        assert!(clock_seeds(&e, Some("boot-b")).is_empty());
+        assert!(clock_seeds(&e, None).is_empty());
+        fs::write(d.join(CLOCKS_FILE), b"{\"boot_id\":").unwrap();
+        let e = load(&d).unwrap();
+        assert!(e.clocks.is_none());
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -345,6 +345,14 @@ impl Server {
                 if let Some(p) = e.period {
                     analyzer.restore_period(p);
                 }
+                let seeds = crate::resume::clock_seeds(&e, crate::resume::boot_id().as_deref());
+                if !seeds.is_empty() {
+                    let n = analyzer.seed_clocks(&seeds, coord_now_ns());
+                    info!(
+                        hosts = n,
+                        "clock models seeded from the earlier coordinator's"
+                    );
+                }
                 let j = crate::resume::Journal::open(dir, &e, started)?;
                 (e, Some(Arc::new(std::sync::Mutex::new(j))))
             }
@@ -505,6 +513,19 @@ impl Server {
             });
             if r.is_err() {
                 failures.outputs.fetch_add(1, Ordering::Relaxed);
+            }
+            // After the report: a disk with room for only one keeps that.
+            if let Some(boot_id) = crate::resume::boot_id() {
+                let clocks = crate::resume::ClockFile {
+                    boot_id,
+                    hosts: a.clock_seeds(),
+                };
+                if !clocks.hosts.is_empty() {
+                    if let Err(e) = crate::resume::save_clocks(&dir, &clocks) {
+                        warn!(error = ?e, "clock models not kept");
+                        failures.outputs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
             debug!(target: "slowrank::timing", report_ms = t1.as_secs_f64() * 1e3,
                 annotate_ms = (t2 - t1).as_secs_f64() * 1e3, trace_ms = (t3 - t2).as_secs_f64() * 1e3,

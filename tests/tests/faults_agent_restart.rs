@@ -19,25 +19,31 @@ fn restarted_agent_reattaches_to_running_ranks() {
     }
     let mut job = Job::start(
         "agent-restart",
-        // Long enough that the job still runs when the new agent attaches:
-        // a killed agent's exit detaches every uprobe, which took the rest
-        // of a 300-iteration job on a loaded machine (1 of 3 runs failed
-        // with "too little of the job left", 300..300).
+        // Long enough that the job still runs when the new agent attaches,
+        // which waits for the killed agent's uprobe teardown (below).
         spec("scenarios/specs/dp8-healthy.toml", 600),
     );
     let svc = job.services();
     job.wait_iterations(0, 30);
     let old = &svc.agents[1];
     kill9(old.pid);
-    // Its exit detaches every uprobe in the kernel, which takes a while.
-    let t0 = std::time::Instant::now();
-    while alive(old.pid) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the agent survived SIGKILL"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // Restarted at once, as after a crash: the new agent does not wait for
+    // the old pid to go. Why: the kernel releases a SIGKILLed agent's ~48
+    // perf-event uprobe links one at a time in its exit, each after about
+    // five RCU grace periods, most of them under the kernel's global
+    // `event_mutex` (sampled: 14-18 s idle, over 60 s beside two CPU hogs).
+    // The old test waited for that with a 60 s deadline and failed under
+    // load. The new agent's attaches queue behind the same mutex
+    // (docs/agent.md, known limits); how long the old pid lingered is
+    // printed below, not asserted.
+    let old_pid = old.pid;
+    let t_kill = std::time::Instant::now();
+    let teardown = std::thread::spawn(move || {
+        while alive(old_pid) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        t_kill.elapsed()
+    });
     // Same flags, its own output file.
     let mut entry = old.clone();
     let second = job.dir.join("agent-host-1-second.jsonl");
@@ -53,6 +59,12 @@ fn restarted_agent_reattaches_to_running_ranks() {
     let before = job.iterations_done(4);
     let summary = job.wait();
     let after = job.iterations_done(4);
+    if teardown.is_finished() {
+        eprintln!(
+            "the killed agent's exit (uprobe teardown) took {:?}",
+            teardown.join().expect("teardown watcher")
+        );
+    }
     assert_eq!(
         format!("{:?}", summary.truth.outcome).to_lowercase(),
         "completed"

@@ -12,7 +12,7 @@
 
 mod faultkit;
 
-use std::time::Duration;
+use std::{fs, time::Duration};
 
 use faultkit::*;
 
@@ -27,6 +27,17 @@ fn coordinator_restart_loses_nothing() {
     );
     let svc = job.services();
     job.wait_iterations(0, 40);
+    // The first life has kept both hosts' clock models (with its report).
+    let clocks = job.dir.join("clocks.json");
+    let t0 = std::time::Instant::now();
+    while !fs::read_to_string(&clocks).is_ok_and(|t| t.contains("host-0") && t.contains("host-1")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no clock models kept in {}",
+            clocks.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     kill9(svc.coordinator.pid);
     // Away long enough for several flushes to pile up in the spools.
     std::thread::sleep(Duration::from_secs(3));
@@ -45,6 +56,15 @@ fn coordinator_restart_loses_nothing() {
     // SIGINT: the second life writes its final report and exits.
     job.stop_extra(pid2, Duration::from_secs(20));
 
+    // The second life started from them, not from nothing.
+    let log2_text = fs::read_to_string(&log2).expect("second coordinator log");
+    assert!(
+        log2_text
+            .lines()
+            .any(|l| l.contains("clock models seeded") && l.contains("hosts=2")),
+        "the second life did not seed its clocks; see {}",
+        log2.display()
+    );
     let life1 = coordinator_batches(&job.dir.join("logs").join("coordinator.log"));
     let mut life2 = coordinator_batches(&log2);
     for (h, out) in svc.agents.iter().enumerate() {
