@@ -33,17 +33,17 @@ use crate::clock::{
     median, ClockConfig, ClockError, ClockEstimator, ClockMap, ClockSample, CoordNs,
 };
 use crate::graph::iteration::{IterationClock, IterationConfig};
-use crate::graph::victims::{
-    cost_share, drop_passed_into_transfers, passed_along, rank_costs, relay_blind_waits,
-    relay_transfer_lateness,
-};
 use crate::graph::{Node, WaitGraph};
 use crate::join::park::{ParkConfig, Parking};
+use crate::join::validate::{self, RecordError};
 use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
-use crate::net::validate::{self, RecordError};
 pub use crate::report::metrics_text::Metrics;
 pub use crate::report::IngestCounters;
 use crate::report::{self, Report};
+use crate::verdict::victims::{
+    cost_share, drop_passed_into_transfers, passed_along, rank_costs, relay_blind_waits,
+    relay_transfer_lateness,
+};
 use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -55,7 +55,7 @@ pub struct AnalyzerConfig {
     pub links: LinkConfig,
     pub lifecycle: LifecycleConfig,
     pub sequential: crate::classify::sequential::SequentialConfig,
-    /// Name work imbalance that moves between ranks ([`crate::classify::structure`]).
+    /// Name work imbalance that moves between ranks ([`crate::graph::structure`]).
     /// Off by default: its rule has only been checked on hand-built
     /// iterations, and in a chaos run (coordinator killed three times) it
     /// named imbalance beside a compute-slow rank. It stays off until the
@@ -175,7 +175,7 @@ struct Core {
     /// The job's step against its baseline (unexplained slowdowns).
     pace: crate::classify::pace::Pace,
     /// Work imbalance that moves between ranks, over a window.
-    imbalance: crate::classify::structure::Imbalance,
+    imbalance: crate::graph::structure::Imbalance,
     pending: VecDeque<AlignedInstance>,
     pending_dropped: u64,
     recent: VecDeque<(u64, AlignedInstance)>,
@@ -295,7 +295,7 @@ impl Analyzer {
             sequential: crate::classify::sequential::Sequential::new(cfg.sequential.clone()),
             group_shares: vec![Vec::new(); cfg.whatif_groups.len()],
             pace: crate::classify::pace::Pace::new(),
-            imbalance: crate::classify::structure::Imbalance::new(),
+            imbalance: crate::graph::structure::Imbalance::new(),
             pending: VecDeque::new(),
             pending_dropped: 0,
             recent: VecDeque::new(),
@@ -1783,7 +1783,7 @@ impl Analyzer {
         events
     }
 
-    /// Structural findings of the iteration ([`crate::classify::structure`]): a stage
+    /// Structural findings of the iteration ([`crate::graph::structure`]): a stage
     /// slower on every replica, work imbalance that moves. Each replaces
     /// the rank observations it explains (its ranks are not stragglers).
     fn structural(
@@ -1829,7 +1829,7 @@ impl Analyzer {
                 },
             );
         };
-        let stage = crate::classify::structure::stage_imbalance(m, step);
+        let stage = crate::graph::structure::stage_imbalance(m, step);
         if let Some(f) = stage {
             add(
                 Subject::Stage(f.stage),
@@ -1868,7 +1868,7 @@ impl Analyzer {
                     vec![
                         format!(
                             "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
-                            crate::classify::structure::WINDOW,
+                            crate::graph::structure::WINDOW,
                             f.distinct_tops,
                             100.0 * f.top_share
                         ),

@@ -3,17 +3,19 @@
 //!
 //! Data flows one way, folder by folder (see `coordinator/README.md`):
 //! [`net`] takes batches, clock samples and agents in; [`clock`] aligns agent
-//! times; [`join`] gathers the members of each collective instance (parking
-//! early ones, working out splits); [`graph`] counts training steps and
-//! replays each iteration's wait graph for the what-if cost; [`classify`]
-//! turns instances into per-rank lateness and says why (compute, host,
-//! communication, structural); [`verdict`] opens and closes verdicts with
-//! hysteresis and diffs their flame graphs; [`report`] renders them (text,
+//! times; [`join`] validates records and gathers the members of each
+//! collective instance (parking early ones, working out splits);
+//! [`classify`] turns instances into per-rank lateness and says why
+//! (compute, host, communication); [`graph`] counts training steps, replays
+//! each iteration's wait graph for the what-if cost and reads structural
+//! causes from it; [`verdict`] opens and closes verdicts with hysteresis and
+//! diffs their flame graphs; [`report`] renders them (text,
 //! JSON, page, trace, metrics, alerts). [`analyzer`] and [`serve`] are the
 //! runtime that wires the stages; [`replay`] feeds recorded sources through
 //! the same path; [`synth`] generates synthetic jobs with ground truth.
 
-// The stages, in the order data flows through them.
+// The stages; data flows net → clock → join → classify → graph → verdict →
+// report (rustfmt keeps these lines in alphabetical order).
 pub mod classify;
 pub mod clock;
 pub mod graph;

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::classify::fmt_ns;
-use crate::verdict::{Observation, Subject};
+use crate::classify::{Observation, Subject};
 
 /// Replaces the rank observations of hosts whose every rank is flagged by
 /// one host observation. `hosts`: the live ranks of each host.

@@ -3,8 +3,8 @@
 //! which class, with evidence). [`stats`] measures lateness and waits;
 //! [`intervals`] reads host counters; [`links`] judges queue pairs and NICs;
 //! [`hostwide`] folds a late host into one finding; [`sequential`] tests each
-//! rank's cost over iterations; [`pace`] watches the job's step;
-//! [`structure`] finds stage and work imbalance; this module says why.
+//! rank's cost over iterations; [`pace`] watches the job's step; this
+//! module says why, and defines the observations the later stages share.
 //!
 //! Why a rank is slow: compute, host or communication (and hang).
 //!
@@ -24,7 +24,6 @@ pub mod links;
 pub mod pace;
 pub mod sequential;
 pub mod stats;
-pub mod structure;
 
 use crate::classify::intervals::CpuEvidence;
 use crate::classify::links::{SlowLink, SlowNic};
@@ -40,7 +39,7 @@ pub enum Kind {
     Host,
     Hang,
     /// Not a slow rank: a pipeline stage slower on every replica, or work
-    /// imbalance that moves between ranks ([`crate::classify::structure`]).
+    /// imbalance that moves between ranks ([`crate::graph::structure`]).
     Structural,
 }
 
@@ -370,6 +369,88 @@ pub fn classify_link(l: &SlowLink) -> Classification {
         gpu_side: false,
     }
 }
+
+// What this stage says of each subject every sealed iteration: the
+// observations the verdict stage opens and closes verdicts on.
+
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+pub enum Subject {
+    /// A rank arriving late (compute or host).
+    Rank(u32),
+    /// Placeholder for verdicts read back from `report.json` (not serialized).
+    #[default]
+    Unknown,
+    /// A rank whose links are slow (its NIC).
+    Nic(u32),
+    /// A pair of ranks whose link is slow (lower rank first).
+    Link(u32, u32),
+    /// Every rank of one host (named by its lowest rank; see `hostwide`).
+    Host(u32),
+    /// A pipeline stage slower on every replica ([`crate::graph::structure`]).
+    Stage(u32),
+    /// Work imbalance that moves between ranks ([`crate::graph::structure`]).
+    Imbalance,
+}
+
+/// What one sealed iteration says about a subject.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    pub classification: Classification,
+    pub rank: u32,
+    pub host: String,
+    pub link: Option<[u32; 2]>,
+    /// Every rank of a host-wide finding (empty otherwise).
+    pub ranks: Vec<u32>,
+    pub clock_error_ns: f64,
+    /// Its own lateness in the iteration (ns; 0 for links and NICs).
+    pub late_ns: f64,
+    /// GPU time lost to this subject in the iteration (ns).
+    pub lost_ns: f64,
+    /// GPU time the whole job had in the iteration (ns): world × step.
+    pub exposure_ns: f64,
+    /// How much shorter the iteration would have been without this
+    /// subject's excess (the what-if, ns); `None` when it could not be
+    /// measured (no peer of the same role, no arrivals that show it).
+    pub saved_ns: Option<f64>,
+    /// The iteration's duration (ns).
+    pub step_ns: f64,
+    /// The saving once a bigger straggler is fixed: (that rank, ns).
+    pub once_fixed: Option<(u32, f64)>,
+    /// The per-rank sequential test is in alarm ([`crate::classify::sequential`]):
+    /// opens without waiting for the window's majority.
+    pub alarm: bool,
+    /// A structural finding's cause (then `rank` is its first rank).
+    pub structural: Option<Structural>,
+    pub at: crate::clock::CoordNs,
+    pub wall: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What a structural verdict is (`structural` in `report.json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Structural {
+    /// `stage_imbalance` | `work_imbalance`.
+    pub cause: String,
+    /// The slower stage (stage imbalance only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<u32>,
+}
+
+/// Below this share of the step a verdict "costs the job nothing now":
+/// the what-if's own error on a replayed iteration (clock bounds, the
+/// peers' median wobbling) is of this order.
+pub const OFF_CRITICAL_PATH: f64 = 0.005;
 
 #[cfg(test)]
 mod tests {

@@ -21,8 +21,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::classify::Kind;
+use crate::classify::{Observation, Subject, OFF_CRITICAL_PATH};
 use crate::graph::whatif::WhatIf;
-use crate::verdict::{Observation, Subject, OFF_CRITICAL_PATH};
 
 /// One subject to cost: an active verdict's or an observation's.
 #[derive(Debug, Clone)]

@@ -2,8 +2,9 @@
 //! rank costs in them. [`iteration`] tells where a training step begins and
 //! ends; [`itergraph`] turns one sealed iteration into a plain graph;
 //! [`whatif`] replays it with a rank at its peers' speed (the cost);
-//! [`cost`] applies that to each subject; [`victims`] hands a finding to its
-//! cause; this module keeps the wait graph of who waited for whom.
+//! [`cost`] applies that to each subject; [`structure`] reads stage and
+//! work imbalance from it; this module keeps the wait graph of who waited
+//! for whom.
 //!
 //! The dependency graph of waiting, and what each root costs.
 //!
@@ -22,7 +23,7 @@
 pub mod cost;
 pub mod iteration;
 pub mod itergraph;
-pub mod victims;
+pub mod structure;
 pub mod whatif;
 
 use std::collections::HashMap;

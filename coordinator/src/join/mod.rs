@@ -1,6 +1,6 @@
 //! **Stage: join.** In: validated records on the coordinator clock. Out:
 //! joined instances (every member's arrival and exit), expired and hung
-//! instances. [`park`] holds records whose membership has not arrived yet;
+//! instances. [`validate`] checks records semantically; [`park`] holds records whose membership has not arrived yet;
 //! [`splits`] works out split communicators no agent could read. State is
 //! partitioned by communicator: an instance never spans two.
 //!
@@ -21,6 +21,7 @@
 
 pub mod park;
 pub mod splits;
+pub mod validate;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,7 +31,7 @@ use dashmap::DashMap;
 use slowrank_shared::wire::{CollOp, CollectiveRecord, CommRecord};
 
 use crate::clock::CoordNs;
-use crate::net::validate::RecordError;
+use crate::join::validate::RecordError;
 
 /// Names one instance inside a communicator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -453,7 +454,7 @@ impl Joiner {
 
     /// Records one member's creation of a communicator.
     pub fn register_comm(&self, host: &Arc<str>, c: &CommRecord) -> Result<(), RecordError> {
-        crate::net::validate::check_comm(c)?;
+        crate::join::validate::check_comm(c)?;
         if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
             return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
         }

@@ -17,4 +17,3 @@ pub mod ingest;
 pub mod metrics_http;
 pub mod ownership;
 pub mod tls;
-pub mod validate;

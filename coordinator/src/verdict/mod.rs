@@ -1,6 +1,7 @@
 //! **Stage: verdict.** In: per-iteration observations. Out: verdicts that
-//! open and close with hysteresis, each with its flame-graph diff
-//! ([`flame`], over the stack windows [`stackstore`] keeps).
+//! open and close with hysteresis ([`victims`] hands a finding to its
+//! cause), each with its flame-graph diff ([`flame`], over the stack windows
+//! [`stackstore`] keeps).
 //!
 //! Verdict lifecycle with hysteresis.
 //!
@@ -22,45 +23,16 @@
 
 pub mod flame;
 pub mod stackstore;
+pub mod victims;
 
 use std::collections::{BTreeMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 
-use crate::classify::{Classification, Kind};
+use crate::classify::Kind;
+pub use crate::classify::{Observation, Structural, Subject, OFF_CRITICAL_PATH};
 use crate::clock::CoordNs;
 use crate::join::HangCandidate;
-
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-pub enum Subject {
-    /// A rank arriving late (compute or host).
-    Rank(u32),
-    /// Placeholder for verdicts read back from `report.json` (not serialized).
-    #[default]
-    Unknown,
-    /// A rank whose links are slow (its NIC).
-    Nic(u32),
-    /// A pair of ranks whose link is slow (lower rank first).
-    Link(u32, u32),
-    /// Every rank of one host (named by its lowest rank; see `hostwide`).
-    Host(u32),
-    /// A pipeline stage slower on every replica ([`crate::classify::structure`]).
-    Stage(u32),
-    /// Work imbalance that moves between ranks ([`crate::classify::structure`]).
-    Imbalance,
-}
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LifecycleConfig {
@@ -95,39 +67,6 @@ impl Default for LifecycleConfig {
     }
 }
 
-/// What one sealed iteration says about a subject.
-#[derive(Debug, Clone)]
-pub struct Observation {
-    pub classification: Classification,
-    pub rank: u32,
-    pub host: String,
-    pub link: Option<[u32; 2]>,
-    /// Every rank of a host-wide finding (empty otherwise).
-    pub ranks: Vec<u32>,
-    pub clock_error_ns: f64,
-    /// Its own lateness in the iteration (ns; 0 for links and NICs).
-    pub late_ns: f64,
-    /// GPU time lost to this subject in the iteration (ns).
-    pub lost_ns: f64,
-    /// GPU time the whole job had in the iteration (ns): world × step.
-    pub exposure_ns: f64,
-    /// How much shorter the iteration would have been without this
-    /// subject's excess (the what-if, ns); `None` when it could not be
-    /// measured (no peer of the same role, no arrivals that show it).
-    pub saved_ns: Option<f64>,
-    /// The iteration's duration (ns).
-    pub step_ns: f64,
-    /// The saving once a bigger straggler is fixed: (that rank, ns).
-    pub once_fixed: Option<(u32, f64)>,
-    /// The per-rank sequential test is in alarm ([`crate::classify::sequential`]):
-    /// opens without waiting for the window's majority.
-    pub alarm: bool,
-    /// A structural finding's cause (then `rank` is its first rank).
-    pub structural: Option<Structural>,
-    pub at: CoordNs,
-    pub wall: Option<DateTime<Utc>>,
-}
-
 /// A verdict's cost while hidden behind a bigger straggler (DESIGN.md §5).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OnceFixed {
@@ -136,21 +75,6 @@ pub struct OnceFixed {
     /// The share of the step this subject would cost once `rank` is fixed.
     pub cost_fraction: f64,
 }
-
-/// What a structural verdict is (`structural` in `report.json`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Structural {
-    /// `stage_imbalance` | `work_imbalance`.
-    pub cause: String,
-    /// The slower stage (stage imbalance only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stage: Option<u32>,
-}
-
-/// Below this share of the step a verdict "costs the job nothing now":
-/// the what-if's own error on a replayed iteration (clock bounds, the
-/// peers' median wobbling) is of this order.
-pub const OFF_CRITICAL_PATH: f64 = 0.005;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinkRef {
@@ -681,6 +605,7 @@ pub struct FlameView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classify::Classification;
 
     fn obs(kind: Kind) -> Observation {
         Observation {
