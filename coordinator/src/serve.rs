@@ -642,7 +642,9 @@ impl Server {
                 self.request_deep_window(&e);
             }
             self.hooks.send(&e);
-            log.push(e);
+            if log.len() < MAX_LOGGED_EVENTS {
+                log.push(trim_for_log(e));
+            }
         }
     }
 
@@ -1044,4 +1046,23 @@ fn print_calls(batch: &Batch) {
             );
         }
     }
+}
+
+/// Verdict events the serve summary keeps at most (the first ones). Every
+/// event was kept, each hang with its full absent list (up to 4,096
+/// members, ≈ 256 KiB): a token holder whose instances on thousands of
+/// 4,096-rank communicators expired as hangs grew the coordinator by GiBs
+/// (BENCHMARKS.md, 2026-11-27). 4,096 trimmed events are a few MiB.
+pub const MAX_LOGGED_EVENTS: usize = 4_096;
+
+/// `e` with a hang's lists cut to [`crate::join::HANG_LIST_MAX`] (its
+/// summary still counts every absent member), as the summary keeps it.
+fn trim_for_log(mut e: VerdictEvent) -> VerdictEvent {
+    if let Some(h) = &mut e.hang {
+        h.missing.truncate(crate::join::HANG_LIST_MAX);
+        h.missing.shrink_to_fit();
+        h.present_ranks.truncate(crate::join::HANG_LIST_MAX);
+        h.present_ranks.shrink_to_fit();
+    }
+    e
 }

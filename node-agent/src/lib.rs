@@ -6,6 +6,7 @@ pub mod agent;
 pub mod announced;
 pub mod budget;
 pub mod catalog;
+pub mod certhost;
 pub mod clock;
 pub mod clockport;
 pub mod commlayout;

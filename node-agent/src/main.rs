@@ -74,9 +74,9 @@ struct RunArgs {
     #[arg(long, value_name = "FILE", requires = "coordinator")]
     ca: Option<PathBuf>,
     /// This agent's certificate for mutual TLS: `slowrank certs --hosts`
-    /// writes agents/HOST.crt for each host, and the coordinator then
-    /// refuses this agent unless --host (default: the machine's hostname)
-    /// is that HOST; without --hosts, agent.crt (any host).
+    /// writes agents/HOST.crt for each host, bound to HOST; the agent then
+    /// reports HOST (a different --host is an error at startup). Without
+    /// --hosts, agent.crt (bound to no host: --host or the hostname).
     #[arg(long, value_name = "FILE", requires = "key")]
     cert: Option<PathBuf>,
     /// The key of --cert (`slowrank certs`: agents/HOST.key, or agent.key).
@@ -93,7 +93,8 @@ struct RunArgs {
         default_value = ""
     )]
     token: String,
-    /// Host name to report (default: this machine's).
+    /// Host name to report (default: the one --cert is issued for, else
+    /// this machine's).
     #[arg(long)]
     host: Option<String>,
     /// Only follow processes whose environment has KEY=VALUE (repeatable; e.g.
@@ -201,6 +202,18 @@ fn main() -> Result<()> {
 }
 
 async fn run(cli: RunArgs) -> Result<i32> {
+    // Before the probes load: a certificate for another host is a setup
+    // mistake to stop on at once, not a refusal on every reconnect.
+    let cert_pem = match &cli.cert {
+        Some(c) => Some(std::fs::read(c).with_context(|| format!("reading {}", c.display()))?),
+        None => None,
+    };
+    let cert_name = cli.cert.as_ref().map(|c| c.display().to_string());
+    let host = slowrank_agent::certhost::resolve_host(
+        cli.host.as_deref(),
+        cert_pem.as_deref().zip(cert_name.as_deref()),
+        clock::hostname,
+    )?;
     let host_clock = if cli.sim_clock_offset_ns != 0 || cli.sim_clock_drift_ppm != 0.0 {
         let c = HostClock::simulated(cli.sim_clock_offset_ns, cli.sim_clock_drift_ppm);
         // The drift's epoch, for benchmarks that compare the coordinator's
@@ -286,18 +299,17 @@ async fn run(cli: RunArgs) -> Result<i32> {
         agent.set_deep(slowrank_agent::agent::Deep::On);
     }
 
-    let host = cli.host.clone().unwrap_or_else(clock::hostname);
     let agent_id = format!("{host}-{}-{}", std::process::id(), clock::mono_ns());
     let mut uplink = match cli.coordinator {
         Some(addr) => {
             let ca_path = cli.ca.as_ref().context("--coordinator needs --ca FILE")?;
             let ca =
                 std::fs::read(ca_path).with_context(|| format!("reading {}", ca_path.display()))?;
-            let own = match (&cli.cert, &cli.key) {
-                (Some(c), Some(k)) => Some((
-                    std::fs::read(c).with_context(|| format!("reading {}", c.display()))?,
+            let own = match (cert_pem, &cert_name, &cli.key) {
+                (Some(c), Some(n), Some(k)) => Some((
+                    c,
                     std::fs::read(k).with_context(|| format!("reading {}", k.display()))?,
-                    c.display().to_string(),
+                    n.clone(),
                 )),
                 _ => None,
             };

@@ -30,6 +30,10 @@ use rkyv::{
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below.
 pub const SCHEMA_VERSION: u16 = 6;
+/// A per-host agent certificate (`slowrank certs --hosts`) carries its
+/// host as a URI SAN with this prefix: the coordinator binds the agent to
+/// that host, and the agent takes its host name from it.
+pub const CERT_HOST_URI_PREFIX: &str = "urn:slowrank:host:";
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.

@@ -103,3 +103,44 @@ async fn only_agents_with_the_jobs_certificate_get_in() {
     let _ = std::fs::remove_dir_all(&job);
     let _ = std::fs::remove_dir_all(&other);
 }
+
+/// The agent reads its host from the certificate `slowrank certs --hosts`
+/// made exactly as the coordinator does, and refuses a contradicting
+/// `--host`; the job-wide certificate names no host.
+#[test]
+fn the_agent_takes_its_host_from_the_certificate_the_coordinator_binds() {
+    use slowrank_agent::certhost::{resolve_host, CertHostError};
+    use slowrank_coordinator::net::tls::{cert_host, make_job_pki_for_hosts};
+    use slowrank_shared::wire::CERT_HOST_URI_PREFIX;
+    assert_eq!(
+        CERT_HOST_URI_PREFIX,
+        slowrank_coordinator::net::tls::HOST_URI_PREFIX
+    );
+    let dir = tmp("certhost");
+    make_job_pki_for_hosts(&dir, &[], &["node-0".into(), "node-1".into()]).unwrap();
+    let pem = read(&dir, "agents/node-1.crt");
+    let machine = || "not-node-1".to_owned();
+    let host = resolve_host(None, Some((&pem, "agents/node-1.crt")), machine).unwrap();
+    assert_eq!(host, "node-1");
+    let der = rustls_pki_der(&pem);
+    assert_eq!(cert_host(&der).unwrap().as_deref(), Some("node-1"));
+    assert!(matches!(
+        resolve_host(Some("node-0"), Some((&pem, "agents/node-1.crt")), machine),
+        Err(CertHostError::Contradicts { .. })
+    ));
+    let job = tmp("certhost-job");
+    make_job_pki(&job, &[]).unwrap();
+    let pem = read(&job, "agent.crt");
+    let host = resolve_host(None, Some((&pem, "agent.crt")), machine).unwrap();
+    assert_eq!(host, "not-node-1", "a job-wide certificate binds no host");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&job);
+}
+
+fn rustls_pki_der(pem: &[u8]) -> rustls::pki_types::CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .next()
+        .unwrap()
+        .unwrap()
+}

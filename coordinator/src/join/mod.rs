@@ -217,6 +217,15 @@ pub const MAX_OPEN_INSTANCES: usize = 16_384;
 /// communicators that never complete cannot grow the join without bound.
 pub const MAX_OPEN_TOTAL: usize = 65_536;
 
+/// Hangs kept across all communicators (to resolve them when the absent
+/// members turn up late) at most. Each keeps up to [`MAX_NAMED_MISSING`]
+/// absent members (≈ 256 KiB at the cap), and only the earliest 4 of a
+/// communicator are kept: a token holder opening instances on thousands
+/// of 4,096-rank communicators made every one a kept hang (≈ 4 GiB once
+/// they went stale). 256 is what the analyzer keeps too; a hang past it is
+/// still reported and counted, it just cannot resolve.
+pub const MAX_KEPT_HANGS: usize = 256;
+
 /// Absent members named in one hang at most (the rest are counted in
 /// [`JoinCounters::missing_unlisted`]): a hang of a 2^20-rank communicator
 /// must not become a million-entry list rewritten into every report.
@@ -776,6 +785,7 @@ impl Joiner {
     ) -> Vec<Expired> {
         let mut out = Vec::new();
         let mut work = 0usize;
+        let mut kept: usize = self.comms.iter().map(|e| e.hangs.len()).sum();
         'comms: for mut entry in self.comms.iter_mut() {
             let comm_id = *entry.key();
             let st = &mut *entry;
@@ -896,9 +906,10 @@ impl Joiner {
                         summary,
                     };
                     // Only the earliest hung instances per communicator matter.
-                    if st.hangs.len() < 4 {
+                    if st.hangs.len() < 4 && kept < MAX_KEPT_HANGS {
                         st.hangs.insert(key, h.clone());
                         st.stalled.insert(key, open);
+                        kept += 1;
                     }
                     self.bump(|c| c.hangs += 1);
                     out.push(Expired::Hang(h));
@@ -1019,6 +1030,48 @@ mod tests {
             j.register_comm(&h, &comm(r, r, n)).unwrap();
         }
         (j, h)
+    }
+
+    /// Hangs on many communicators are all reported, but only
+    /// [`MAX_KEPT_HANGS`] are kept to resolve (each holds its absent list).
+    #[test]
+    fn hangs_kept_are_bounded_across_communicators() {
+        let j = Joiner::new(JoinConfig {
+            hang_timeout_ns: 1_000,
+            ..Default::default()
+        });
+        let h: Arc<str> = Arc::from("node-0");
+        let comms = 200u64;
+        for id in 0..comms {
+            for r in 0..2 {
+                j.register_comm(
+                    &h,
+                    &CommRecord {
+                        comm_id: 100 + id,
+                        ..comm(r, r, 2)
+                    },
+                )
+                .unwrap();
+            }
+            for seq in 0..4 {
+                let r = CollectiveRecord {
+                    comm_id: 100 + id,
+                    ..rec(0, seq, 10 + seq)
+                };
+                assert!(matches!(j.offer(&h, r).unwrap(), Offer::Pending));
+            }
+        }
+        let mut hangs = 0;
+        for _ in 0..100 {
+            let out = j.expire(1_000_000, |_, t| t as CoordNs, |_, _, _| true);
+            hangs += out.iter().filter(|e| matches!(e, Expired::Hang(_))).count();
+            if out.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(hangs as u64, comms * 4, "every hang is reported");
+        let kept: usize = j.comms.iter().map(|e| e.hangs.len()).sum();
+        assert_eq!(kept, MAX_KEPT_HANGS);
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub const AGENTS_DIR: &str = "agents";
 /// prefix. The CN and a DNS SAN say the same for people and tools, but the
 /// URI is what the coordinator trusts: a job-wide certificate has DNS names
 /// too, and must not be read as bound to a host that happens to share one.
-pub const HOST_URI_PREFIX: &str = "urn:slowrank:host:";
+pub const HOST_URI_PREFIX: &str = slowrank_shared::wire::CERT_HOST_URI_PREFIX;
 /// Longest host name accepted (a DNS name's limit).
 const MAX_HOST_NAME: usize = 253;
 

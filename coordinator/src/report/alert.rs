@@ -23,6 +23,44 @@ use crate::verdict::{EventKind, VerdictEvent};
 /// Events waiting for the hooks before new ones are dropped.
 const HOOK_QUEUE: usize = 256;
 
+/// One hook payload (webhook body, exec stdin) is at most this long. A
+/// hang's lists are cut to [`crate::join::HANG_LIST_MAX`] entries (its
+/// `summary` counts them all, with rank ranges), which keeps a payload to a
+/// few KiB; should the rest still exceed this, the verdict and hang
+/// details go and the alert line stays. Either cut is said in `truncated`,
+/// as in `report.json`. A 4,096-member list made a 600 KB POST per event.
+pub const MAX_HOOK_PAYLOAD_BYTES: usize = 256 << 10;
+
+/// `event` as the hooks get it, within [`MAX_HOOK_PAYLOAD_BYTES`].
+pub fn hook_payload(event: &VerdictEvent) -> Result<serde_json::Value, serde_json::Error> {
+    let mut json = serde_json::to_value(event)?;
+    let mut left_out = serde_json::Map::new();
+    for list in ["missing", "present_ranks"] {
+        if let Some(serde_json::Value::Array(a)) = json.pointer_mut(&format!("/hang/{list}")) {
+            if a.len() > crate::join::HANG_LIST_MAX {
+                let n = a.len() - crate::join::HANG_LIST_MAX;
+                a.truncate(crate::join::HANG_LIST_MAX);
+                left_out.insert(format!("hang.{list}"), n.into());
+            }
+        }
+    }
+    if json.to_string().len() > MAX_HOOK_PAYLOAD_BYTES {
+        for part in ["verdict", "hang"] {
+            if let Some(v) = json.get_mut(part).filter(|v| !v.is_null()) {
+                *v = serde_json::Value::Null;
+                left_out.insert(part.to_owned(), 1.into());
+            }
+        }
+    }
+    if !left_out.is_empty() {
+        json["truncated"] = serde_json::json!({
+            "bound_bytes": MAX_HOOK_PAYLOAD_BYTES,
+            "left_out": left_out,
+        });
+    }
+    Ok(json)
+}
+
 #[derive(Debug, Clone)]
 pub struct HookConfig {
     /// POST each event's JSON here.
@@ -128,7 +166,7 @@ impl Hooks {
     /// Queues one event; never blocks.
     pub fn send(&self, event: &VerdictEvent) {
         let Some(tx) = &self.tx else { return };
-        let json = match serde_json::to_value(event) {
+        let json = match hook_payload(event) {
             Ok(j) => j,
             Err(e) => {
                 tracing::warn!("cannot serialize verdict event for hooks: {e}");
@@ -260,6 +298,50 @@ mod tests {
             hang: None,
             line: "HANG rank 3 never reached all_reduce #120".into(),
         }
+    }
+
+    #[test]
+    fn a_hook_payload_lists_a_large_hang_in_short_and_says_what_it_cut() {
+        use crate::join::{HangCandidate, InstanceKey, MissingMember, MissingSummary};
+        let mut e = event();
+        let missing: Vec<MissingMember> = (1..=4096)
+            .map(|r| MissingMember {
+                rank: r,
+                rank_in_comm: r,
+                host: format!("node-{}", r / 8),
+                last_seq_seen: Some(119),
+                last_completed_seq: Some(119),
+            })
+            .collect();
+        e.hang = Some(HangCandidate {
+            comm_id: 1,
+            key: InstanceKey::Coll(120),
+            op: slowrank_shared::wire::CollOp::AllReduce,
+            comm_nranks: 4097,
+            entered_at: 0,
+            first_host: "node-0".into(),
+            first_agent_ns: 0,
+            present_ranks: vec![0],
+            missing,
+            summary: Some(MissingSummary::new(4096, (1..=4096).collect())),
+        });
+        let full = serde_json::to_value(&e).unwrap().to_string().len();
+        let p = hook_payload(&e).unwrap();
+        let len = p.to_string().len();
+        assert!(len < 16 << 10 && len < full / 10, "{len} of {full} bytes");
+        assert_eq!(
+            p["hang"]["missing"].as_array().unwrap().len(),
+            crate::join::HANG_LIST_MAX
+        );
+        assert_eq!(p["truncated"]["left_out"]["hang.missing"], 4096 - 64);
+        assert_eq!(p["hang"]["summary"]["count"], 4096);
+        assert_eq!(
+            p["hang"]["summary"]["ranges"][0],
+            serde_json::json!([1, 4096])
+        );
+        // A small event is sent as it is.
+        let small = hook_payload(&event()).unwrap();
+        assert_eq!(small, serde_json::to_value(event()).unwrap());
     }
 
     #[test]

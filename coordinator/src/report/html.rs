@@ -111,7 +111,67 @@ code{font-size:13px}
 "#;
 
 /// The whole page.
+/// `report.html` (and the live page) is at most this long: a bounded
+/// report (16 MiB of JSON), the heatmap of a bounded series and the flame
+/// graphs make a few MiB normally; past this the flame graphs (files of
+/// their own) and then the series (`timeline.json`) are left out of the
+/// page, which says so at the top.
+pub const MAX_PAGE_BYTES: usize = 48 << 20;
+
+/// The page, within [`MAX_PAGE_BYTES`] (unchanged when it fits).
 pub fn render(p: &Page<'_>) -> String {
+    render_within(p, MAX_PAGE_BYTES)
+}
+
+fn render_within(p: &Page<'_>, max_bytes: usize) -> String {
+    let html = render_full(p);
+    if html.len() <= max_bytes {
+        return html;
+    }
+    let empty = Timeline::default();
+    let cut = |timeline: &Timeline| {
+        render_full(&Page {
+            report: p.report,
+            timeline,
+            flames: Vec::new(),
+            refresh_s: p.refresh_s,
+        })
+    };
+    let flames = p.flames.len();
+    let mut note = format!(
+        "This page was cut to fit {max_bytes} bytes: {flames} flame graphs left out \
+         (their SVG files are beside the report)"
+    );
+    let mut html = cut(p.timeline);
+    if html.len() > max_bytes {
+        note += &format!(
+            ", and the per-iteration series ({} rows; timeline.json has it)",
+            p.timeline.rows.len()
+        );
+        html = cut(&empty);
+    }
+    note += ".";
+    let note = format!("<p class=\"warn\"><b>{}</b></p>", esc(&note));
+    if html.len() + note.len() > max_bytes {
+        // The report alone is too large to show: report.json has it all.
+        return format!(
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <title>slowrank report</title></head><body><main>{}</main></body></html>",
+            esc(&format!(
+                "This page would be {} bytes, over its {max_bytes}-byte bound: \
+                 see report.json and report.txt.",
+                html.len()
+            ))
+        );
+    }
+    match html.find("<main>") {
+        Some(i) => html.insert_str(i + "<main>".len(), &note),
+        None => html.push_str(&note),
+    }
+    html
+}
+
+fn render_full(p: &Page<'_>) -> String {
     let r = p.report;
     let mut s = String::with_capacity(64 * 1024);
     let title = match r.verdicts.iter().find(|v| v.active) {
@@ -927,6 +987,46 @@ mod tests {
         ] {
             assert_eq!(base64(i.as_bytes()), o);
         }
+    }
+
+    /// A page past its bound drops the flame graphs, then the series, and
+    /// says so at the top; one that fits is untouched.
+    #[test]
+    fn a_page_past_its_bound_leaves_out_flames_then_the_series_and_says_so() {
+        let report = Analyzer::new(AnalyzerConfig::default()).report();
+        let mut timeline = Timeline::default();
+        for it in 0..200u64 {
+            timeline.rows.push(crate::report::timeline::Row {
+                first: it,
+                last: it,
+                count: 1,
+                step_ms: Some(100.0),
+                late_ms: (0..64).map(|r| (r, r as f32)).collect(),
+            });
+        }
+        let flame = FlameSvg {
+            verdict: 1,
+            title: "cpu view".into(),
+            svg: format!("<svg>{}</svg>", "x".repeat(100_000)),
+        };
+        let page = |flames: Vec<FlameSvg>| Page {
+            report: &report,
+            timeline: &timeline,
+            flames,
+            refresh_s: None,
+        };
+        let full = render_full(&page(vec![flame.clone()]));
+        assert_eq!(render_within(&page(vec![flame.clone()]), full.len()), full);
+        assert!(full.contains("<svg id=\"heatmap\""));
+        let bound = full.len() / 2;
+        let cut = render_within(&page(vec![flame.clone()]), bound);
+        assert!(cut.len() <= bound);
+        assert!(cut.contains("1 flame graphs left out"));
+        assert!(cut.contains("per-iteration series (200 rows"));
+        assert!(!cut.contains("<svg id=\"heatmap\""));
+        let tiny = render_within(&page(vec![flame]), 1_000);
+        assert!(tiny.len() <= 1_000);
+        assert!(tiny.contains("see report.json"));
     }
 
     #[test]

@@ -110,11 +110,19 @@ pub fn write_timeline_and_page(
     report: &Report,
     timeline: &Timeline,
 ) -> Result<String, OutputError> {
-    write_atomic(
-        dir,
-        TIMELINE_JSON,
-        serde_json::to_string(timeline)?.as_bytes(),
-    )?;
+    let mut json = serde_json::to_string(timeline)?;
+    // Bounded whatever agents announce; the page shows the same series.
+    let cut;
+    let timeline = if json.len() > crate::report::timeline::MAX_TIMELINE_BYTES {
+        let mut t = timeline.clone();
+        t.bound_size(crate::report::timeline::MAX_TIMELINE_BYTES);
+        json = serde_json::to_string(&t)?;
+        cut = t;
+        &cut
+    } else {
+        timeline
+    };
+    write_atomic(dir, TIMELINE_JSON, json.as_bytes())?;
     write_page(dir, report, timeline)
 }
 

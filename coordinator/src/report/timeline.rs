@@ -46,7 +46,18 @@ pub struct Timeline {
     pub schema: String,
     /// Oldest first.
     pub rows: Vec<Row>,
+    /// Set when the series was cut to fit [`MAX_TIMELINE_BYTES`]: how many
+    /// rows (oldest first) and cells (highest ranks of a kept row) were
+    /// left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<crate::report::Truncation>,
 }
+
+/// `timeline.json` is at most this long. [`MAX_CELLS`] keeps a normal
+/// series near 2 MB, but [`MIN_ROWS`] rows are kept however many ranks
+/// agents announce (a 2^20-rank world would make 64 rows of a million
+/// cells); 8 MiB is four times the normal size.
+pub const MAX_TIMELINE_BYTES: usize = 8 << 20;
 
 pub const SCHEMA: &str = "slowrank.timeline/v1";
 
@@ -55,6 +66,7 @@ impl Default for Timeline {
         Self {
             schema: SCHEMA.into(),
             rows: Vec::new(),
+            truncated: None,
         }
     }
 }
@@ -123,6 +135,45 @@ impl Timeline {
                 break; // nothing left to merge
             }
         }
+    }
+
+    /// Cuts the series until its JSON is at most `max_bytes`: the oldest
+    /// rows first (the newest is what the page is looked at for), then, in
+    /// a last row still too wide, the highest ranks; [`Timeline::truncated`]
+    /// says how many of each. Unchanged when it fits.
+    pub fn bound_size(&mut self, max_bytes: usize) {
+        let size = |t: &Timeline| serde_json::to_string(t).map_or(usize::MAX, |j| j.len());
+        let mut len = size(self);
+        if len <= max_bytes {
+            return;
+        }
+        let mut t = self.truncated.take().unwrap_or_default();
+        t.bound_bytes = max_bytes as u64;
+        let room = max_bytes.saturating_sub(256);
+        let (mut rows, mut cells) = (0u64, 0u64);
+        while len > room && self.rows.len() > 1 {
+            let per = (len / self.rows.len()).max(1);
+            let n = (len - room).div_ceil(per).clamp(1, self.rows.len() - 1);
+            self.rows.drain(..n);
+            rows += n as u64;
+            len = size(self);
+        }
+        while len > room {
+            let Some(row) = self.rows.last_mut().filter(|r| !r.late_ms.is_empty()) else {
+                break;
+            };
+            let per = (len / row.late_ms.len()).max(1);
+            let n = (len - room).div_ceil(per).clamp(1, row.late_ms.len());
+            row.late_ms.truncate(row.late_ms.len() - n);
+            cells += n as u64;
+            len = size(self);
+        }
+        for (k, n) in [("rows", rows), ("cells", cells)] {
+            if n > 0 {
+                *t.left_out.entry(k.to_owned()).or_default() += n;
+            }
+        }
+        self.truncated = Some(t);
     }
 
     /// Ranks that appear anywhere in the series, sorted.
@@ -217,6 +268,45 @@ mod tests {
             suspicious: false,
             first_t: None,
         }
+    }
+
+    #[test]
+    fn a_series_past_its_bound_loses_old_rows_then_cells_and_says_so() {
+        let mut t = Timeline::default();
+        for it in 0..10u64 {
+            t.rows.push(Row {
+                first: it,
+                last: it,
+                count: 1,
+                step_ms: Some(1.0),
+                late_ms: (0..1000).map(|r| (r, 0.5)).collect(),
+            });
+        }
+        let len = |t: &Timeline| serde_json::to_string(t).unwrap().len();
+        let full = len(&t);
+        let mut same = t.clone();
+        same.bound_size(full);
+        assert_eq!(same, t, "a series that fits is untouched");
+        let mut cut = t.clone();
+        cut.bound_size(full / 3);
+        assert!(len(&cut) <= full / 3);
+        let tr = cut.truncated.as_ref().expect("the cut is said");
+        assert_eq!(tr.left_out["rows"], 10 - cut.rows.len() as u64);
+        assert_eq!(cut.rows.last().unwrap().last, 9, "the newest row stays");
+        let mut narrow = t.clone();
+        narrow.bound_size(full / 30);
+        assert!(len(&narrow) <= full / 30);
+        assert_eq!(narrow.rows.len(), 1);
+        let tr = narrow.truncated.as_ref().unwrap();
+        assert_eq!(tr.left_out["rows"], 9);
+        assert_eq!(
+            tr.left_out["cells"],
+            1000 - narrow.rows[0].late_ms.len() as u64
+        );
+        // Read back as written.
+        let back: Timeline =
+            serde_json::from_str(&serde_json::to_string(&narrow).unwrap()).unwrap();
+        assert_eq!(back, narrow);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! A section shows at most [`MAX_TRACKS`] ranks: the focus, the ranks the
 //! others waited for, then the lowest-numbered others. A 1,000-rank job's
 //! full timeline is unreadable and costs seconds to render; the process
-//! name says how many ranks were left out.
+//! name says how many ranks were left out. The whole trace is bounded by
+//! [`MAX_TRACE_BYTES`].
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -21,6 +22,70 @@ use crate::join::op_name;
 
 /// Rank tracks per section at most.
 pub const MAX_TRACKS: usize = 32;
+
+/// `trace.json` (compact JSON) is at most this long. A verdict's section
+/// is a few hundred instances of 32 tracks (a few MiB); 32 MiB leaves room
+/// for many verdicts and is still what Perfetto opens in a browser tab,
+/// whatever agents send. Past it the oldest sections' slices are cut and
+/// the trace says how many ([`bound_size`]).
+pub const MAX_TRACE_BYTES: usize = 32 << 20;
+
+/// Cuts `ev` to fit `max_bytes` of compact JSON (with the wrapper): track
+/// names and the other metadata are kept, then the newest slices (the
+/// last sections are the latest verdicts) while they fit; a pid-0 process
+/// named for the cut, and a `truncated` note (as `report.json`'s), say
+/// how many slices were left out. Unchanged when it fits.
+fn bound_size(ev: Vec<Value>, max_bytes: usize) -> Value {
+    let len = |v: &Value| serde_json::to_string(v).map_or(usize::MAX, |j| j.len());
+    let whole = json!({"traceEvents": ev, "displayTimeUnit": "ms"});
+    if len(&whole) <= max_bytes {
+        return whole;
+    }
+    let Value::Object(mut whole) = whole else {
+        unreachable!("built as an object above")
+    };
+    let Some(Value::Array(ev)) = whole.remove("traceEvents") else {
+        unreachable!("built with traceEvents above")
+    };
+    // The wrapper and the note take a few hundred bytes.
+    let room = max_bytes.saturating_sub(1024);
+    let (meta, slices): (Vec<Value>, Vec<Value>) = ev.into_iter().partition(|e| e["ph"] == "M");
+    // One comma each.
+    let mut used: usize = meta.iter().map(|e| len(e) + 1).sum();
+    let mut kept = Vec::new();
+    let mut left_out = 0u64;
+    for e in slices.into_iter().rev() {
+        let n = len(&e) + 1;
+        if left_out == 0 && used + n <= room {
+            used += n;
+            kept.push(e);
+        } else {
+            left_out += 1;
+        }
+    }
+    let mut meta = meta;
+    if used > room {
+        // Metadata alone overflows (thousands of sections): keep what fits.
+        let mut u = 0;
+        let before = meta.len();
+        meta.retain(|e| {
+            u += len(e) + 1;
+            u <= room
+        });
+        left_out += (before - meta.len()) as u64;
+    }
+    kept.reverse();
+    let note = format!("trace cut to fit {max_bytes} bytes: {left_out} oldest events left out");
+    let mut out =
+        vec![json!({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": note}})];
+    out.extend(meta);
+    out.extend(kept);
+    json!({
+        "traceEvents": out,
+        "displayTimeUnit": "ms",
+        "truncated": {"bound_bytes": max_bytes, "left_out": {"events": left_out}},
+    })
+}
 
 /// The ranks a section shows (see the module docs).
 fn shown_ranks(s: &Section<'_>) -> (BTreeSet<u32>, usize) {
@@ -119,7 +184,7 @@ pub fn render(sections: &[Section<'_>], hosts: &HashMap<u32, String>) -> Value {
             }
         }
     }
-    json!({"traceEvents": ev, "displayTimeUnit": "ms"})
+    bound_size(ev, MAX_TRACE_BYTES)
 }
 
 #[cfg(test)]
@@ -168,6 +233,45 @@ mod tests {
             members,
         };
         align(&j, &|_, t| (t as i64, 0.0))
+    }
+
+    #[test]
+    fn a_trace_past_its_bound_keeps_the_newest_slices_and_says_what_it_cut() {
+        let insts: Vec<AlignedInstance> = (0..40).map(|s| big(s, 150)).collect();
+        let section = |t: &str| Section {
+            title: t.into(),
+            focus: vec![7],
+            instances: insts.iter().collect(),
+        };
+        let sections = [section("old verdict"), section("new verdict")];
+        let full = render(&sections, &HashMap::new());
+        assert!(full.get("truncated").is_none(), "a normal trace is not cut");
+        let full_len = serde_json::to_string(&full).unwrap().len();
+        let ev = full["traceEvents"].as_array().unwrap().clone();
+        let n = ev.len() as u64;
+        let bound = full_len / 3;
+        let cut = bound_size(ev, bound);
+        assert!(serde_json::to_string(&cut).unwrap().len() <= bound);
+        let left = cut["truncated"]["left_out"]["events"].as_u64().unwrap();
+        let kept = cut["traceEvents"].as_array().unwrap();
+        assert!(left > 0);
+        // Everything but the pid-0 note is either kept or counted.
+        assert_eq!(kept.len() as u64 - 1 + left, n);
+        assert!(kept[0]["args"]["name"]
+            .as_str()
+            .unwrap()
+            .contains("left out"));
+        // Both sections keep their names; the slices kept are the newest.
+        assert_eq!(
+            kept.iter().filter(|e| e["name"] == "process_name").count(),
+            3
+        );
+        let pids: BTreeSet<u64> = kept
+            .iter()
+            .filter(|e| e["ph"] != "M")
+            .map(|e| e["pid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(pids, BTreeSet::from([2]));
     }
 
     #[test]
