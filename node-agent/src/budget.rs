@@ -25,11 +25,6 @@ pub const DEFAULT_WINDOW_S: u64 = 2;
 /// The first sample starts this long after the first CUDA runtime is probed
 /// or the first rank is found, whichever comes first: a job is starting.
 pub const FIRST_SAMPLE_DELAY: Duration = Duration::from_secs(1);
-/// Length of a sample while the counting cost is not known yet (the
-/// first one): long enough for one 200 ms interval to count ≥ 100 ms
-/// (`MIN_COUNTED_NS`) wherever it starts, so the budget can plan before a
-/// full window has cost a launch-storming job its share.
-pub const CALIBRATION_WINDOW: Duration = Duration::from_millis(400);
 /// Shortest deep window the budget leaves: attaching the deep probes takes
 /// a good part of a second on some kernels, so less would measure nothing.
 pub const MIN_DEEP_WINDOW: Duration = Duration::from_secs(1);
@@ -125,12 +120,7 @@ impl Sampler {
         }
         match self.next_start {
             Some(t) if now >= t && self.plan.duty > 0.0 => {
-                let len = if self.counting.is_none() {
-                    (CALIBRATION_WINDOW.as_nanos() as u64).min(self.window_ns)
-                } else {
-                    self.window_ns
-                };
-                self.on_until = Some(now + len);
+                self.on_until = Some(now + self.window_ns);
                 self.next_start = None;
                 true
             }
@@ -266,24 +256,10 @@ mod tests {
         s.arm(0);
         assert!(!s.sampling(S / 2));
         assert!(s.sampling(S));
-        // The first sample only calibrates: 0.4 s, not a whole window.
-        assert!(s.sampling(S + S / 4));
-        assert!(!s.sampling(S + S / 2), "calibration of 0.4 s ended");
-        assert!(!s.sampling(29 * S));
-        assert!(s.sampling(30 * S), "next one a default gap later");
-        // Still nothing measured (no interval counted long enough): that
-        // one calibrates too.
-        assert!(!s.sampling(30 * S + S / 2));
-        s.observe(&[CostSample {
-            always_on: 0.004,
-            counted_calls: 200,
-            counted_ns: S / 5,
-        }]);
-        assert!(!s.plan().narrowed, "1,000 calls/s at 5 µs fit");
-        assert!(s.sampling(59 * S));
-        assert!(s.sampling(60 * S), "a measured cost: whole windows");
-        assert!(!s.sampling(62 * S), "window of 2 s ended");
-        assert!(s.sampling(91 * S), "next one a period later");
+        assert!(s.sampling(2 * S));
+        assert!(!s.sampling(3 * S), "window of 2 s ended");
+        assert!(!s.sampling(30 * S));
+        assert!(s.sampling(31 * S), "next one a period later");
         // A storm: 4,000 counted calls/s at 5 µs = 2% while on, always-on
         // 0.4%: duty (0.5 − 0.4) / 2 = 5%, gap 38 s.
         let changed = s.observe(&[CostSample {
@@ -293,9 +269,9 @@ mod tests {
         }]);
         assert!(changed.is_some_and(|p| p.narrowed));
         assert!((s.plan().duty - 0.05).abs() < 1e-9);
-        assert!(!s.sampling(93 * S), "window of 2 s ended");
-        assert!(!s.sampling(93 * S + 37 * S));
-        assert!(s.sampling(93 * S + 38 * S + S / 1000));
+        assert!(!s.sampling(33 * S));
+        assert!(!s.sampling(33 * S + 37 * S));
+        assert!(s.sampling(33 * S + 38 * S + S / 1000));
         // Deep windows shrink in the same proportion (5% of the default
         // 6.7%), never below 1 s.
         let w = s.deep_window(Duration::from_secs(10)).as_secs_f64();
