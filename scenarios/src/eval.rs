@@ -1030,6 +1030,9 @@ fn counterfactual(
         });
     }
     for v in &variants {
+        if crate::children::interrupted() {
+            return Err("interrupted".into());
+        }
         let spec = cf::without(s, &v.removed);
         tracing::info!(spec = %s.name, variant = %v.name, "counterfactual run");
         let r = run_spec(

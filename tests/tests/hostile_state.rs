@@ -119,9 +119,17 @@ async fn a_rank_owner_cannot_grow_the_join_without_bound() {
             open <= slowrank_coordinator::join::MAX_OPEN_TOTAL as u64,
             "{open} open instances"
         );
+        // One rank joins at most MAX_COMMS_PER_RANK communicators; the
+        // rest are refused with their instances.
+        let cap = u64::from(slowrank_coordinator::join::MAX_COMMS_PER_RANK).min(COMMS);
         assert!(
-            open + evicted >= COMMS * PER_COMM - 100,
+            open + evicted >= cap * PER_COMM - 100,
             "instances neither open nor evicted: {open} + {evicted}"
+        );
+        assert_eq!(
+            r["ingest"]["records_rejected"]["too_many_communicators_for_rank"],
+            COMMS - cap,
+            "the rank's memberships past the cap were not refused"
         );
         assert_eq!(
             r["ingest"]["records_rejected"]["comm_larger_than_world"], 1,

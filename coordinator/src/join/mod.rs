@@ -221,6 +221,14 @@ pub const MAX_OPEN_INSTANCES: usize = 16_384;
 /// communicators that never complete cannot grow the join without bound.
 pub const MAX_OPEN_TOTAL: usize = 65_536;
 
+/// Communicators one rank may be a member of at most. A real rank is in a
+/// few dozen (one per process group and split, again after each elastic
+/// restart); a token holder announcing fresh 4,096-rank communicators by
+/// the thousand for one rank held a few KiB each up to `max_comms`
+/// (65,536: ≈ 900 MiB, BENCHMARKS.md 2026-11-27). Past it the rank's new
+/// memberships are refused (`too_many_communicators_for_rank`).
+pub const MAX_COMMS_PER_RANK: u32 = 1_024;
+
 /// Hangs kept across all communicators (to resolve them when the absent
 /// members turn up late) at most. Each keeps up to [`MAX_NAMED_MISSING`]
 /// absent members (≈ 256 KiB at the cap), and only the earliest 4 of a
@@ -436,6 +444,8 @@ pub struct Joiner {
     /// Communicators tracked (kept in step with `comms`; read while a
     /// shard of it is locked, where `comms.len()` would deadlock).
     comm_count: AtomicUsize,
+    /// Rank → communicators it is a member of ([`MAX_COMMS_PER_RANK`]).
+    memberships: DashMap<u32, u32>,
 }
 
 impl Joiner {
@@ -446,6 +456,7 @@ impl Joiner {
             counters: std::sync::Mutex::new(JoinCounters::default()),
             open_total: AtomicUsize::new(0),
             comm_count: AtomicUsize::new(0),
+            memberships: DashMap::new(),
         }
     }
 
@@ -468,6 +479,21 @@ impl Joiner {
     /// Records one member's creation of a communicator.
     pub fn register_comm(&self, host: &Arc<str>, c: &CommRecord) -> Result<(), RecordError> {
         crate::join::validate::check_comm(c)?;
+        let member = self
+            .comms
+            .get(&c.comm_id)
+            .is_some_and(|st| st.by_rank.contains_key(&c.rank));
+        if !member
+            && self
+                .memberships
+                .get(&c.rank)
+                .is_some_and(|n| *n >= MAX_COMMS_PER_RANK)
+        {
+            return Err(RecordError::TooManyCommunicatorsForRank {
+                rank: c.rank,
+                cap: MAX_COMMS_PER_RANK,
+            });
+        }
         if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
             return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
         }
@@ -500,7 +526,9 @@ impl Joiner {
                 host: host.clone(),
             },
         );
-        st.by_rank.insert(c.rank, c.rank_in_comm);
+        if st.by_rank.insert(c.rank, c.rank_in_comm).is_none() {
+            *self.memberships.entry(c.rank).or_insert(0) += 1;
+        }
         Ok(())
     }
 
@@ -1116,6 +1144,30 @@ mod tests {
         }
         assert_eq!(j.counters().missing_unlisted, 4095 * comms * per_comm);
         assert_eq!(j.open_instances(), 0);
+    }
+
+    /// One rank cannot be made a member of communicators without bound
+    /// (each holds state until the coordinator stops); its own
+    /// communicators announced again (a restart) still are.
+    #[test]
+    fn a_rank_joins_a_bounded_number_of_communicators() {
+        let j = Joiner::new(JoinConfig::default());
+        let h: Arc<str> = Arc::from("evil");
+        let of = |id: u64, rank: u32| CommRecord {
+            comm_id: 1000 + id,
+            ..comm(rank, 0, 4096)
+        };
+        for id in 0..u64::from(MAX_COMMS_PER_RANK) {
+            j.register_comm(&h, &of(id, 1)).unwrap();
+        }
+        let past = u64::from(MAX_COMMS_PER_RANK);
+        assert!(matches!(
+            j.register_comm(&h, &of(past, 1)),
+            Err(RecordError::TooManyCommunicatorsForRank { rank: 1, .. })
+        ));
+        assert!(j.comm_nranks(1000 + past).is_none(), "nothing kept of it");
+        j.register_comm(&h, &of(0, 1)).expect("announced again");
+        j.register_comm(&h, &of(past, 2)).expect("another rank");
     }
 
     /// Past the list's bound, an arrival at a kept hang is taken off its
