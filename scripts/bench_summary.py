@@ -123,7 +123,7 @@ def clock_section():
     print(f"drift estimate − injected (ppm): n={len(a)} |err| p50 {fmt(q(a, .5), 2)} p99 {fmt(q(a, .99), 2)}")
 
 
-def steps_median_ms(path, skip=10):
+def step_durations_ms(path, skip=10):
     d = []
     with open(path) as f:
         next(f)
@@ -131,16 +131,29 @@ def steps_median_ms(path, skip=10):
             rank, it, s, e, dur, wall = line.strip().split(",")
             if int(it) >= skip:
                 d.append(int(dur) / 1000.0)
+    return d
+
+
+def steps_median_ms(path, skip=10):
+    d = step_durations_ms(path, skip)
     return statistics.median(d) if d else None
 
 
+def steps_mean_ms(path, skip=10):
+    # The mean carries what the median hides: the launch samples slow a
+    # few seconds in thirty, which a median over the run's steps skips.
+    d = step_durations_ms(path, skip)
+    return statistics.fmean(d) if d else None
+
+
 def overhead_section():
-    modes = {}
+    modes, means = {}, {}
     for p in sorted(glob.glob(os.path.join(B, "overhead", "*", "steps.csv"))):
         mode = os.path.basename(os.path.dirname(p)).rsplit("-", 1)[0]
         m = steps_median_ms(p)
         if m is not None:
             modes.setdefault(mode, []).append(m)
+            means.setdefault(mode, []).append(steps_mean_ms(p))
     if not modes:
         return None
     print("\n## overhead: median step time (ms) per run, dp8-healthy")
@@ -154,6 +167,15 @@ def overhead_section():
         rel = "" if base is None else f" ({(med / base - 1) * 100:+.1f}% vs none)"
         print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
         out[mode] = (med, min(v), max(v))
+    print("\n## overhead: mean step time (ms) per run (every step counts, launch samples included)")
+    mbase = statistics.median(means["none"]) if "none" in means else None
+    for mode in ("none", "always", "default", "deep"):
+        v = means.get(mode)
+        if not v:
+            continue
+        med = statistics.median(v)
+        rel = "" if mbase is None else f" ({(med / mbase - 1) * 100:+.1f}% vs none)"
+        print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
     overhead_cost_section(modes, base)
     return out
 

@@ -18,11 +18,13 @@ run_eval() {   # full matrix: every spec × $SEEDS seeds
 }
 run_random() {  # issue 20: random specs with counterfactual costs and a noise floor (release)
   # RANDOM_SEED: report on a seed no threshold was chosen on (say which in BENCHMARKS.md).
+  # It takes hours (≈ 50 s a run, ≈ 220 runs): RANDOM_RESUME=1 keeps the
+  # specs a cut-off run finished (same seed, options and build) and goes on.
   cargo build --release -q -p slowrank-scenarios -p slowrank-agent -p slowrank-coordinator || return 1
-  rm -rf "$B/random"
+  [ -n "${RANDOM_RESUME:-}" ] || rm -rf "$B/random"
   SLOWRANK_AGENT_BIN="$PWD/target/release/slowrank-agent" SLOWRANK_COORDINATOR_BIN="$PWD/target/release/slowrank" \
     ./target/release/slowrank-scenario eval --random "${RANDOM_N:-100}" --seed "${RANDOM_SEED:?set RANDOM_SEED}" \
-    ${RANDOM_STEP_MS:+--step-ms "$RANDOM_STEP_MS"} --out "$B/random" > "$B/random.txt" 2> "$B/random.log"
+    ${RANDOM_STEP_MS:+--step-ms "$RANDOM_STEP_MS"} --resume --out "$B/random" > "$B/random.txt" 2>> "$B/random.log"
 }
 run_sweep() {  # detection latency vs slowdown factor (dp8-compute-slow)
   rm -rf "$B/sweep"

@@ -1326,7 +1326,13 @@ impl Analyzer {
                 })
         };
         for e in self.joiner.expire(now, clock, current) {
-            let Expired::Hang(c) = e else { continue };
+            let Expired::Hang(mut c) = e else { continue };
+            // Past the list's bound the summary says the rest: a hang is
+            // kept here and in every alert event, and 4,095 absent members
+            // each made 4,096 kept events ≈ 1.2 GB.
+            if c.summary.is_some() {
+                c.missing.truncate(crate::join::HANG_LIST_MAX);
+            }
             // The instances queued behind a stuck one hang on the same
             // members: one finding per communicator and missing set.
             let same: Vec<u32> = c.missing.iter().map(|m| m.rank).collect();
@@ -1357,6 +1363,9 @@ impl Analyzer {
                 .iter()
                 .take(crate::join::HANG_LIST_MAX)
                 .map(|m| {
+                    if m.rank == crate::join::UNKNOWN_RANK {
+                        return format!("position {} (no agent announced it)", m.rank_in_comm);
+                    }
                     format!(
                         "rank {} on {} (last completed instance {})",
                         m.rank,
@@ -2350,7 +2359,11 @@ fn hang_report(h: &HangState) -> report::HangReport {
         communicator: format!("{:#x}", h.candidate.comm_id),
         sequence: h.candidate.key.display_seq(),
         op: crate::join::op_name(h.candidate.op).to_owned(),
-        missing_ranks: missing.iter().map(|m| m.rank).collect(),
+        missing_ranks: missing
+            .iter()
+            .map(|m| m.rank)
+            .filter(|r| *r != crate::join::UNKNOWN_RANK)
+            .collect(),
         missing_count: summary.map(|s| s.count),
         missing_ranges: summary.map(|s| s.ranges.clone()),
         missing_unlisted: summary.map(|s| s.unlisted),

@@ -7,7 +7,6 @@
 //! being refused on every reconnect.
 
 use rustls::pki_types::{pem::PemObject, CertificateDer};
-use slowrank_shared::wire::CERT_HOST_URI_PREFIX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertHostError {
@@ -56,21 +55,12 @@ pub fn cert_host(pem: &[u8], path: &str) -> Result<Option<String>, CertHostError
         path: path.to_owned(),
         source,
     })?;
-    let mut hosts: Vec<String> = cert
-        .valid_uri_names()
-        .filter_map(|u| u.strip_prefix(CERT_HOST_URI_PREFIX))
-        .map(str::to_owned)
-        .collect();
-    hosts.sort();
-    hosts.dedup();
-    match hosts.len() {
-        0 => Ok(None),
-        1 => Ok(hosts.pop()),
-        _ => Err(CertHostError::Ambiguous {
+    slowrank_shared::wire::cert_host_of(cert.valid_uri_names()).map_err(|hosts| {
+        CertHostError::Ambiguous {
             path: path.to_owned(),
             hosts,
-        }),
-    }
+        }
+    })
 }
 
 /// The host to report: the certificate's when it names one (`--host`, if
@@ -104,6 +94,7 @@ mod tests {
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
         SanType,
     };
+    use slowrank_shared::wire::CERT_HOST_URI_PREFIX;
 
     /// An agent certificate as `slowrank certs` makes it (the coordinator's
     /// `make_pki`): signed by a job CA, the host in the CN, a DNS SAN and

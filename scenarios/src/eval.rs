@@ -13,7 +13,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     baseline,
@@ -66,6 +66,8 @@ pub enum EvalError {
     },
     #[error("cannot serialize the spec")]
     Toml(#[from] toml::ser::Error),
+    #[error("cannot resume: {0}")]
+    Resume(String),
 }
 
 /// The class a fault is scored under.
@@ -716,6 +718,8 @@ pub struct EvalOptions {
     /// How the counterfactual and noise runs are made (default: as the
     /// evaluated runs, so the probes' own cost is the same on both sides).
     pub counterfactual_mode: Mode,
+    /// Keep specs already finished under `out` (their [`DONE_FILE`]).
+    pub resume: bool,
 }
 
 impl EvalOptions {
@@ -736,8 +740,91 @@ impl EvalOptions {
             step_ms: None,
             noise_pairs: DEFAULT_NOISE_PAIRS,
             counterfactual_mode: Mode::WithAgents,
+            resume: false,
         }
     }
+}
+
+/// Written into a run directory once every run of its spec has ended:
+/// what scoring needs that the trimmed directory no longer holds.
+pub const DONE_FILE: &str = "done.json";
+
+/// One spec's finished runs ([`DONE_FILE`]), so that `--resume` can go on
+/// after an interruption without running them again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SpecDone {
+    /// The spec as run (TOML): resuming into another plan is refused.
+    spec_toml: String,
+    hours: f64,
+    error: Option<String>,
+    counterfactual: Vec<String>,
+    counterfactual_error: Option<String>,
+    /// The baselines' findings (they read agent records trimming removes).
+    baselines: Vec<(String, ReportView)>,
+    /// The noise pairs this spec's runs made.
+    noise: Vec<NoisePair>,
+}
+
+impl SpecDone {
+    fn of(rr: &RunResult, spec_toml: String, noise: &[NoisePair]) -> Self {
+        Self {
+            spec_toml,
+            hours: rr.hours,
+            error: rr.error.clone(),
+            counterfactual: rr.counterfactual.clone(),
+            counterfactual_error: rr.counterfactual_error.clone(),
+            baselines: rr
+                .baselines
+                .iter()
+                .map(|(n, r)| ((*n).to_owned(), r.clone()))
+                .collect(),
+            noise: noise.to_vec(),
+        }
+    }
+
+    /// Back into `rr`; the noise pairs are returned.
+    fn restore(self, rr: &mut RunResult) -> Vec<NoisePair> {
+        rr.hours = self.hours;
+        rr.error = self.error;
+        rr.counterfactual = self.counterfactual;
+        rr.counterfactual_error = self.counterfactual_error;
+        rr.baselines = self
+            .baselines
+            .into_iter()
+            .filter_map(|(n, r)| baseline_name(&n).map(|n| (n, r)))
+            .collect();
+        self.noise
+    }
+}
+
+fn baseline_name(n: &str) -> Option<&'static str> {
+    [baseline::LONGEST_STEP, baseline::SHORTEST_COLLECTIVE]
+        .into_iter()
+        .find(|b| *b == n)
+}
+
+/// With `--resume`: the spec's finished runs in `dir`, if any. A directory
+/// left half-done by the interruption is cleared to be run again.
+fn resumed(dir: &Path, spec_toml: &str) -> Result<Option<SpecDone>, EvalError> {
+    let path = dir.join(DONE_FILE);
+    if !path.exists() {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(|source| EvalError::Write {
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
+        return Ok(None);
+    }
+    let done: SpecDone = read_json(&path).map_err(EvalError::Resume)?;
+    if done.spec_toml != spec_toml {
+        return Err(EvalError::Resume(format!(
+            "{} holds the runs of another spec than this evaluation's: resume with the \
+             options of the first run, or use a fresh --out",
+            path.display()
+        )));
+    }
+    Ok(Some(done))
 }
 
 /// Pairs of identical healthy runs measured by default: issue 20 asks for
@@ -943,6 +1030,9 @@ fn counterfactual(
         });
     }
     for v in &variants {
+        if crate::children::interrupted() {
+            return Err("interrupted".into());
+        }
         let spec = cf::without(s, &v.removed);
         tracing::info!(spec = %s.name, variant = %v.name, "counterfactual run");
         let r = run_spec(
@@ -1022,7 +1112,20 @@ pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalE
             step_time: None,
             baselines: Vec::new(),
         };
+        if crate::children::interrupted() {
+            break;
+        }
+        let spec_toml = toml::to_string(s)?;
+        if opts.resume {
+            if let Some(done) = resumed(dir, &spec_toml)? {
+                tracing::info!(spec = %s.name, seed = s.seed, "eval run already done (resumed)");
+                pairs.extend(done.restore(&mut rr));
+                runs.push(rr);
+                continue;
+            }
+        }
         tracing::info!(spec = %s.name, seed = s.seed, "eval run");
+        let pairs_before = pairs.len();
         // Baselines read the agents' records, which trimming removes.
         let main = run_spec(s, dir, opts.mode, true);
         match main {
@@ -1058,7 +1161,26 @@ pub fn run_eval(opts: &EvalOptions, command: String) -> Result<EvalResult, EvalE
         if let Some(e) = &rr.counterfactual_error {
             tracing::warn!(spec = %s.name, seed = s.seed, "no measured cost: {e}");
         }
+        if crate::children::interrupted() {
+            // Its runs were cut short: neither scored nor kept as done.
+            pairs.truncate(pairs_before);
+            break;
+        }
+        if dir.exists() {
+            let done = SpecDone::of(&rr, spec_toml, &pairs[pairs_before..]);
+            let path = dir.join(DONE_FILE);
+            let text = serde_json::to_string(&done).expect("serializable");
+            std::fs::write(&path, text).map_err(|source| EvalError::Write { path, source })?;
+        }
         runs.push(rr);
+    }
+    if crate::children::interrupted() {
+        tracing::warn!(
+            "interrupted after {} of {} specs: eval.json scores those; run the same command \
+             with --resume to go on",
+            runs.len(),
+            plan.len()
+        );
     }
     let noise = crate::counterfactual::noise_floor(pairs);
     for rr in runs.iter_mut().filter(|r| r.error.is_none()) {
@@ -1703,5 +1825,55 @@ mod tests {
         let k = long[0].step.forward_kernels + long[0].step.backward_kernels;
         assert!((long[0].step.kernel_us * f64::from(k) - 300e3).abs() < 1.0);
         long[0].validate().expect("valid");
+    }
+
+    /// A spec's finished runs survive the trip through done.json, a
+    /// half-done directory is cleared, and another spec's results refuse.
+    #[test]
+    fn resume_keeps_finished_specs_and_refuses_another_plan() {
+        let tmp = crate::scratch::ScratchDir::new("eval-resume").unwrap();
+        let dir = tmp.join("0");
+        std::fs::create_dir_all(dir.join("counterfactual")).unwrap();
+        assert!(resumed(&dir, "a").unwrap().is_none());
+        assert!(!dir.exists(), "a half-done spec is run again from scratch");
+
+        let report: ReportView = serde_json::from_value(json!({
+            "schema": REPORT_SCHEMA,
+            "verdicts": [{"rank": 3, "kind": "compute", "active": true, "cost_fraction": 0.1}],
+        }))
+        .unwrap();
+        let mut rr = RunResult {
+            spec: "s".into(),
+            seed: 1,
+            dir: dir.clone(),
+            healthy: false,
+            hours: 0.25,
+            error: None,
+            methods: BTreeMap::new(),
+            counterfactual: vec!["without-all".into()],
+            counterfactual_error: None,
+            step_time: None,
+            baselines: vec![(baseline::LONGEST_STEP, report)],
+        };
+        let noise = [NoisePair::new("s", 1, 100.0, 101.0)];
+        std::fs::create_dir_all(&dir).unwrap();
+        let done = SpecDone::of(&rr, "a".into(), &noise);
+        std::fs::write(dir.join(DONE_FILE), serde_json::to_string(&done).unwrap()).unwrap();
+
+        let back = resumed(&dir, "a").unwrap().expect("finished");
+        rr.hours = 0.0;
+        rr.baselines.clear();
+        let pairs = back.restore(&mut rr);
+        // serde_json reads a float back to within an ulp, not always exactly.
+        assert_eq!(pairs.len(), 1);
+        assert_eq!((pairs[0].step_a_ms, pairs[0].step_b_ms), (100.0, 101.0));
+        assert!((pairs[0].relative - noise[0].relative).abs() < 1e-12);
+        assert_eq!(rr.hours, 0.25);
+        assert_eq!(rr.counterfactual, vec!["without-all".to_string()]);
+        assert_eq!(rr.baselines.len(), 1);
+        assert_eq!(rr.baselines[0].0, baseline::LONGEST_STEP);
+        assert_eq!(rr.baselines[0].1.verdicts[0].rank, 3);
+        assert!(matches!(resumed(&dir, "b"), Err(EvalError::Resume(_))));
+        assert!(dir.join(DONE_FILE).exists(), "nothing removed on a refusal");
     }
 }

@@ -41,7 +41,7 @@ pub enum ScoreError {
 }
 
 /// The part of `report.json` scoring needs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReportView {
     pub schema: String,
     #[serde(default)]
@@ -53,7 +53,7 @@ pub struct ReportView {
 }
 
 /// The report's `job` section, as far as evaluation needs it.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct JobView {
     /// The report's step time (median of the last few steps).
     #[serde(default)]
@@ -66,7 +66,7 @@ pub struct JobView {
     pub iterations_observed: Option<u64>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VerdictView {
     #[serde(default)]
     pub id: Option<u64>,
@@ -103,19 +103,19 @@ pub struct VerdictView {
 }
 
 /// `{"cause": "stage_imbalance", "stage": 3}` / `{"cause": "work_imbalance"}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StructuralView {
     pub cause: String,
     #[serde(default)]
     pub stage: Option<u32>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinkView {
     pub ranks: [u32; 2],
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HangView {
     #[serde(default)]
     pub communicator: String,

@@ -34,6 +34,27 @@ pub const SCHEMA_VERSION: u16 = 6;
 /// host as a URI SAN with this prefix: the coordinator binds the agent to
 /// that host, and the agent takes its host name from it.
 pub const CERT_HOST_URI_PREFIX: &str = "urn:slowrank:host:";
+
+/// The host a certificate's URI SANs bind it to ([`CERT_HOST_URI_PREFIX`]):
+/// `Ok(None)` for none (a job-wide certificate), `Err` with every host for
+/// a certificate naming several, which binds it to none of them. The one
+/// reading both the coordinator (who an agent is) and the agent (who it
+/// says it is) use, so the two cannot disagree.
+pub fn cert_host_of<'a>(
+    uris: impl Iterator<Item = &'a str>,
+) -> Result<Option<String>, Vec<String>> {
+    let mut hosts: Vec<String> = uris
+        .filter_map(|u| u.strip_prefix(CERT_HOST_URI_PREFIX))
+        .map(str::to_owned)
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    match hosts.len() {
+        0 => Ok(None),
+        1 => Ok(hosts.pop()),
+        _ => Err(hosts),
+    }
+}
 /// Bytes before the archive.
 pub const HEADER_LEN: usize = 12;
 /// Largest archive accepted; anything bigger is rejected unread.

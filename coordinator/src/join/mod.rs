@@ -97,6 +97,10 @@ impl JoinedInstance {
     }
 }
 
+/// The rank of a [`MissingMember`] no agent ever announced (only its
+/// position in the communicator is known).
+pub const UNKNOWN_RANK: u32 = u32::MAX;
+
 /// A member that never arrived at a hung instance.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MissingMember {
@@ -216,6 +220,14 @@ pub const MAX_OPEN_INSTANCES: usize = 16_384;
 /// (counted as evicted): one agent opening instances on thousands of
 /// communicators that never complete cannot grow the join without bound.
 pub const MAX_OPEN_TOTAL: usize = 65_536;
+
+/// Communicators one rank may be a member of at most. A real rank is in a
+/// few dozen (one per process group and split, again after each elastic
+/// restart); a token holder announcing fresh 4,096-rank communicators by
+/// the thousand for one rank held a few KiB each up to `max_comms`
+/// (65,536: ≈ 900 MiB, BENCHMARKS.md 2026-11-27). Past it the rank's new
+/// memberships are refused (`too_many_communicators_for_rank`).
+pub const MAX_COMMS_PER_RANK: u32 = 1_024;
 
 /// Hangs kept across all communicators (to resolve them when the absent
 /// members turn up late) at most. Each keeps up to [`MAX_NAMED_MISSING`]
@@ -432,6 +444,8 @@ pub struct Joiner {
     /// Communicators tracked (kept in step with `comms`; read while a
     /// shard of it is locked, where `comms.len()` would deadlock).
     comm_count: AtomicUsize,
+    /// Rank → communicators it is a member of ([`MAX_COMMS_PER_RANK`]).
+    memberships: DashMap<u32, u32>,
 }
 
 impl Joiner {
@@ -442,6 +456,7 @@ impl Joiner {
             counters: std::sync::Mutex::new(JoinCounters::default()),
             open_total: AtomicUsize::new(0),
             comm_count: AtomicUsize::new(0),
+            memberships: DashMap::new(),
         }
     }
 
@@ -464,6 +479,21 @@ impl Joiner {
     /// Records one member's creation of a communicator.
     pub fn register_comm(&self, host: &Arc<str>, c: &CommRecord) -> Result<(), RecordError> {
         crate::join::validate::check_comm(c)?;
+        let member = self
+            .comms
+            .get(&c.comm_id)
+            .is_some_and(|st| st.by_rank.contains_key(&c.rank));
+        if !member
+            && self
+                .memberships
+                .get(&c.rank)
+                .is_some_and(|n| *n >= MAX_COMMS_PER_RANK)
+        {
+            return Err(RecordError::TooManyCommunicatorsForRank {
+                rank: c.rank,
+                cap: MAX_COMMS_PER_RANK,
+            });
+        }
         if !self.comms.contains_key(&c.comm_id) && self.comms.len() >= self.cfg.max_comms {
             return Err(RecordError::TooManyCommunicators(self.cfg.max_comms));
         }
@@ -496,7 +526,9 @@ impl Joiner {
                 host: host.clone(),
             },
         );
-        st.by_rank.insert(c.rank, c.rank_in_comm);
+        if st.by_rank.insert(c.rank, c.rank_in_comm).is_none() {
+            *self.memberships.entry(c.rank).or_insert(0) += 1;
+        }
         Ok(())
     }
 
@@ -601,8 +633,17 @@ impl Joiner {
         if st.closed.contains(&key) {
             // The instance timed out without this member.
             if let Some(h) = st.hangs.get_mut(&key) {
+                let before = h.missing.len();
                 h.missing.retain(|m| m.rank_in_comm != pos);
-                let resolved = h.missing.is_empty();
+                // Past the list's bound the count is what says who is still
+                // out (unlisted and never-announced members are only in it).
+                if let Some(sm) = &mut h.summary {
+                    if h.missing.len() < before || sm.count > h.missing.len() as u64 {
+                        sm.count = sm.count.saturating_sub(1);
+                    }
+                }
+                let resolved =
+                    h.missing.is_empty() && h.summary.as_ref().is_none_or(|sm| sm.count == 0);
                 let nranks = st.nranks;
                 if let Some(open) = st.stalled.get_mut(&key) {
                     let idx = if p2p {
@@ -834,17 +875,20 @@ impl Joiner {
                     break 'comms;
                 }
                 let open = &st.open[&key];
-                let positions: Vec<u32> = match key {
-                    InstanceKey::P2p { lo, hi, .. } => vec![lo, hi],
-                    InstanceKey::Coll(_) => (0..st.nranks).collect(),
+                let p2p = matches!(key, InstanceKey::P2p { .. });
+                let (positions, unannounced) = match key {
+                    InstanceKey::P2p { lo, hi, .. } => (vec![lo, hi], 0),
+                    InstanceKey::Coll(_) => member_positions(st),
                 };
-                work += positions.len();
+                work += positions.len().max(1);
                 let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
                 let mut present_ranks = Vec::new();
                 let mut absent = Vec::new();
-                let mut undecided = false;
+                let mut undecided = unannounced > 0;
                 for (i, p) in positions.iter().enumerate() {
-                    if let Some(m) = open.records.get(&(i as u32)) {
+                    // Records are stored by comm position, p2p ones by side.
+                    let idx = if p2p { i as u32 } else { *p };
+                    if let Some(m) = open.records.get(&idx) {
                         present_ranks.push(m.rank);
                         continue;
                     }
@@ -863,25 +907,30 @@ impl Joiner {
                 self.open_total.fetch_sub(1, Ordering::Relaxed);
                 st.close(key, self.closed_cap());
                 // Said as ranges over every absent member, before the list
-                // is cut: ranks past the named ones are in the ranges too.
-                let summary = (absent.len() > HANG_LIST_MAX).then(|| {
+                // is cut: ranks past the named ones are in the ranges too,
+                // and members never announced are in the count alone.
+                let absent_total = absent.len() + unannounced;
+                let summary = (absent_total > HANG_LIST_MAX).then(|| {
                     let known = absent
                         .iter()
                         .filter_map(|p| st.slots.get(p).map(|s| s.rank))
                         .collect();
-                    MissingSummary::new(absent.len() as u64, known)
+                    MissingSummary::new(absent_total as u64, known)
                 });
+                let mut unlisted = unannounced as u64;
                 if absent.len() > MAX_NAMED_MISSING {
-                    let extra = (absent.len() - MAX_NAMED_MISSING) as u64;
+                    unlisted += (absent.len() - MAX_NAMED_MISSING) as u64;
                     absent.truncate(MAX_NAMED_MISSING);
-                    self.bump(|c| c.missing_unlisted += extra);
+                }
+                if unlisted > 0 {
+                    self.bump(|c| c.missing_unlisted += unlisted);
                 }
                 let missing: Vec<MissingMember> = absent
                     .iter()
                     .map(|p| {
                         let slot = st.slots.get(p);
                         MissingMember {
-                            rank: slot.map_or(u32::MAX, |s| s.rank),
+                            rank: slot.map_or(UNKNOWN_RANK, |s| s.rank),
                             rank_in_comm: *p,
                             host: slot.map_or_else(String::new, |s| s.host.to_string()),
                             last_seq_seen: st.last_seq.get(p).copied(),
@@ -889,7 +938,7 @@ impl Joiner {
                         }
                     })
                     .collect();
-                if missing.is_empty() {
+                if missing.is_empty() && unannounced == 0 {
                     self.bump(|c| c.incomplete += 1);
                     out.push(Expired::Incomplete { comm_id, key });
                 } else {
@@ -927,8 +976,23 @@ impl Joiner {
     }
 }
 
-/// Whether position `p` already issued an operation after `key` on this
-/// communicator (so its record for `key` was lost, not withheld).
+/// The positions of a collective instance to look at, and how many of its
+/// members are left out of them as never announced (no agent ever sent
+/// their membership; only a count can be said of them). Every position
+/// while few are unannounced, so they are named; else only the announced
+/// ones: walking every claimed position made each instance of a 4,096-rank
+/// communicator only its creator was in cost 4,096 steps, and an agent
+/// opening such instances by the thousand stalled the coordinator.
+fn member_positions(st: &CommState) -> (Vec<u32>, usize) {
+    let unannounced = (st.nranks as usize).saturating_sub(st.slots.len());
+    if unannounced <= HANG_LIST_MAX {
+        return ((0..st.nranks).collect(), 0);
+    }
+    let mut known: Vec<u32> = st.slots.keys().copied().collect();
+    known.sort_unstable();
+    (known, unannounced)
+}
+
 /// The largest level `l` such that capping every count at `l` leaves at
 /// most `budget` in all (water-filling from the top).
 fn fill_level(counts: &[usize], budget: usize) -> usize {
@@ -945,6 +1009,8 @@ fn fill_level(counts: &[usize], budget: usize) -> usize {
     lo
 }
 
+/// Whether position `p` already issued an operation after `key` on this
+/// communicator (so its record for `key` was lost, not withheld).
 fn passed(st: &CommState, key: InstanceKey, p: u32) -> bool {
     match key {
         InstanceKey::Coll(seq) => st.last_seq.get(&p).is_some_and(|l| *l > seq),
@@ -1030,6 +1096,112 @@ mod tests {
             j.register_comm(&h, &comm(r, r, n)).unwrap();
         }
         (j, h)
+    }
+
+    /// Instances of a 4,096-rank communicator only one member was ever
+    /// announced in (a token holder claiming huge communicators): their
+    /// expiry costs the members seen, not the size claimed, so one pass
+    /// takes them all (walking every position, a pass took 256), and the
+    /// never-announced members are a count, not 4,095 nameless entries.
+    #[test]
+    fn unannounced_members_are_counted_not_walked() {
+        let j = Joiner::new(JoinConfig {
+            hang_timeout_ns: 1_000,
+            hang_stale_ns: 2_000,
+            ..Default::default()
+        });
+        let h: Arc<str> = Arc::from("evil");
+        let (comms, per_comm) = (4u64, 256u64);
+        for id in 0..comms {
+            let c = CommRecord {
+                comm_id: 100 + id,
+                ..comm(0, 0, 4096)
+            };
+            j.register_comm(&h, &c).unwrap();
+            for seq in 0..per_comm {
+                let r = CollectiveRecord {
+                    comm_id: 100 + id,
+                    ..rec(0, seq, 10)
+                };
+                assert!(matches!(j.offer(&h, r).unwrap(), Offer::Pending));
+            }
+        }
+        let out = j.expire(1_000_000, |_, t| t as CoordNs, |_, _, _| false);
+        assert_eq!(
+            out.len() as u64,
+            comms * per_comm,
+            "one pass expires them all"
+        );
+        for e in &out {
+            let Expired::Hang(c) = e else {
+                panic!("{e:?}: absent members are a hang, not lost records")
+            };
+            assert!(c.missing.is_empty(), "{:?}", c.missing.first());
+            assert_eq!(c.present_ranks, vec![0]);
+            let sm = c.summary.as_ref().expect("counted");
+            assert_eq!((sm.count, sm.unlisted), (4095, 4095));
+            assert!(sm.ranges.is_empty());
+        }
+        assert_eq!(j.counters().missing_unlisted, 4095 * comms * per_comm);
+        assert_eq!(j.open_instances(), 0);
+    }
+
+    /// One rank cannot be made a member of communicators without bound
+    /// (each holds state until the coordinator stops); its own
+    /// communicators announced again (a restart) still are.
+    #[test]
+    fn a_rank_joins_a_bounded_number_of_communicators() {
+        let j = Joiner::new(JoinConfig::default());
+        let h: Arc<str> = Arc::from("evil");
+        let of = |id: u64, rank: u32| CommRecord {
+            comm_id: 1000 + id,
+            ..comm(rank, 0, 4096)
+        };
+        for id in 0..u64::from(MAX_COMMS_PER_RANK) {
+            j.register_comm(&h, &of(id, 1)).unwrap();
+        }
+        let past = u64::from(MAX_COMMS_PER_RANK);
+        assert!(matches!(
+            j.register_comm(&h, &of(past, 1)),
+            Err(RecordError::TooManyCommunicatorsForRank { rank: 1, .. })
+        ));
+        assert!(j.comm_nranks(1000 + past).is_none(), "nothing kept of it");
+        j.register_comm(&h, &of(0, 1)).expect("announced again");
+        j.register_comm(&h, &of(past, 2)).expect("another rank");
+    }
+
+    /// Past the list's bound, an arrival at a kept hang is taken off its
+    /// count: the hang resolves only when the count says nobody is out.
+    #[test]
+    fn a_hang_with_unannounced_members_does_not_resolve_on_the_named_ones() {
+        let j = Joiner::new(JoinConfig {
+            hang_timeout_ns: 1_000,
+            hang_stale_ns: 2_000,
+            ..Default::default()
+        });
+        let h: Arc<str> = Arc::from("node-0");
+        for r in 0..2 {
+            j.register_comm(&h, &comm(r, r, 100)).unwrap();
+        }
+        assert!(matches!(
+            j.offer(&h, rec(0, 1, 10)).unwrap(),
+            Offer::Pending
+        ));
+        let out = j.expire(1_000_000, |_, t| t as CoordNs, |_, _, _| true);
+        let [Expired::Hang(c)] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            c.missing.iter().map(|m| m.rank).collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert_eq!(c.summary.as_ref().map(|s| s.count), Some(99));
+        match j.offer(&h, rec(1, 1, 20)).unwrap() {
+            Offer::HangProgress { resolved, .. } => {
+                assert!(!resolved, "98 members no agent announced are still out")
+            }
+            o => panic!("{o:?}"),
+        }
     }
 
     /// Hangs on many communicators are all reported, but only

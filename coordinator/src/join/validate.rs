@@ -58,6 +58,8 @@ pub enum RecordError {
     MissingTimestamp(&'static str),
     #[error("too many communicators (cap {0})")]
     TooManyCommunicators(usize),
+    #[error("rank {rank} is already a member of {cap} communicators, the most one rank may be")]
+    TooManyCommunicatorsForRank { rank: u32, cap: u32 },
     #[error("world of {0} ranks exceeds the supported size")]
     WorldTooLarge(u32),
     #[error("world size {got} conflicts with the {had} ranks already announced")]
@@ -126,6 +128,7 @@ impl RecordError {
             Self::TimeOrder { .. } => "time_order",
             Self::MissingTimestamp(_) => "missing_timestamp",
             Self::TooManyCommunicators(_) => "too_many_communicators",
+            Self::TooManyCommunicatorsForRank { .. } => "too_many_communicators_for_rank",
             Self::WorldTooLarge(_) => "world_too_large",
             Self::WorldSizeConflict { .. } => "world_size_conflict",
             Self::CommLargerThanWorld { .. } => "comm_larger_than_world",

@@ -228,18 +228,7 @@ pub fn valid_host_name(host: &str) -> bool {
 /// Only meaningful for a certificate the TLS layer has verified.
 pub fn cert_host(der: &CertificateDer<'_>) -> Result<Option<String>, TlsError> {
     let cert = webpki::EndEntityCert::try_from(der).map_err(TlsError::PeerCert)?;
-    let mut hosts: Vec<String> = cert
-        .valid_uri_names()
-        .filter_map(|u| u.strip_prefix(HOST_URI_PREFIX))
-        .map(str::to_owned)
-        .collect();
-    hosts.sort();
-    hosts.dedup();
-    match hosts.len() {
-        0 => Ok(None),
-        1 => Ok(hosts.pop()),
-        _ => Err(TlsError::AmbiguousHost(hosts)),
-    }
+    slowrank_shared::wire::cert_host_of(cert.valid_uri_names()).map_err(TlsError::AmbiguousHost)
 }
 
 fn make_pki(

@@ -23,7 +23,7 @@ use crate::clock::HostClock;
 /// Probe silence (ms) worth a line in the human report: probes go out
 /// several times a second, so ten seconds means they stopped.
 const STALE_PROBE_MS: f64 = 10_000.0;
-use crate::join::MissingMember;
+use crate::join::{MissingMember, UNKNOWN_RANK};
 use crate::verdict::Verdict;
 
 pub const SCHEMA: &str = "slowrank.report/v1";
@@ -644,7 +644,18 @@ pub(crate) fn fmt_missing(h: &HangReport) -> String {
             unlisted: h.missing_unlisted.unwrap_or(0),
         }
         .describe(),
-        _ => fmt_ranks(&h.missing_ranks),
+        _ => {
+            // Members no agent announced have no rank to name.
+            let unknown = h.missing.iter().filter(|m| m.rank == UNKNOWN_RANK).count();
+            match (h.missing_ranks.is_empty(), unknown) {
+                (_, 0) => fmt_ranks(&h.missing_ranks),
+                (true, n) => format!("{n} member(s) no agent announced"),
+                (false, n) => format!(
+                    "{} and {n} member(s) no agent announced",
+                    fmt_ranks(&h.missing_ranks)
+                ),
+            }
+        }
     }
 }
 

@@ -132,6 +132,13 @@ enum Cmd {
         /// probes' own cost is on both sides of the difference.
         #[arg(long)]
         counterfactual_job_only: bool,
+        /// Keep the specs OUT already holds finished (each run directory's
+        /// done.json) and run only the rest: an evaluation cut off (a
+        /// 100-spec random one takes hours) goes on where it stopped. With
+        /// `--random K` smaller than the first run's N it scores the first K
+        /// specs without running anything. Use the same options and build.
+        #[arg(long)]
+        resume: bool,
     },
     /// Synthetic load: play N ranks (8 per simulated host, one QUIC
     /// connection per host) into a child `slowrank serve`, with a hidden slow
@@ -225,6 +232,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             step_ms,
             noise_pairs,
             counterfactual_job_only,
+            resume,
         } => {
             let specs = if specs.is_empty() {
                 vec![PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/specs"))]
@@ -248,6 +256,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             if counterfactual_job_only {
                 opts.counterfactual_mode = Mode::JobOnly;
             }
+            opts.resume = resume;
             let command = std::env::args().collect::<Vec<_>>().join(" ");
             let r = slowrank_scenarios::eval::run_eval(&opts, command)?;
             if json {
