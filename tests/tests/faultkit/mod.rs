@@ -287,10 +287,13 @@ pub fn coordinator_batches(log: &Path) -> BTreeMap<(String, u64), u64> {
         else {
             continue;
         };
-        // A reconnection preamble is logged as sequence 0 too: the first
-        // line of a sequence (the agent's real batch 0) is the one counted.
+        // A reconnection preamble is logged as sequence 0 too, with no
+        // collectives, and it comes first when the link went down before
+        // the real batch 0 left the spool: the larger count is the batch's.
+        let n: u64 = colls.parse().expect("collectives");
         out.entry((host, seq.parse().expect("seq")))
-            .or_insert(colls.parse().expect("collectives"));
+            .and_modify(|c: &mut u64| *c = (*c).max(n))
+            .or_insert(n);
     }
     out
 }
