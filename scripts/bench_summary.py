@@ -146,6 +146,23 @@ def steps_mean_ms(path, skip=10):
     return statistics.fmean(d) if d else None
 
 
+def print_step_table(title, runs):
+    """Per mode: its runs' figures, their median and spread, and the median
+    against `none`'s; returns mode -> (median, min, max)."""
+    print(f"\n## overhead: {title}")
+    base = statistics.median(runs["none"]) if "none" in runs else None
+    out = {}
+    for mode in ("none", "always", "default", "deep"):
+        v = runs.get(mode)
+        if not v:
+            continue
+        med = statistics.median(v)
+        rel = "" if base is None else f" ({(med / base - 1) * 100:+.1f}% vs none)"
+        print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
+        out[mode] = (med, min(v), max(v))
+    return out
+
+
 def overhead_section():
     modes, means = {}, {}
     for p in sorted(glob.glob(os.path.join(B, "overhead", "*", "steps.csv"))):
@@ -156,27 +173,9 @@ def overhead_section():
             means.setdefault(mode, []).append(steps_mean_ms(p))
     if not modes:
         return None
-    print("\n## overhead: median step time (ms) per run, dp8-healthy")
-    out = {}
-    base = statistics.median(modes["none"]) if "none" in modes else None
-    for mode in ("none", "always", "default", "deep"):
-        v = modes.get(mode)
-        if not v:
-            continue
-        med = statistics.median(v)
-        rel = "" if base is None else f" ({(med / base - 1) * 100:+.1f}% vs none)"
-        print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
-        out[mode] = (med, min(v), max(v))
-    print("\n## overhead: mean step time (ms) per run (every step counts, launch samples included)")
-    mbase = statistics.median(means["none"]) if "none" in means else None
-    for mode in ("none", "always", "default", "deep"):
-        v = means.get(mode)
-        if not v:
-            continue
-        med = statistics.median(v)
-        rel = "" if mbase is None else f" ({(med / mbase - 1) * 100:+.1f}% vs none)"
-        print(f"{mode}: runs {[round(x, 2) for x in v]} median {med:.2f} spread {min(v):.2f}–{max(v):.2f}{rel}")
-    overhead_cost_section(modes, base)
+    out = print_step_table("median step time (ms) per run, dp8-healthy", modes)
+    print_step_table("mean step time (ms) per run (every step counts, launch samples included)", means)
+    overhead_cost_section(modes, statistics.median(modes["none"]) if "none" in modes else None)
     return out
 
 
