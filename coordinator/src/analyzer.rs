@@ -478,8 +478,15 @@ impl Analyzer {
             }
             // Sequence 0 after later batches is the agent's reconnection
             // preamble: it re-declares its ranks and communicators (a
-            // restarted coordinator needs them) and is never a resend.
-            let preamble = b.seq == 0 && a.last_seq.is_some_and(|l| l > 0);
+            // restarted coordinator needs them) and is never a resend. So is
+            // a record-less sequence 0 before any batch: the link went down
+            // before the real batch 0 left the agent's spool, and taking the
+            // preamble for batch 0 would drop the real one as a duplicate.
+            let preamble = b.seq == 0
+                && match a.last_seq {
+                    Some(l) => l > 0,
+                    None => only_declares(b),
+                };
             if !preamble && a.last_seq.is_some_and(|last| b.seq <= last) {
                 drop(a);
                 lock(&self.counters).duplicate_batches += 1;
@@ -511,7 +518,9 @@ impl Analyzer {
                 step(b.ringbuf_drops, a.ringbuf_drops),
                 step(b.spool_drops, a.spool_drops),
             );
-            a.last_seq = Some(a.last_seq.map_or(b.seq, |l| l.max(b.seq)));
+            if !preamble {
+                a.last_seq = Some(a.last_seq.map_or(b.seq, |l| l.max(b.seq)));
+            }
             if rd.is_some() {
                 a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
             }
@@ -2433,6 +2442,18 @@ impl crate::verdict::stackstore::HostView for Analyzer {
     }
 }
 
+/// A batch that only declares ranks and communicators (what a reconnection
+/// preamble holds): ingesting it twice changes nothing.
+fn only_declares(b: &Batch) -> bool {
+    b.exits.is_empty()
+        && b.collectives.is_empty()
+        && b.intervals.is_empty()
+        && b.links.is_empty()
+        && b.probes.is_empty()
+        && b.calls.is_empty()
+        && b.stacks.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2551,5 +2572,48 @@ mod tests {
             .metrics()
             .to_prometheus()
             .contains("slowrank_parked_records_total{outcome=\"expired\"}"));
+    }
+
+    #[test]
+    fn a_preamble_before_batch_zero_does_not_swallow_it() {
+        use crate::synth::{Generator, SynthSpec};
+        let a = Analyzer::new(AnalyzerConfig::default());
+        let mut g = Generator::new(SynthSpec::dp(2, 4));
+        for (h, s) in g.initial_samples() {
+            a.add_clock_sample(&h, s).unwrap();
+        }
+        let out = g.next_iteration();
+        let (recv, mut first) = out
+            .batches
+            .iter()
+            .find(|(_, b)| b.host == "node-1")
+            .cloned()
+            .expect("node-1's first batch");
+        // Numbered as a live agent numbers it (the generator starts at 1).
+        first.seq = 0;
+        assert!(!first.collectives.is_empty());
+        // The link went down before batch 0 left: on reconnection the
+        // preamble (sequence 0, declarations only) arrives first.
+        let preamble = Batch {
+            exits: Vec::new(),
+            collectives: Vec::new(),
+            intervals: Vec::new(),
+            links: Vec::new(),
+            probes: Vec::new(),
+            calls: Vec::new(),
+            stacks: Vec::new(),
+            ..first.clone()
+        };
+        let p = a.ingest(&preamble, recv);
+        assert!(!p.duplicate_batch && p.batch_rejected.is_none(), "{p:?}");
+        let real = a.ingest(&first, recv);
+        assert!(
+            !real.duplicate_batch,
+            "the real batch 0 was dropped: {real:?}"
+        );
+        assert!(real.accepted > preamble.ranks.len() as u64, "{real:?}");
+        // Once batch 0 is in, a second copy of it is a resend.
+        assert!(a.ingest(&first, recv).duplicate_batch);
+        assert_eq!(a.report().ingest.counters.missing_batches, 0);
     }
 }
