@@ -79,6 +79,7 @@ fn flag(seq: impl Iterator<Item = (u64, u32)>, window: usize, need: usize) -> Re
                 opened_iteration: Some(it),
                 first_opened_iteration: Some(it),
                 cost_fraction: None,
+                cost_iterations: None,
                 closed_iteration: None,
                 structural: None,
             })

@@ -110,6 +110,9 @@ pub struct MethodRun {
     pub named: Vec<NamedFault>,
     /// Per verdict matching a scored fault: reported against measured cost.
     pub costs: Vec<CostPoint>,
+    /// Fault class per verdict matching a scored fault that reported no
+    /// cost (not measured): neither right nor wrong, but counted.
+    pub not_costed: Vec<String>,
     /// Faults whose measured cost is below the harness's resolution: not
     /// scored (nor the findings matching only them).
     pub below_resolution: u64,
@@ -273,12 +276,14 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
         else {
             continue;
         };
-        if let (Some(r), Some(m), false) = (c.reported, c.measured, c.below_resolution) {
-            out.costs.push(CostPoint {
+        match (c.reported, c.measured, c.below_resolution) {
+            (Some(r), Some(m), false) => out.costs.push(CostPoint {
                 class: fault_class(ft.kind).into(),
                 reported: r,
                 measured: m,
-            });
+            }),
+            (None, Some(_), false) => out.not_costed.push(fault_class(ft.kind).into()),
+            _ => {}
         }
     }
     out.confusion = confusion(&faulted, &all, report);
@@ -397,6 +402,8 @@ pub struct Metrics {
 pub struct CostError {
     pub abs: Quantiles,
     pub ratio: Quantiles,
+    /// Matching verdicts that reported no cost (not in `abs` nor `ratio`).
+    pub not_costed: u64,
 }
 
 /// Time to name of the faults in one measured-cost bin.
@@ -441,10 +448,15 @@ pub fn aggregate(runs: &[RunInput]) -> Metrics {
     let mut lat_s = Vec::new();
     let mut cost_abs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut cost_ratio: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut not_costed: BTreeMap<String, u64> = BTreeMap::new();
     let mut ttn: BTreeMap<String, (u64, u64, Vec<f64>)> = BTreeMap::new();
     for r in runs {
         m.below_resolution += r.m.below_resolution;
         m.cleared_while_active += r.m.cleared_while_active;
+        for c in &r.m.not_costed {
+            *not_costed.entry(c.clone()).or_default() += 1;
+            cost_abs.entry(c.clone()).or_default();
+        }
         for c in &r.m.costs {
             cost_abs
                 .entry(c.class.clone())
@@ -507,6 +519,7 @@ pub fn aggregate(runs: &[RunInput]) -> Metrics {
             CostError {
                 abs: quantiles(v),
                 ratio: quantiles(cost_ratio.get(c).map_or(&[][..], |r| &r[..])),
+                not_costed: not_costed.get(c).copied().unwrap_or(0),
             },
         );
     }
@@ -1363,19 +1376,20 @@ pub fn render(r: &EvalResult) -> String {
         if !m.cost_error.is_empty() {
             let _ = writeln!(
                 o,
-                "cost error (share of step) {:<14} {:>4} {:>10} {:>10} {:>12} {:>12}",
-                "class", "n", "|err| med", "|err| p90", "ratio med", "ratio p90"
+                "cost error (share of step) {:<14} {:>4} {:>10} {:>10} {:>12} {:>12} {:>10}",
+                "class", "n", "|err| med", "|err| p90", "ratio med", "ratio p90", "not costed"
             );
             for (c, e) in &m.cost_error {
                 let _ = writeln!(
                     o,
-                    "                           {:<14} {:>4} {:>10} {:>10} {:>12} {:>12}",
+                    "                           {:<14} {:>4} {:>10} {:>10} {:>12} {:>12} {:>10}",
                     c,
                     e.abs.n,
                     pct1(e.abs.median),
                     pct1(e.abs.p90),
                     e.ratio.median.map_or("-".into(), |v| format!("{v:.2}")),
                     e.ratio.p90.map_or("-".into(), |v| format!("{v:.2}")),
+                    e.not_costed,
                 );
             }
         }
@@ -1731,6 +1745,37 @@ mod tests {
         assert_eq!(cost_bin(Some(0.029)), "<3%");
         assert_eq!(cost_bin(Some(0.1)), ">10%");
         assert_eq!(cost_bin(None), "unmeasured");
+    }
+
+    /// A verdict whose what-if found no iteration to cost says
+    /// `cost_iterations: 0` beside a placeholder `cost_fraction: 0`: that is
+    /// no claim of "costs nothing", so it is counted apart, not scored.
+    #[test]
+    fn an_uncosted_verdict_is_not_scored_as_costing_nothing() {
+        let t = truth(json!([with_cost(fault(0, "compute", &[5], 10), 0.2)]));
+        let mut v = verdict(5, "compute", 14, None);
+        v["cost_fraction"] = json!(0.0);
+        v["cost_iterations"] = json!(0);
+        let tl = Timeline {
+            offset: 0,
+            scale: 1.0,
+            steps: None,
+        };
+        let m = method_run(&t, &report(vec![v.clone()], json!([])), &tl);
+        assert!(m.costs.is_empty(), "{:?}", m.costs);
+        assert_eq!(m.not_costed, vec!["compute".to_string()]);
+        let agg = aggregate(&[RunInput {
+            m: &m,
+            healthy: false,
+            hours: 0.1,
+        }]);
+        let e = &agg.cost_error["compute"];
+        assert_eq!((e.abs.n, e.not_costed), (0, 1));
+        // Measured in one iteration, the same 0 is a claim and is scored.
+        v["cost_iterations"] = json!(1);
+        let m = method_run(&t, &report(vec![v], json!([])), &tl);
+        assert_eq!(m.costs.len(), 1);
+        assert!(m.not_costed.is_empty());
     }
 
     #[test]

@@ -94,6 +94,10 @@ pub struct VerdictView {
     /// Share of the job's step the verdict says its subject costs.
     #[serde(default)]
     pub cost_fraction: Option<f64>,
+    /// Iterations the what-if cost was measured in: 0 means the verdict
+    /// carries no cost (its `cost_fraction` 0 is a placeholder, not a claim).
+    #[serde(default)]
+    pub cost_iterations: Option<u64>,
     /// When an inactive verdict was closed.
     #[serde(default)]
     pub closed_iteration: Option<u64>,
@@ -204,7 +208,8 @@ fn verdict_costs(truth: &Truth, report: &ReportView, faults: &[FaultScore]) -> V
                 Some(_) => cost.map(|c| c.fraction),
                 None => Some(0.0),
             };
-            let reported = report.verdicts[i].cost_fraction;
+            let v = &report.verdicts[i];
+            let reported = v.cost_fraction.filter(|_| v.cost_iterations != Some(0));
             VerdictCost {
                 verdict: i,
                 fault: fault.map(|f| f.index),
