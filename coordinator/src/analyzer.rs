@@ -1659,7 +1659,11 @@ impl Analyzer {
             let min_link_cost = self.cfg.links.min_cost_fraction;
             for n in &f.nics {
                 let acc = bucket.ranks.get(&n.rank);
-                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * (1.0 - 1.0 / n.ratio.max(1.0)));
+                let excess = 1.0 - 1.0 / n.ratio.max(1.0);
+                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
+                // The step's share: each instance's excess once (the
+                // members' sum above is GPU time lost, not step time).
+                let saved = acc.map(|a| a.xfer_ns * excess);
                 if !costs_enough(lost, exposure, min_link_cost) {
                     tracing::debug!(
                         rank = n.rank,
@@ -1686,7 +1690,7 @@ impl Analyzer {
                         late_ns: 0.0,
                         lost_ns: lost,
                         exposure_ns: exposure,
-                        saved_ns: None,
+                        saved_ns: saved,
                         step_ns: 0.0,
                         once_fixed: None,
                         alarm: false,
@@ -1698,7 +1702,9 @@ impl Analyzer {
             }
             for l in &f.links {
                 let acc = bucket.ranks.get(&l.a);
-                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * (1.0 - 1.0 / l.ratio.max(1.0)));
+                let excess = 1.0 - 1.0 / l.ratio.max(1.0);
+                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
+                let saved = acc.map(|a| a.xfer_ns * excess);
                 if !costs_enough(lost, exposure, min_link_cost) {
                     tracing::debug!(
                         a = l.a,
@@ -1720,7 +1726,7 @@ impl Analyzer {
                         late_ns: 0.0,
                         lost_ns: lost,
                         exposure_ns: exposure,
-                        saved_ns: None,
+                        saved_ns: saved,
                         step_ns: 0.0,
                         once_fixed: None,
                         alarm: false,

@@ -10,10 +10,18 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::robust::{midpoint_median as median, MAD_TO_SIGMA};
 
-/// Steps whose median is the baseline (after warm-up).
+/// Steps whose median is the baseline (after warm-up), once the job has
+/// run that long: the first ones, so a slow stretch never becomes the norm.
 pub const BASELINE_STEPS: usize = 40;
-/// Steps whose median is compared with the baseline.
+/// Steps whose median is compared with the baseline, once the job has run
+/// long enough.
 pub const RECENT_STEPS: usize = 20;
+/// Before `BASELINE_STEPS + RECENT_STEPS` steps, the steps seen so far are
+/// split two to one (the last third is "recent"), as long as the baseline
+/// holds at least this many: a short job (a 60-step run, a job watched
+/// since its start) is told whether it slowed instead of nothing. The
+/// wider standard error of the smaller medians keeps the noise test honest.
+pub const MIN_BASELINE_STEPS: usize = 16;
 /// Smallest rise reported, as a share of the baseline: below it a job's
 /// pace drifts with load on shared hosts and nobody would act on it.
 pub const MIN_RISE: f64 = 0.03;
@@ -63,21 +71,35 @@ impl Pace {
         Self::default()
     }
 
+    /// How many of `n` steps seen form the recent window: a third until
+    /// the baseline is full, then [`RECENT_STEPS`] (continuous at
+    /// `n = BASELINE_STEPS + RECENT_STEPS`).
+    fn recent_len(&self, n: usize) -> usize {
+        if self.baseline.len() >= BASELINE_STEPS {
+            RECENT_STEPS
+        } else {
+            (n / 3).min(RECENT_STEPS)
+        }
+    }
+
     /// One sealed, post-warm-up iteration `k` of `step_ns`, with the
     /// ranks' what-if shares of it.
     pub fn observe(&mut self, k: u64, step_ns: f64, shares: &BTreeMap<u32, f64>) {
         if !step_ns.is_finite() || step_ns <= 0.0 {
             return;
         }
-        if self.baseline.len() < BASELINE_STEPS {
-            self.baseline.push(step_ns);
-            return;
-        }
         self.recent.push_back((k, step_ns));
         self.shares.push_back(shares.clone());
-        while self.recent.len() > RECENT_STEPS {
-            self.recent.pop_front();
+        // The oldest recent steps move into the baseline until it is full,
+        // then leave.
+        while self.recent.len() > self.recent_len(self.baseline.len() + self.recent.len()) {
+            let Some((_, old)) = self.recent.pop_front() else {
+                break;
+            };
             self.shares.pop_front();
+            if self.baseline.len() < BASELINE_STEPS {
+                self.baseline.push(old);
+            }
         }
         match self.slowing_now() {
             Some((b, m)) if self.since.is_none() => {
@@ -98,13 +120,15 @@ impl Pace {
     }
 
     fn slowing_now(&self) -> Option<(f64, f64)> {
-        if self.baseline.len() < BASELINE_STEPS || self.recent.len() < RECENT_STEPS {
+        if self.baseline.len() < MIN_BASELINE_STEPS {
             return None;
         }
         let (b, sb) = center_sigma(&self.baseline);
         let r: Vec<f64> = self.recent.iter().map(|x| x.1).collect();
         let (m, sr) = center_sigma(&r);
-        // Standard error of a median ≈ 1.25 σ / √n.
+        // Standard error of a median ≈ 1.25 σ / √n. The recent window's σ is
+        // at least the baseline's: a MAD of a few steps can be small by chance.
+        let sr = sr.max(sb);
         let se =
             1.25 * ((sb * sb) / self.baseline.len() as f64 + (sr * sr) / r.len() as f64).sqrt();
         let rise = m - b;
@@ -140,9 +164,10 @@ impl Pace {
         })
     }
 
-    /// The baseline step (ms), once known.
+    /// The baseline step (ms), once known: without it nothing can be said
+    /// of the job's pace.
     pub fn baseline_ms(&self) -> Option<f64> {
-        (self.baseline.len() >= BASELINE_STEPS).then(|| {
+        (self.baseline.len() >= MIN_BASELINE_STEPS).then(|| {
             let mut b = self.baseline.clone();
             median(&mut b) / 1e6
         })
@@ -166,6 +191,42 @@ mod tests {
             assert!(p.slowing().is_none(), "iteration {k}");
         }
         assert!((p.baseline_ms().unwrap() - 45.0).abs() < 1.5);
+    }
+
+    /// A 60-step job (warm-up excluded, ~50 steps) slowed by 15 % from its
+    /// 35th: told while it runs, not only after 60 steps.
+    #[test]
+    fn a_short_job_is_told_whether_it_slowed() {
+        let mut p = Pace::new();
+        // 22 steps: 15 would be baseline, one short.
+        for k in 0..22 {
+            p.observe(k, noisy(k), &BTreeMap::new());
+        }
+        assert_eq!(p.baseline_ms(), None, "too few steps to have a baseline");
+        p.observe(22, noisy(22), &BTreeMap::new());
+        assert!(p.baseline_ms().is_some());
+        let mut healthy = p.clone();
+        for k in 23..35 {
+            p.observe(k, noisy(k), &BTreeMap::new());
+            healthy.observe(k, noisy(k), &BTreeMap::new());
+            assert!(healthy.slowing().is_none(), "healthy, step {k}");
+        }
+        for k in 35..50 {
+            p.observe(k, noisy(k) * 1.15, &BTreeMap::new());
+            healthy.observe(k, noisy(k), &BTreeMap::new());
+            assert!(healthy.slowing().is_none(), "healthy, step {k}");
+        }
+        let s = p.slowing().expect("slowed");
+        assert!((s.rise - 0.15).abs() < 0.05, "{s:?}");
+        assert!((33..=40).contains(&s.since_iteration), "{s:?}");
+        // The windows grow into the long-run ones without a jump: at 60
+        // steps the baseline is the first 40.
+        for k in 50..200 {
+            healthy.observe(k, noisy(k), &BTreeMap::new());
+            assert!(healthy.slowing().is_none(), "healthy, step {k}");
+        }
+        assert_eq!(healthy.baseline.len(), BASELINE_STEPS);
+        assert_eq!(healthy.recent.len(), RECENT_STEPS);
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //! - a host-wide finding: every rank of the host replaced at once;
 //! - a slow NIC or link: its transfers' excess (the slow end's transfer
 //!   time beyond its peers' rate), which the model holds fixed per
-//!   instance.
+//!   instance. The finder measures it (`Observation::saved_ns` on the way
+//!   in): each instance's excess once, never times its members (that is
+//!   the GPU time lost, `lost_ns`, not the step's).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -55,10 +57,10 @@ fn saving(
     subject: Subject,
     ranks: &[u32],
     kind: Kind,
-    lost_ns: Option<f64>,
+    transfer_excess_ns: Option<f64>,
 ) -> Option<f64> {
     match subject {
-        Subject::Nic(_) | Subject::Link(..) => lost_ns,
+        Subject::Nic(_) | Subject::Link(..) => transfer_excess_ns,
         Subject::Unknown | Subject::Stage(_) | Subject::Imbalance => None,
         Subject::Rank(_) | Subject::Host(_) => {
             let model = it.model?;
@@ -86,7 +88,7 @@ pub fn apply(
             // Costed where it was found (`structure`); not a rank to replay.
             continue;
         }
-        o.saved_ns = saving(it, *s, &o.ranks, o.classification.kind, Some(o.lost_ns));
+        o.saved_ns = saving(it, *s, &o.ranks, o.classification.kind, o.saved_ns);
         all.push((*s, ranks_of(*s, &o.ranks), o.saved_ns));
     }
     let mut unobserved: Vec<Costed> = Vec::new();
@@ -233,5 +235,37 @@ mod tests {
         };
         apply(&it, &mut o, &[]);
         assert_eq!(o[&Subject::Rank(3)].saved_ns, Some(0.0));
+    }
+
+    /// A slow NIC in a 16-rank collective makes it 3 ms longer: the step is
+    /// 3 ms longer, though 16 members each lost those 3 ms (48 ms of GPU
+    /// time). Its cost is the step's, not the members' sum.
+    #[test]
+    fn a_slow_nic_costs_its_transfer_excess_once() {
+        let model = one_sync(&[]);
+        let gpu = HashSet::new();
+        let it = Iteration {
+            model: Some(&model),
+            gpu_ranks: &gpu,
+            step_ns: 30.0 * MS,
+        };
+        let mut nic = obs(6, Kind::Communication);
+        nic.lost_ns = 48.0 * MS;
+        nic.saved_ns = Some(3.0 * MS);
+        let mut o = BTreeMap::from([(Subject::Nic(6), nic)]);
+        apply(&it, &mut o, &[]);
+        assert_eq!(o[&Subject::Nic(6)].saved_ns, Some(3.0 * MS));
+        // Applied again (a later tick), it stays what the finder measured.
+        apply(&it, &mut o, &[]);
+        assert_eq!(o[&Subject::Nic(6)].saved_ns, Some(3.0 * MS));
+        // An active NIC verdict without an observation this iteration is
+        // not measured in it.
+        let mut none = BTreeMap::new();
+        let un = apply(
+            &it,
+            &mut none,
+            &[(Subject::Nic(6), vec![6], Kind::Communication)],
+        );
+        assert_eq!(un[0].saved_ns, None);
     }
 }

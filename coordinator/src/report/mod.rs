@@ -312,17 +312,24 @@ pub fn render_human(r: &Report) -> String {
             r.agents.len()
         );
     } else if r.verdicts.is_empty() && r.hangs.is_empty() && r.slowdown.is_none() {
-        let _ = writeln!(
-            s,
-            "No slow rank found: the job kept its pace{}.",
-            r.job
-                .baseline_step_ms
-                .map(|b| format!(
-                    " (step {:.1} ms, baseline {b:.1} ms)",
+        match r.job.baseline_step_ms {
+            Some(b) => {
+                let _ = writeln!(
+                    s,
+                    "No slow rank found: the job kept its pace (step {:.1} ms, baseline {b:.1} ms).",
                     r.job.step_time_ms.unwrap_or(b)
-                ))
-                .unwrap_or_default()
-        );
+                );
+            }
+            // "Kept its pace" is a claim about a baseline: without one the
+            // job may have slowed from its first steps on.
+            None => {
+                let _ = writeln!(
+                    s,
+                    "No slow rank found, but too few steps were observed after warm-up to tell whether the job slowed (a baseline needs about {} steps).",
+                    crate::classify::pace::MIN_BASELINE_STEPS * 3 / 2
+                );
+            }
+        }
     }
     if let Some(sd) = &r.slowdown {
         let explained: f64 = r
