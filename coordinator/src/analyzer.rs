@@ -1661,9 +1661,12 @@ impl Analyzer {
                 let acc = bucket.ranks.get(&n.rank);
                 let excess = 1.0 - 1.0 / n.ratio.max(1.0);
                 let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
-                // The step's share: each instance's excess once (the
-                // members' sum above is GPU time lost, not step time).
-                let saved = acc.map(|a| a.xfer_ns * excess);
+                // The step's share: the what-if with its transfers at its
+                // peers' rate (the members' sum above is GPU time lost,
+                // not step time).
+                let saved = model
+                    .as_ref()
+                    .and_then(|m| m.transfer_cost(&[n.rank], 1.0 / n.ratio.max(1.0)));
                 if !costs_enough(lost, exposure, min_link_cost) {
                     tracing::debug!(
                         rank = n.rank,
@@ -1704,7 +1707,9 @@ impl Analyzer {
                 let acc = bucket.ranks.get(&l.a);
                 let excess = 1.0 - 1.0 / l.ratio.max(1.0);
                 let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
-                let saved = acc.map(|a| a.xfer_ns * excess);
+                let saved = model
+                    .as_ref()
+                    .and_then(|m| m.transfer_cost(&[l.a, l.b], 1.0 / l.ratio.max(1.0)));
                 if !costs_enough(lost, exposure, min_link_cost) {
                     tracing::debug!(
                         a = l.a,

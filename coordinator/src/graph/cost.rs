@@ -14,11 +14,11 @@
 //!   measured in iterations where its arrivals are GPU-side (deep set);
 //!   elsewhere it is unmeasured, never 0;
 //! - a host-wide finding: every rank of the host replaced at once;
-//! - a slow NIC or link: its transfers' excess (the slow end's transfer
-//!   time beyond its peers' rate), which the model holds fixed per
-//!   instance. The finder measures it (`Observation::saved_ns` on the way
-//!   in): each instance's excess once, never times its members (that is
-//!   the GPU time lost, `lost_ns`, not the step's).
+//! - a slow NIC or link: the replay with its instances' transfers at its
+//!   peers' rate ([`WhatIf::transfer_cost`]), which the finder measures
+//!   (`Observation::saved_ns` on the way in): each excess once, and only
+//!   what the step waited for, never times the members (that is the GPU
+//!   time lost, `lost_ns`, not the step's).
 
 use std::collections::{BTreeMap, HashSet};
 

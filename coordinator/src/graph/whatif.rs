@@ -102,6 +102,8 @@ pub struct WhatIf {
     role_median: BTreeMap<usize, Vec<f64>>,
     /// Per event, its last arriver and its lead over the next-to-last.
     last: Vec<Option<(u32, f64)>>,
+    /// Per event, its observed members.
+    members: Vec<Vec<u32>>,
     stages: BTreeMap<u32, u32>,
     observed: f64,
 }
@@ -246,8 +248,14 @@ impl WhatIf {
                 Some((first.rank, gap))
             })
             .collect();
+        let members = it
+            .events
+            .iter()
+            .map(|ev| ev.arrivals.iter().map(|a| a.rank).collect())
+            .collect();
         let mut m = Self {
             last,
+            members,
             stages: it.stages.clone(),
             g,
             order,
@@ -360,8 +368,31 @@ impl WhatIf {
         self.replay(&replaced)
     }
 
+    /// How much shorter the iteration would have been (ns, ≥ 0) had the
+    /// transfers of every instance with all of `ends` as members taken
+    /// `factor` of their time: a slow NIC (one end) or link (two) at its
+    /// peers' rate. A transfer the ranks' own work overlaps (a gradient
+    /// bucket during the backward pass) costs nothing; the one the step
+    /// waits for costs its excess, once. `None` when no instance has them.
+    pub fn transfer_cost(&self, ends: &[u32], factor: f64) -> Option<f64> {
+        let mut transfer = self.transfer.clone();
+        let mut any = false;
+        for (e, m) in self.members.iter().enumerate() {
+            if !ends.is_empty() && ends.iter().all(|r| m.contains(r)) {
+                transfer[e] *= factor.clamp(0.0, 1.0);
+                any = true;
+            }
+        }
+        any.then(|| (self.observed - self.replay_with(&BTreeMap::new(), &transfer)).max(0.0))
+    }
+
     /// Longest path with some ranks' work replaced.
     fn replay(&self, replaced: &BTreeMap<u32, Vec<f64>>) -> f64 {
+        self.replay_with(replaced, &self.transfer)
+    }
+
+    /// Longest path with some ranks' work and the transfers replaced.
+    fn replay_with(&self, replaced: &BTreeMap<u32, Vec<f64>>, transfer: &[f64]) -> f64 {
         let mut t = vec![f64::NEG_INFINITY; self.g.node_count()];
         let mut end = self.start;
         for &n in &self.order {
@@ -381,7 +412,7 @@ impl WhatIf {
                 }
                 NodeKind::Complete { e } => {
                     if ready.is_finite() {
-                        ready + self.transfer[e]
+                        ready + transfer[e]
                     } else {
                         f64::NEG_INFINITY
                     }
@@ -613,5 +644,41 @@ mod tests {
         // Its peers arrived before bucket 0 completed: the role does not
         // wait for it, so rank 0's lateness is its own work.
         assert!((w.cost(0).unwrap() - 4.0 * MS).abs() < 1.0);
+    }
+
+    /// A slow NIC on rank 2 makes every all-reduce's transfer 3× longer.
+    /// Synchronous (3 ms instead of 1), each of the 4 is waited for:
+    /// 4 × 2 ms. When the ranks work on while the transfers run (gradient
+    /// buckets overlapping the backward pass: 6 ms instead of 2, a bucket
+    /// every 5 ms), only the last one is waited for: 4 ms.
+    #[test]
+    fn a_slow_transfer_costs_what_the_step_waits_for() {
+        let sync = WhatIf::new(&sync_dp(4, 4, 3.0 * MS, |_, _| 5.0 * MS)).unwrap();
+        let c = sync.transfer_cost(&[2], 1.0 / 3.0).unwrap();
+        assert!((c - 8.0 * MS).abs() < 1.0, "{c}");
+        // A link: only instances with both ends; none has rank 9.
+        assert!((sync.transfer_cost(&[1, 2], 1.0 / 3.0).unwrap() - 8.0 * MS).abs() < 1.0);
+        assert_eq!(sync.transfer_cost(&[2, 9], 0.5), None);
+
+        // Overlapped: each rank arrives 5 ms after its previous arrival,
+        // not after the previous transfer ended.
+        let mut events = Vec::new();
+        for j in 0..4 {
+            let t = 5.0 * MS * (j as f64 + 1.0);
+            let arrivals = (0..4).map(|r| at(r, t, 1)).collect();
+            events.push(Event {
+                arrivals,
+                end: t + 6.0 * MS,
+            });
+        }
+        let overlap = WhatIf::new(&IterGraph {
+            start: 0.0,
+            stages: Default::default(),
+            events,
+        })
+        .unwrap();
+        assert!((overlap.length() - 26.0 * MS).abs() < 1.0);
+        let c = overlap.transfer_cost(&[2], 1.0 / 3.0).unwrap();
+        assert!((c - 4.0 * MS).abs() < 1.0, "{c}");
     }
 }
