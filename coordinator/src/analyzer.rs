@@ -123,6 +123,10 @@ pub struct IngestSummary {
     pub duplicate_batch: bool,
     /// The whole batch was refused, and why (`RecordError::label`).
     pub batch_rejected: Option<&'static str>,
+    /// A reconnection preamble (sequence 0, declarations only): taken in,
+    /// but not the agent's batch 0, so not journaled as seen.
+    #[serde(skip)]
+    pub preamble: bool,
 }
 
 #[derive(Debug, Default)]
@@ -479,14 +483,13 @@ impl Analyzer {
             // Sequence 0 after later batches is the agent's reconnection
             // preamble: it re-declares its ranks and communicators (a
             // restarted coordinator needs them) and is never a resend. So is
-            // a record-less sequence 0 before any batch: the link went down
-            // before the real batch 0 left the agent's spool, and taking the
-            // preamble for batch 0 would drop the real one as a duplicate.
-            let preamble = b.seq == 0
-                && match a.last_seq {
-                    Some(l) => l > 0,
-                    None => only_declares(b),
-                };
+            // a record-less sequence 0 at any time: the link may have gone
+            // down before the real batch 0 left the agent's spool, and
+            // taking the preamble for batch 0 would drop the real one as a
+            // duplicate; after batch 0 it must still declare (a restarted
+            // life knows batch 0 from its journal, not its communicators).
+            let preamble = b.seq == 0 && (only_declares(b) || a.last_seq.is_some_and(|l| l > 0));
+            sum.preamble = preamble;
             if !preamble && a.last_seq.is_some_and(|last| b.seq <= last) {
                 drop(a);
                 lock(&self.counters).duplicate_batches += 1;
@@ -2617,14 +2620,19 @@ mod tests {
         };
         let p = a.ingest(&preamble, recv);
         assert!(!p.duplicate_batch && p.batch_rejected.is_none(), "{p:?}");
+        assert!(p.preamble);
         let real = a.ingest(&first, recv);
         assert!(
             !real.duplicate_batch,
             "the real batch 0 was dropped: {real:?}"
         );
+        assert!(!real.preamble);
         assert!(real.accepted > preamble.ranks.len() as u64, "{real:?}");
-        // Once batch 0 is in, a second copy of it is a resend.
+        // Once batch 0 is in, a second copy of it is a resend; a preamble
+        // still declares (a restarted life knows batch 0 from its journal).
         assert!(a.ingest(&first, recv).duplicate_batch);
+        let again = a.ingest(&preamble, recv);
+        assert!(again.preamble && !again.duplicate_batch, "{again:?}");
         assert_eq!(a.report().ingest.counters.missing_batches, 0);
     }
 }

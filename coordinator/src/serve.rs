@@ -252,7 +252,9 @@ fn journal_marks(
 ) {
     let marks: Vec<crate::resume::Mark> = done
         .iter()
-        .filter(|(_, b, _, sum)| b.seq != 0 && !sum.duplicate_batch && sum.batch_rejected.is_none())
+        .filter(|(_, _, _, sum)| {
+            !sum.preamble && !sum.duplicate_batch && sum.batch_rejected.is_none()
+        })
         .map(|(agent_id, b, _, _)| crate::resume::Mark {
             agent_id: agent_id.clone(),
             host: b.host.clone(),

@@ -298,6 +298,35 @@ pub fn coordinator_batches(log: &Path) -> BTreeMap<(String, u64), u64> {
     out
 }
 
+/// Every life's ingested batches without the agents' reconnection
+/// preambles. Sequence 0 is both an agent's first batch and its preamble
+/// (no records, replayed on every reconnection, to whichever life is up):
+/// a sequence-0 line with collectives is batch 0; the record-less ones are
+/// preambles, except the first of an agent whose batch 0 had none.
+pub fn without_preambles(lives: &[Vec<Ingested>]) -> Vec<Vec<Ingested>> {
+    let real0: std::collections::BTreeSet<&str> = lives
+        .iter()
+        .flatten()
+        .filter(|b| b.seq == 0 && b.collectives > 0)
+        .map(|b| b.agent.as_str())
+        .collect();
+    let mut empty0: std::collections::BTreeSet<String> = Default::default();
+    let mut out = Vec::new();
+    for life in lives {
+        let mut kept = Vec::new();
+        for b in life {
+            let keep = b.seq != 0
+                || b.collectives > 0
+                || (!real0.contains(b.agent.as_str()) && empty0.insert(b.agent.clone()));
+            if keep {
+                kept.push(b.clone());
+            }
+        }
+        out.push(kept);
+    }
+    out
+}
+
 /// One "batch ingested" line of a coordinator log.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ingested {
