@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use slowrank_coordinator::synth::{Generator, SynthSpec};
 use slowrank_shared::wire::{self, Hello, HelloReply};
+use slowrank_synth::{Generator, SynthSpec};
 
 fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(

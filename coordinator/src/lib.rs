@@ -12,7 +12,8 @@
 //! diffs their flame graphs; [`report`] renders them (text,
 //! JSON, page, trace, metrics, alerts). [`analyzer`] and [`serve`] are the
 //! runtime that wires the stages; [`replay`] feeds recorded sources through
-//! the same path; [`synth`] generates synthetic jobs with ground truth.
+//! the same path. Synthetic jobs with ground truth, for tests and load,
+//! live in their own crate (`slowrank-synth`), outside this library.
 
 // The stages; data flows net → clock → join → classify → graph → verdict →
 // report (rustfmt keeps these lines in alphabetical order).
@@ -32,7 +33,7 @@ pub mod replay;
 pub mod resume;
 pub mod robust;
 pub mod serve;
-pub mod synth;
+pub mod thresholds;
 
 pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics, Slowdown};
 pub use clock::{ClockSample, CoordNs};

@@ -8,6 +8,7 @@ use slowrank_coordinator::{
     render_human, render_json,
     report::outputs,
     serve::{ServeConfig, Server},
+    thresholds,
 };
 
 /// Finds the rank that slows a distributed GPU training job down.
@@ -42,6 +43,12 @@ enum Command {
     /// `slowrank replay DIR --out OUT` replays a recorded run's agent records.
     #[command(visible_alias = "replay")]
     Analyze(slowrank_coordinator::replay::cli::AnalyzeArgs),
+    /// Print every threshold and window the analyzer uses, with its
+    /// default, as a TOML file: copy it, keep the lines you change, and
+    /// pass it to `serve` or `analyze` with --thresholds FILE. What each
+    /// one means, and why it has its default, is documented where its
+    /// stage defines it (docs/thresholds.md lists them).
+    Thresholds,
 }
 
 #[derive(clap::Args, Debug)]
@@ -135,9 +142,15 @@ struct ServeArgs {
     launch_sites: bool,
     /// Iterations at the start of the job that never raise a verdict
     /// (warm-up: allocator, autotuning and data-loader start are slow on
-    /// every rank, unevenly).
-    #[arg(long, default_value_t = 20, value_name = "N")]
-    warmup_iterations: u64,
+    /// every rank, unevenly) [default: 20, or the --thresholds file's].
+    #[arg(long, value_name = "N")]
+    warmup_iterations: Option<u64>,
+    /// A TOML file of thresholds to use instead of the defaults: only the
+    /// keys it names change (`slowrank thresholds` prints every one, with
+    /// its default); an unknown key is an error. Flags such as
+    /// --warmup-iterations still win over it.
+    #[arg(long, value_name = "FILE")]
+    thresholds: Option<PathBuf>,
     /// Print every probed call as it arrives (for the generic --probe set).
     #[arg(long)]
     print_calls: bool,
@@ -198,6 +211,9 @@ fn main() -> ExitCode {
         Command::Report(args) => report(args),
         Command::Certs(args) => certs(args),
         Command::Analyze(args) => analyze(args),
+        Command::Thresholds => thresholds::defaults_toml()
+            .map(|t| print!("{t}"))
+            .map_err(Into::into),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -280,7 +296,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     cfg.hooks.timeout = Duration::from_secs_f64(args.hook_timeout.max(0.1));
     cfg.metrics_listen = args.metrics_listen;
     cfg.deep_window_s = args.deep_window;
-    cfg.analyzer.lifecycle.warmup_iterations = args.warmup_iterations;
+    if let Some(p) = &args.thresholds {
+        cfg.analyzer = thresholds::load(p)?;
+    }
+    if let Some(n) = args.warmup_iterations {
+        cfg.analyzer.lifecycle.warmup_iterations = n;
+    }
     cfg.launch_sites = args.launch_sites;
     cfg.print_calls = args.print_calls;
     cfg.exit_when_idle = args.exit_when_idle;

@@ -566,7 +566,7 @@ mod tests {
     /// The report of a synthetic 8-rank job, `iterations` long, with rank
     /// 5 compute-slow from iteration 10 when `fault`.
     fn life(fault: bool, iterations: u64) -> Report {
-        use crate::synth::{Fault, FaultKind, Generator, SynthSpec};
+        use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
         let a = crate::Analyzer::new(crate::AnalyzerConfig::default());
         let mut spec = SynthSpec::dp(2, 4);
         if fault {

@@ -13,11 +13,11 @@ use rustls::pki_types::{pem::PemObject, CertificateDer};
 use serde_json::Value;
 use slowrank_coordinator::net::ingest::{Ingest, IngestEvent};
 use slowrank_coordinator::net::tls::{Identity, SERVER_NAME};
-use slowrank_coordinator::synth::{Fault, FaultKind, Generator, SynthSpec};
 use slowrank_coordinator::{Analyzer, AnalyzerConfig, IngestSummary, Report};
 use slowrank_shared::wire::{
     self, Batch, CollectiveRecord, CommRecord, Hello, RankExit, RankIdentity,
 };
+use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
 
 const ITERATIONS: u64 = 60;
 

@@ -4,8 +4,8 @@
 mod common;
 
 use slowrank_coordinator::classify::Kind;
-use slowrank_coordinator::synth::{Fault, FaultKind, GpuTiming, HostPhase, SynthSpec};
 use slowrank_coordinator::{AnalyzerConfig, EventKind, Verdict};
+use slowrank_synth::{Fault, FaultKind, GpuTiming, HostPhase, SynthSpec};
 
 fn only(rep: &slowrank_coordinator::Report) -> &Verdict {
     assert_eq!(
@@ -375,8 +375,8 @@ fn intermittent_compute_is_one_verdict_with_episodes() {
 /// Drives a synthetic job; returns the iterations at which the analyzer
 /// reported a slowdown with no rank named.
 fn slowdown_iterations(spec: SynthSpec, iterations: u64) -> Vec<u64> {
-    use slowrank_coordinator::synth::Generator;
     use slowrank_coordinator::Analyzer;
+    use slowrank_synth::Generator;
     let a = Analyzer::new(AnalyzerConfig::default());
     let mut g = Generator::new(spec);
     for (h, s) in g.initial_samples() {

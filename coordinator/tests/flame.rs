@@ -4,9 +4,9 @@
 mod common;
 
 use slowrank_coordinator::classify::Kind;
-use slowrank_coordinator::synth::{Fault, FaultKind, HostPhase, SynthSpec};
 use slowrank_coordinator::verdict::flame::{self, Layout};
 use slowrank_shared::wire::{FoldedStack, StackView, StackWindow};
+use slowrank_synth::{Fault, FaultKind, HostPhase, SynthSpec};
 
 /// Folded CPU stacks of one rank: `loader_us` in the data loader, the rest
 /// of a 40 ms step waiting in synchronize.

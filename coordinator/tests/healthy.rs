@@ -2,7 +2,7 @@
 
 mod common;
 
-use slowrank_coordinator::synth::{Fault, FaultKind, GpuTiming, SynthSpec};
+use slowrank_synth::{Fault, FaultKind, GpuTiming, SynthSpec};
 
 fn assert_quiet(spec: SynthSpec, iterations: u64) {
     let r = common::run(spec, iterations);
@@ -126,10 +126,10 @@ fn clock_offsets_within_50us_of_truth() {
 #[test]
 fn memory_stays_bounded_over_a_long_run() {
     let mut spec = SynthSpec::dp(2, 4);
-    spec.faults.push(slowrank_coordinator::synth::Fault {
+    spec.faults.push(slowrank_synth::Fault {
         period: Some((30, 10)),
-        ..slowrank_coordinator::synth::Fault::persistent(
-            slowrank_coordinator::synth::FaultKind::Compute {
+        ..slowrank_synth::Fault::persistent(
+            slowrank_synth::FaultKind::Compute {
                 rank: 2,
                 factor: 1.5,
             },
@@ -155,8 +155,8 @@ fn a_host_whose_data_arrives_late_is_not_hung() {
     // newest instances are missing for longer than the timeout, but its
     // batches say how far they reach, so nothing is declared hung — not
     // even as a resolved stall.
-    use slowrank_coordinator::synth::Generator;
     use slowrank_coordinator::{Analyzer, AnalyzerConfig};
+    use slowrank_synth::Generator;
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 41;
     let mut cfg = AnalyzerConfig::default();

@@ -3,9 +3,9 @@
 
 mod common;
 
-use slowrank_coordinator::synth::{Fault, FaultKind, Generator, SynthSpec};
 use slowrank_coordinator::{Analyzer, AnalyzerConfig};
 use slowrank_shared::wire::{Batch, CollOp};
+use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
 
 fn first_batches() -> (Analyzer, Vec<(u64, Batch)>, Generator) {
     let a = Analyzer::new(AnalyzerConfig::default());
@@ -159,7 +159,7 @@ fn batch_zero_huge_numbers_and_huge_counters_cannot_poison_the_books() {
 #[test]
 fn garbage_never_panics() {
     let a = Analyzer::new(AnalyzerConfig::default());
-    let mut rng = slowrank_coordinator::synth::Rng::new(9);
+    let mut rng = slowrank_synth::Rng::new(9);
     let (_, batches, _) = first_batches();
     for i in 0..200u64 {
         let mut b = batches[(i % 2) as usize].1.clone();

@@ -4,7 +4,7 @@
 mod common;
 
 use slowrank_coordinator::classify::Kind;
-use slowrank_coordinator::synth::{Fault, FaultKind, SynthSpec};
+use slowrank_synth::{Fault, FaultKind, SynthSpec};
 
 #[test]
 fn thousand_ranks_tp_pp_dp() {

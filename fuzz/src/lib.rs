@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use arbitrary::{Result, Unstructured};
-use slowrank_coordinator::synth::{Generator, SynthSpec};
+use slowrank_synth::{Generator, SynthSpec};
 use slowrank_coordinator::ClockSample;
 use slowrank_shared::probe::MAX_ARGS;
 use slowrank_shared::wire::{

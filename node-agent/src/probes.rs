@@ -14,6 +14,7 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
+use slowrank_shared::maps as bpf_maps;
 use slowrank_shared::{
     probe::{cookie, counter, cuda_count, CallEvent, ObjectSnapshot, StackEvent},
     wire::ProbeDesc,
@@ -148,7 +149,7 @@ impl Probes {
     /// Loads the object and both programs; attaches nothing yet.
     pub fn load() -> Result<Self, ProbeError> {
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", EVENTS_BYTES)
+            .map_max_entries(bpf_maps::EVENTS, EVENTS_BYTES)
             .load(OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         for name in PROGRAMS {
@@ -167,11 +168,11 @@ impl Probes {
         }
         attach_fork_tracepoint(&mut ebpf);
         let events = RingBuf::try_from(
-            ebpf.take_map("EVENTS")
-                .ok_or(ProbeError::MissingMap("EVENTS"))?,
+            ebpf.take_map(bpf_maps::EVENTS)
+                .ok_or(ProbeError::MissingMap(bpf_maps::EVENTS))?,
         )
         .map_err(|e| ProbeError::Map {
-            map: "EVENTS",
+            map: bpf_maps::EVENTS,
             source: Box::new(e),
         })?;
         Ok(Self {
@@ -374,13 +375,13 @@ impl Probes {
     /// Starts counting calls from process `pid`.
     pub fn follow(&mut self, pid: u32, rank: Option<u32>) -> Result<(), ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "FOLLOWED",
+            map: bpf_maps::FOLLOWED,
             source: Box::new(e),
         };
         let mut map: HashMap<_, u32, FollowedRaw> = HashMap::try_from(
             self.ebpf
-                .map_mut("FOLLOWED")
-                .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
+                .map_mut(bpf_maps::FOLLOWED)
+                .ok_or(ProbeError::MissingMap(bpf_maps::FOLLOWED))?,
         )
         .map_err(map_err)?;
         // Keep the hit counts of a process followed again (a rank learnt).
@@ -393,13 +394,13 @@ impl Probes {
     /// hits), counted in-kernel by every program.
     pub fn followed_hits(&self) -> Result<Vec<(u32, u64, u64)>, ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "FOLLOWED",
+            map: bpf_maps::FOLLOWED,
             source: Box::new(e),
         };
         let map: HashMap<_, u32, FollowedRaw> = HashMap::try_from(
             self.ebpf
-                .map("FOLLOWED")
-                .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
+                .map(bpf_maps::FOLLOWED)
+                .ok_or(ProbeError::MissingMap(bpf_maps::FOLLOWED))?,
         )
         .map_err(map_err)?;
         map.iter()
@@ -411,13 +412,13 @@ impl Probes {
     /// before they are classified (the wrapped command, a launcher).
     pub fn watch_tree(&mut self, pid: u32) -> Result<(), ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "TREE",
+            map: bpf_maps::TREE,
             source: Box::new(e),
         };
         let mut map: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
-                .map_mut("TREE")
-                .ok_or(ProbeError::MissingMap("TREE"))?,
+                .map_mut(bpf_maps::TREE)
+                .ok_or(ProbeError::MissingMap(bpf_maps::TREE))?,
         )
         .map_err(map_err)?;
         map.insert(pid, pid, 0).map_err(map_err)
@@ -426,13 +427,13 @@ impl Probes {
     /// Stops reporting an unclassified process (e.g. another agent's rank).
     pub fn unwatch(&mut self, pid: u32) -> Result<(), ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "TREE",
+            map: bpf_maps::TREE,
             source: Box::new(e),
         };
         let mut map: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
-                .map_mut("TREE")
-                .ok_or(ProbeError::MissingMap("TREE"))?,
+                .map_mut(bpf_maps::TREE)
+                .ok_or(ProbeError::MissingMap(bpf_maps::TREE))?,
         )
         .map_err(map_err)?;
         // Absent already (pruned, never forked under a root): nothing to do.
@@ -445,13 +446,13 @@ impl Probes {
     /// in `keep`). Returns how many were removed.
     pub fn prune_tree(&mut self, keep: &dyn Fn(u32) -> bool) -> Result<usize, ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "TREE",
+            map: bpf_maps::TREE,
             source: Box::new(e),
         };
         let mut map: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
-                .map_mut("TREE")
-                .ok_or(ProbeError::MissingMap("TREE"))?,
+                .map_mut(bpf_maps::TREE)
+                .ok_or(ProbeError::MissingMap(bpf_maps::TREE))?,
         )
         .map_err(map_err)?;
         let dead: Vec<u32> = map
@@ -468,13 +469,13 @@ impl Probes {
     /// Stops counting calls from `pid` (e.g. after it exited).
     pub fn unfollow(&mut self, pid: u32) -> Result<(), ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "FOLLOWED",
+            map: bpf_maps::FOLLOWED,
             source: Box::new(e),
         };
         let mut map: HashMap<_, u32, FollowedRaw> = HashMap::try_from(
             self.ebpf
-                .map_mut("FOLLOWED")
-                .ok_or(ProbeError::MissingMap("FOLLOWED"))?,
+                .map_mut(bpf_maps::FOLLOWED)
+                .ok_or(ProbeError::MissingMap(bpf_maps::FOLLOWED))?,
         )
         .map_err(map_err)?;
         match map.remove(&pid) {
@@ -506,13 +507,13 @@ impl Probes {
     /// Per-process CUDA call counters kept in the kernel (`count_call`).
     pub fn cuda_counts(&self) -> Result<Vec<(u32, [u64; cuda_count::SLOTS])>, ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "CUDA_COUNTS",
+            map: bpf_maps::CUDA_COUNTS,
             source: Box::new(e),
         };
         let map: HashMap<_, u32, [u64; cuda_count::SLOTS]> = HashMap::try_from(
             self.ebpf
-                .map("CUDA_COUNTS")
-                .ok_or(ProbeError::MissingMap("CUDA_COUNTS"))?,
+                .map(bpf_maps::CUDA_COUNTS)
+                .ok_or(ProbeError::MissingMap(bpf_maps::CUDA_COUNTS))?,
         )
         .map_err(map_err)?;
         map.iter().map(|r| r.map_err(map_err)).collect()
@@ -521,13 +522,13 @@ impl Probes {
     /// Forgets the counters of a process that exited.
     pub fn forget_counts(&mut self, pid: u32) -> Result<(), ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "CUDA_COUNTS",
+            map: bpf_maps::CUDA_COUNTS,
             source: Box::new(e),
         };
         let mut map: HashMap<_, u32, [u64; cuda_count::SLOTS]> = HashMap::try_from(
             self.ebpf
-                .map_mut("CUDA_COUNTS")
-                .ok_or(ProbeError::MissingMap("CUDA_COUNTS"))?,
+                .map_mut(bpf_maps::CUDA_COUNTS)
+                .ok_or(ProbeError::MissingMap(bpf_maps::CUDA_COUNTS))?,
         )
         .map_err(map_err)?;
         match map.remove(&pid) {
@@ -556,13 +557,13 @@ impl Probes {
     /// Reads the kernel-side counters.
     pub fn counters(&self) -> Result<Counters, ProbeError> {
         let map_err = |e| ProbeError::Map {
-            map: "COUNTERS",
+            map: bpf_maps::COUNTERS,
             source: Box::new(e),
         };
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(
             self.ebpf
-                .map("COUNTERS")
-                .ok_or(ProbeError::MissingMap("COUNTERS"))?,
+                .map(bpf_maps::COUNTERS)
+                .ok_or(ProbeError::MissingMap(bpf_maps::COUNTERS))?,
         )
         .map_err(map_err)?;
         let sum = |i: u32| -> Result<u64, ProbeError> {
@@ -607,8 +608,9 @@ fn attach_fork_tracepoint(ebpf: &mut Ebpf) {
         return;
     };
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
-        let mut cfg: aya::maps::Array<_, u32> =
-            aya::maps::Array::try_from(ebpf.map_mut("CONFIG").ok_or("CONFIG map missing")?)?;
+        let mut cfg: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+            ebpf.map_mut(bpf_maps::CONFIG).ok_or("CONFIG map missing")?,
+        )?;
         cfg.set(0, offset, 0)?;
         let prog: &mut aya::programs::TracePoint = ebpf
             .program_mut("on_fork")
@@ -660,4 +662,39 @@ pub(crate) fn attach_one(
         None => UProbeScope::AllProcesses,
     };
     program.attach(point, path, scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+    use super::{bpf_maps, OBJECT};
+
+    /// The object's maps are exactly the names in `slowrank_shared::maps`:
+    /// a map renamed on one side only fails here, not at load on a host.
+    #[test]
+    fn maps_match_the_object() {
+        let obj = object::File::parse(OBJECT).expect("the built eBPF object parses");
+        let sections: Vec<_> = obj
+            .sections()
+            .filter(|s| matches!(s.name(), Ok("maps") | Ok(".maps")))
+            .map(|s| s.index())
+            .collect();
+        assert!(!sections.is_empty(), "no maps section in the eBPF object");
+        let mut found: Vec<&str> = obj
+            .symbols()
+            .filter(|s| s.kind() != SymbolKind::Section)
+            .filter(|s| s.section_index().is_some_and(|i| sections.contains(&i)))
+            .filter_map(|s| s.name().ok())
+            .filter(|n| !n.is_empty())
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        let mut want = bpf_maps::ALL.to_vec();
+        want.sort_unstable();
+        assert_eq!(
+            found, want,
+            "the object's maps vs slowrank_shared::maps::ALL"
+        );
+    }
 }

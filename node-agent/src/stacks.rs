@@ -17,6 +17,7 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
+use slowrank_shared::maps as bpf_maps;
 use slowrank_shared::stack::{stack_counter, StackEvent, StackKind};
 
 /// The same object `probes.rs` loads; a separate instance keeps the stack
@@ -137,13 +138,13 @@ impl StackSampler {
         let period = config.period_ns();
         {
             let mut cfg: Array<_, u64> = Array::try_from(
-                ebpf.map_mut("STACK_CONFIG")
-                    .ok_or(StackError::MissingMap("STACK_CONFIG"))?,
+                ebpf.map_mut(bpf_maps::STACK_CONFIG)
+                    .ok_or(StackError::MissingMap(bpf_maps::STACK_CONFIG))?,
             )
-            .map_err(map_err("STACK_CONFIG"))?;
+            .map_err(map_err(bpf_maps::STACK_CONFIG))?;
             // Off-CPU time is emitted once per period per thread, like a sample.
             cfg.set(0, if config.off_cpu { period } else { 0 }, 0)
-                .map_err(map_err("STACK_CONFIG"))?;
+                .map_err(map_err(bpf_maps::STACK_CONFIG))?;
         }
         let sample: &mut PerfEvent = ebpf
             .program_mut(SAMPLE_PROG)
@@ -175,10 +176,10 @@ impl StackSampler {
                 .map_err(prog_err(SWITCH_PROG))?;
         }
         let ring = RingBuf::try_from(
-            ebpf.take_map("STACKS")
-                .ok_or(StackError::MissingMap("STACKS"))?,
+            ebpf.take_map(bpf_maps::STACKS)
+                .ok_or(StackError::MissingMap(bpf_maps::STACKS))?,
         )
-        .map_err(map_err("STACKS"))?;
+        .map_err(map_err(bpf_maps::STACKS))?;
         Ok(Self { ebpf, ring, config })
     }
 
@@ -260,24 +261,25 @@ impl StackSampler {
     pub fn follow(&mut self, pid: u32, rank: u32) -> Result<(), StackError> {
         let mut map: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
-                .map_mut("STACK_PIDS")
-                .ok_or(StackError::MissingMap("STACK_PIDS"))?,
+                .map_mut(bpf_maps::STACK_PIDS)
+                .ok_or(StackError::MissingMap(bpf_maps::STACK_PIDS))?,
         )
-        .map_err(map_err("STACK_PIDS"))?;
-        map.insert(pid, rank, 0).map_err(map_err("STACK_PIDS"))
+        .map_err(map_err(bpf_maps::STACK_PIDS))?;
+        map.insert(pid, rank, 0)
+            .map_err(map_err(bpf_maps::STACK_PIDS))
     }
 
     /// Stops recording `pid` (e.g. it exited).
     pub fn unfollow(&mut self, pid: u32) -> Result<(), StackError> {
         let mut map: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
-                .map_mut("STACK_PIDS")
-                .ok_or(StackError::MissingMap("STACK_PIDS"))?,
+                .map_mut(bpf_maps::STACK_PIDS)
+                .ok_or(StackError::MissingMap(bpf_maps::STACK_PIDS))?,
         )
-        .map_err(map_err("STACK_PIDS"))?;
+        .map_err(map_err(bpf_maps::STACK_PIDS))?;
         match map.remove(&pid) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err("STACK_PIDS")(e)),
+            Err(e) => Err(map_err(bpf_maps::STACK_PIDS)(e)),
         }
     }
 
@@ -306,10 +308,10 @@ impl StackSampler {
     pub fn off_cpu_threads(&self) -> Result<usize, StackError> {
         let map = self
             .ebpf
-            .map("OFF_CPU")
-            .ok_or(StackError::MissingMap("OFF_CPU"))?;
+            .map(bpf_maps::OFF_CPU)
+            .ok_or(StackError::MissingMap(bpf_maps::OFF_CPU))?;
         let keys: HashMap<_, u32, [u8; OFF_CPU_VALUE_SIZE]> =
-            HashMap::try_from(map).map_err(map_err("OFF_CPU"))?;
+            HashMap::try_from(map).map_err(map_err(bpf_maps::OFF_CPU))?;
         Ok(keys.keys().filter(Result::is_ok).count())
     }
 
@@ -317,14 +319,14 @@ impl StackSampler {
     pub fn counters(&self) -> Result<StackCounters, StackError> {
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(
             self.ebpf
-                .map("STACK_COUNTERS")
-                .ok_or(StackError::MissingMap("STACK_COUNTERS"))?,
+                .map(bpf_maps::STACK_COUNTERS)
+                .ok_or(StackError::MissingMap(bpf_maps::STACK_COUNTERS))?,
         )
-        .map_err(map_err("STACK_COUNTERS"))?;
+        .map_err(map_err(bpf_maps::STACK_COUNTERS))?;
         let sum = |i: u32| -> Result<u64, StackError> {
             Ok(arr
                 .get(&i, 0)
-                .map_err(map_err("STACK_COUNTERS"))?
+                .map_err(map_err(bpf_maps::STACK_COUNTERS))?
                 .iter()
                 .sum())
         };

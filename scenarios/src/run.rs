@@ -29,7 +29,9 @@ use crate::{
     shaping::{self, Shaping},
     spec::{FaultKind, Spec},
     steps::{StepLog, StepTime},
-    truth::{Blocked, FaultTruth, HostClock, Outcome, RankTruth, Truth, WindowLog, TRUTH_VERSION},
+    truth::{
+        Blocked, FaultTruth, InjectedClock, Outcome, RankTruth, Truth, WindowLog, TRUTH_VERSION,
+    },
 };
 
 /// How to run a scenario.
@@ -452,7 +454,7 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
             .collect(),
         hosts_clock: orchestrate::host_plans(spec)
             .into_iter()
-            .map(|h| HostClock {
+            .map(|h| InjectedClock {
                 host: h.host,
                 offset_us: h.clock_offset_us,
                 drift_ppm: h.clock_drift_ppm,

@@ -52,7 +52,7 @@ pub struct Truth {
     /// `CLOCK_MONOTONIC` at start; all rank processes share it.
     pub started_mono_ns: u64,
     pub ranks: Vec<RankTruth>,
-    pub hosts_clock: Vec<HostClock>,
+    pub hosts_clock: Vec<InjectedClock>,
     pub faults: Vec<FaultTruth>,
     /// Rendezvous (collective instances) some members never reached when
     /// the run stopped: what a hang looks like.
@@ -71,7 +71,7 @@ pub struct RankTruth {
 
 /// The clock skew the host's agent is told to apply (test-only setting).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostClock {
+pub struct InjectedClock {
     pub host: u32,
     pub offset_us: i64,
     pub drift_ppm: f64,

@@ -9,9 +9,12 @@
 #![cfg_attr(not(feature = "user"), no_std)]
 
 #[cfg(feature = "user")]
+pub mod clock;
+#[cfg(feature = "user")]
 pub mod clock_udp;
 #[cfg(feature = "user")]
 pub mod links;
+pub mod maps;
 pub mod probe;
 pub mod stack;
 #[cfg(feature = "user")]

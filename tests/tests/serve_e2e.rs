@@ -9,13 +9,10 @@ use std::time::Duration;
 
 use slowrank_agent::clock::{self, HostClock};
 use slowrank_coordinator::{
-    net::tls::Identity,
-    report::outputs,
-    serve::ServeSummary,
-    synth::{ClockTruth, Fault, FaultKind, Generator, SynthSpec},
-    Analyzer, EventKind, Report,
+    net::tls::Identity, report::outputs, serve::ServeSummary, Analyzer, EventKind, Report,
 };
 use slowrank_shared::wire;
+use slowrank_synth::{ClockTruth, Fault, FaultKind, Generator, SynthSpec};
 use support::*;
 
 /// About 6 s of a 42 ms step: a drift of tens of ppm needs seconds of

@@ -11,11 +11,9 @@ use slowrank_agent::{
     clock::HostClock,
     ship::{client_config, ShipError, Shipper},
 };
-use slowrank_coordinator::{
-    net::tls::{Identity, SERVER_NAME},
-    synth::{ClockTruth, Generator, SynthSpec},
-};
+use slowrank_coordinator::net::tls::{Identity, SERVER_NAME};
 use slowrank_shared::wire::{self, HEADER_LEN};
+use slowrank_synth::{ClockTruth, Generator, SynthSpec};
 use support::*;
 
 fn scrape(addr: std::net::SocketAddr) -> String {

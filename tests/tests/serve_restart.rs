@@ -18,9 +18,9 @@ use slowrank_agent::{clock::HostClock, ship::client_config, ship::Shipper};
 use slowrank_coordinator::{
     net::tls::{Identity, SERVER_NAME},
     serve::{ServeConfig, Server},
-    synth::{ClockTruth, Generator, SynthSpec},
 };
 use slowrank_shared::wire::{self, Batch};
+use slowrank_synth::{ClockTruth, Generator, SynthSpec};
 use support::*;
 
 /// `n` batches of agent `agent_id` (one synthetic host), seq 1..=n, on the

@@ -33,7 +33,8 @@ pub struct LinkObs {
     pub bytes: u64,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LinkConfig {
     /// Latency / median latency at which a link is slow.
     pub slow_ratio: f64,

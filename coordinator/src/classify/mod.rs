@@ -18,6 +18,7 @@
 //! * **communication** — arrivals on time, but the rank's queue pairs (or
 //!   one pair: a link) complete slowly compared to the rest of the fabric.
 
+pub mod align;
 pub mod hostwide;
 pub mod intervals;
 pub mod links;

@@ -32,7 +32,8 @@
 
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SequentialConfig {
     /// Allowance `k` per iteration, as a share of the step: what a rank
     /// may cost on average without building up evidence. Chosen on recorded

@@ -25,7 +25,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::clock::CoordNs;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct IterationConfig {
     /// Reference instances collected before the period is decided.
     pub detect_instances: usize,
@@ -552,7 +553,7 @@ fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)]) -> (u64, u64, Method) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::Rng;
+    use slowrank_synth::Rng;
 
     fn feed(clock: &mut IterationClock, per_step: u64, steps: u64, jitter: f64, seed: u64) {
         let mut rng = Rng::new(seed);

@@ -104,7 +104,7 @@ const GIVE_UP_AFTER: u32 = 40;
 pub const MIN_ROUND_TRIP_NS: u64 = 2_000;
 
 /// The bound socket and the connections registered on it.
-pub struct ClockPort {
+pub struct ClockPortServer {
     sock: StampedSocket,
     peers: DashMap<Token, Arc<Peer>>,
     stop: AtomicBool,
@@ -129,12 +129,12 @@ pub(crate) struct Peer {
 
 /// A connection's place on the port; dropping it forgets the token.
 pub(crate) struct Registration {
-    port: Arc<ClockPort>,
+    port: Arc<ClockPortServer>,
     token: Token,
     peer: Arc<Peer>,
 }
 
-impl ClockPort {
+impl ClockPortServer {
     /// Binds `addr` (port 0: any free port) and starts the reader thread;
     /// dropped datagrams are counted in `dropped`.
     pub fn bind(addr: SocketAddr, dropped: Arc<AtomicU64>) -> io::Result<Arc<Self>> {
@@ -334,7 +334,7 @@ mod tests {
     /// that stops answering hands probes back to the control stream.
     #[tokio::test]
     async fn answers_become_samples_and_silence_falls_back() {
-        let port = ClockPort::bind("127.0.0.1:0".parse().unwrap(), Arc::default()).unwrap();
+        let port = ClockPortServer::bind("127.0.0.1:0".parse().unwrap(), Arc::default()).unwrap();
         let probes = Arc::new(Probes::new(false));
         let (tx, mut rx) = mpsc::channel(16);
         let reg = port

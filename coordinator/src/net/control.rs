@@ -116,7 +116,7 @@ async fn read_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, ControlErr
 /// How probes are sent to every agent.
 pub(crate) struct ProbePlan {
     pub schedule: ProbeSchedule,
-    pub clock_port: Option<Arc<clockport::ClockPort>>,
+    pub clock_port: Option<Arc<clockport::ClockPortServer>>,
     /// Agents connected now (the probe rate is shared among them).
     pub connected: Arc<dyn Fn() -> usize + Send + Sync>,
 }

@@ -52,6 +52,12 @@ pub struct AnalyzeArgs {
     /// already past its warm-up].
     #[arg(long, value_name = "N")]
     pub warmup_iterations: Option<u64>,
+    /// A TOML file of thresholds to use instead of the defaults (only the
+    /// keys it names change; `slowrank thresholds` prints them all). An
+    /// unknown key is an error. `--warmup-iterations` still wins, and
+    /// traces keep a warm-up of 0 unless that flag says otherwise.
+    #[arg(long, value_name = "FILE")]
+    pub thresholds: Option<PathBuf>,
     /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -80,7 +86,19 @@ pub fn import(
 
 /// Options for a format: only the warm-up differs (see `--warmup-iterations`).
 pub fn options(format: Format, warmup: Option<u64>) -> ReplayOptions {
-    let mut o = ReplayOptions::default();
+    options_with(crate::analyzer::AnalyzerConfig::default(), format, warmup)
+}
+
+/// [`options`] over `config` (a `--thresholds` file's) instead of the defaults.
+pub fn options_with(
+    config: crate::analyzer::AnalyzerConfig,
+    format: Format,
+    warmup: Option<u64>,
+) -> ReplayOptions {
+    let mut o = ReplayOptions {
+        config,
+        ..ReplayOptions::default()
+    };
     o.config.lifecycle.warmup_iterations = warmup.unwrap_or(match format {
         Format::Records => o.config.lifecycle.warmup_iterations,
         Format::Kineto | Format::Study => 0,
@@ -152,9 +170,13 @@ pub fn run(args: &AnalyzeArgs) -> Result<Replayed, ReplayError> {
     let read_s = t0.elapsed().as_secs_f64();
     p.stage = "replaying";
     p.last = -10;
+    let config = match &args.thresholds {
+        Some(p) => crate::thresholds::load(p)?,
+        None => crate::analyzer::AnalyzerConfig::default(),
+    };
     let out = replay(
         &rec,
-        &options(args.format, args.warmup_iterations),
+        &options_with(config, args.format, args.warmup_iterations),
         &mut |f| p.report(f),
     )?;
     write(&args.out, &out, &analysis_json(args, &rec, &out))?;

@@ -76,6 +76,8 @@ pub enum ReplayError {
     MixedJobs(String),
     #[error("unknown format {0:?} (one of: records, kineto, study)")]
     UnknownFormat(String),
+    #[error(transparent)]
+    Thresholds(#[from] crate::thresholds::ThresholdsError),
 }
 
 impl ReplayError {

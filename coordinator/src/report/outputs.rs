@@ -216,8 +216,8 @@ pub enum ReadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::{Fault, FaultKind, Generator, SynthSpec};
     use crate::{Analyzer, AnalyzerConfig};
+    use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
 
     fn analyzer_with_verdict() -> Analyzer {
         let a = Analyzer::new(AnalyzerConfig::default());

@@ -34,7 +34,8 @@ pub use crate::classify::{Observation, Structural, Subject, OFF_CRITICAL_PATH};
 use crate::clock::CoordNs;
 use crate::join::HangCandidate;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LifecycleConfig {
     pub open_window: usize,
     pub open_min: usize,

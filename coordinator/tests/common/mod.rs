@@ -1,8 +1,8 @@
 //! Drives synthetic jobs through the analyzer the way the ingest path will.
 #![allow(dead_code)]
 
-use slowrank_coordinator::synth::{Generator, SynthSpec};
 use slowrank_coordinator::{Analyzer, AnalyzerConfig, EventKind, Report, VerdictEvent};
+use slowrank_synth::{Generator, SynthSpec};
 
 pub struct Run {
     pub analyzer: Analyzer,

@@ -38,9 +38,15 @@ pub use crate::net::events::{Ack, IngestEvent};
 use crate::net::tls::{Identity, TlsError};
 use crate::{
     net::admission::{LiveClaims, LogLimiter, PreauthGate},
-    net::clockport::ClockPort,
+    net::clockport::ClockPortServer,
     net::control::{self, ProbeSchedule},
 };
+
+mod handshake;
+mod stream;
+
+use handshake::handshake;
+use stream::read_batch;
 
 /// Largest hello accepted: a token, a host name, an agent id and two
 /// times take a few hundred bytes; this is all a stranger can make us buffer.
@@ -157,7 +163,7 @@ struct Shared {
     stats: Arc<IngestStats>,
     controls: Arc<Controls>,
     schedule: ProbeSchedule,
-    clock_port: Option<Arc<ClockPort>>,
+    clock_port: Option<Arc<ClockPortServer>>,
     gate: Mutex<PreauthGate>,
     claims: Mutex<LiveClaims>,
     /// [`BATCH_BUDGET_KIB`], shared by every connection (waiters are
@@ -269,7 +275,7 @@ impl Ingest {
                 let at = SocketAddr::new(endpoint.local_addr().map_err(bind_err)?.ip(), port);
                 let dropped = stats.clock_datagrams_dropped.clone();
                 Some(
-                    ClockPort::bind(at, dropped)
+                    ClockPortServer::bind(at, dropped)
                         .map_err(|source| IngestError::Bind { addr: at, source })?,
                 )
             }
@@ -421,23 +427,6 @@ fn force_recv_buffer(sock: &socket2::Socket, bytes: usize) {
 #[cfg(not(target_os = "linux"))]
 fn force_recv_buffer(_: &socket2::Socket, _: usize) {}
 
-fn reject(mut answer: quinn::SendStream) {
-    tokio::spawn(async move {
-        let _ = answer.write_all(&[wire::BATCH_REJECTED]).await;
-        let _ = answer.finish();
-    });
-}
-
-/// Compares without an early exit, so timing does not leak the token.
-fn token_matches(given: &str, expected: &str) -> bool {
-    let (a, b) = (given.as_bytes(), expected.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
-    }
-    diff == 0
-}
-
 /// Why a connection ended before it was accepted.
 struct Refusal {
     label: &'static str,
@@ -453,40 +442,6 @@ impl Refusal {
     }
 }
 
-/// Reads the hello, all of it within [`HELLO_TIMEOUT`].
-async fn read_hello(conn: &Connection) -> Result<(quinn::SendStream, Hello), Refusal> {
-    let read = async {
-        let (send, mut recv) = conn.accept_bi().await.map_err(|e| {
-            Refusal::new(
-                "lost_before_hello",
-                format!("connection lost before hello: {e}"),
-            )
-        })?;
-        let bytes = recv.read_to_end(MAX_HELLO).await.map_err(|e| match e {
-            quinn::ReadToEndError::TooLong => Refusal::new(
-                "malformed_hello",
-                format!("hello larger than {MAX_HELLO} bytes"),
-            ),
-            e => Refusal::new("lost_before_hello", format!("reading hello: {e}")),
-        })?;
-        let hello: Hello = wire::decode(&bytes)
-            .map_err(|e| Refusal::new("malformed_hello", format!("malformed hello: {e}")))?;
-        Ok((send, hello))
-    };
-    tokio::time::timeout(HELLO_TIMEOUT, read)
-        .await
-        .map_err(|_| Refusal::new("hello_timeout", "no complete hello within 10 s"))?
-}
-
-async fn reply(send: &mut quinn::SendStream, accepted: bool, reason: String) {
-    if let Ok(bytes) = wire::encode(&HelloReply { accepted, reason }) {
-        let _ = send.write_all(&bytes).await;
-        let _ = send.finish();
-        // Bounded: a peer that never acknowledges must not hold us here.
-        let _ = tokio::time::timeout(HELLO_TIMEOUT, send.stopped()).await;
-    }
-}
-
 /// Refusals [`handshake`] counts and logs itself (with the hello's names).
 const HELLO_REFUSALS: [&str; 5] = [
     "invalid_token",
@@ -495,95 +450,6 @@ const HELLO_REFUSALS: [&str; 5] = [
     "host_not_in_certificate",
     "agent_id_not_in_certificate",
 ];
-
-/// The host the peer's verified certificate binds it to (mutual TLS with
-/// per-host certificates); `None` without a certificate or for a job-wide one.
-fn certificate_host(conn: &Connection) -> Result<Option<String>, Refusal> {
-    let Some(chain) = conn
-        .peer_identity()
-        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
-    else {
-        return Ok(None);
-    };
-    match chain.first() {
-        Some(leaf) => crate::net::tls::cert_host(leaf)
-            .map_err(|e| Refusal::new("bad_certificate", format!("agent certificate: {e}"))),
-        None => Ok(None),
-    }
-}
-
-/// Whether `agent_id` may be used by an agent bound to `host`: the agent
-/// makes its id as `<host>-<pid>-<time>`, so one host's certificate cannot
-/// take (or poison the batch numbering of) another host's agent id.
-fn agent_id_of_host(agent_id: &str, host: &str) -> bool {
-    agent_id
-        .strip_prefix(host)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
-}
-
-/// Reads and judges the hello: a valid token, the host its certificate is
-/// bound to (if it is), and an agent id and host no other live connection
-/// holds (claimed for `conn` on success).
-async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hello, Refusal> {
-    let (mut send, hello) = read_hello(conn).await?;
-    let bound = certificate_host(conn)?;
-    let refusal = if !token_matches(&hello.token, &shared.token) {
-        Some(Refusal::new("invalid_token", "invalid job token"))
-    } else if let Some(h) = bound.as_ref().filter(|h| **h != hello.host) {
-        Some(Refusal::new(
-            "host_not_in_certificate",
-            format!(
-                "the hello claims host {:?} but the agent's certificate is for {h:?} \
-                 (run the agent with --host {h})",
-                hello.host
-            ),
-        ))
-    } else if let Some(h) = bound
-        .as_ref()
-        .filter(|h| !agent_id_of_host(&hello.agent_id, h))
-    {
-        Some(Refusal::new(
-            "agent_id_not_in_certificate",
-            format!(
-                "agent id {:?} is not one of host {h:?}'s (`{h}-...`), which the certificate is for",
-                hello.agent_id
-            ),
-        ))
-    } else {
-        lock(&shared.claims)
-            .claim(&hello.agent_id, &hello.host, conn.stable_id() as u64)
-            .err()
-            .map(|e| Refusal::new(e.label(), e.to_string()))
-    };
-    if let Some(r) = &refusal {
-        // Counted before the reply leaves, so whoever sees the refusal also
-        // sees it in the stats.
-        shared.refused(
-            r.label,
-            conn.remote_address(),
-            &format!(
-                "{} (host {:?}, agent {:?})",
-                r.detail, hello.host, hello.agent_id
-            ),
-        );
-    }
-    reply(
-        &mut send,
-        refusal.is_none(),
-        refusal
-            .as_ref()
-            .map(|r| r.detail.clone())
-            .unwrap_or_default(),
-    )
-    .await;
-    match refusal {
-        Some(r) => {
-            conn.close(1u32.into(), r.detail.as_bytes());
-            Err(r)
-        }
-        None => Ok(hello),
-    }
-}
 
 /// What reading one batch stream came to, forwarded in stream order.
 enum StreamRead {
@@ -603,119 +469,6 @@ type Held = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 struct Turn {
     turn: oneshot::Receiver<()>,
     next: oneshot::Sender<()>,
-}
-
-/// Reads and checks one batch stream within [`STREAM_READ_TIMEOUT`].
-async fn read_batch(
-    answer: quinn::SendStream,
-    mut stream: quinn::RecvStream,
-    agent_id: &str,
-    host: &str,
-    stats: &IngestStats,
-    budget: (Arc<Semaphore>, Arc<Semaphore>),
-    order: Turn,
-) -> StreamRead {
-    let deadline = tokio::time::Instant::now() + STREAM_READ_TIMEOUT;
-    let mut head = [0u8; HEADER_LEN];
-    let got = tokio::time::timeout_at(deadline, stream.read_exact(&mut head)).await;
-    let declared = match got {
-        Ok(Ok(())) => wire::peek_header(&head).map(|(_, n)| n),
-        // Shorter than a header: decoding what came says how it is wrong.
-        Ok(Err(quinn::ReadExactError::FinishedEarly(n))) => {
-            wire::decode::<Batch>(&head[..n]).map(|_| 0)
-        }
-        Ok(Err(quinn::ReadExactError::ReadError(e))) => {
-            stats.reject(agent_id, "stream_error");
-            debug!(agent = %agent_id, "rejected batch: stream error: {e}");
-            return StreamRead::Rejected;
-        }
-        Err(_) => return timed_out(agent_id, stats, stream, answer),
-    };
-    let declared = match declared {
-        Ok(n) => n,
-        Err(e) => {
-            stats.reject(agent_id, e.class());
-            warn!(agent = %agent_id, "rejected batch: {e}");
-            reject(answer);
-            return StreamRead::Rejected;
-        }
-    };
-    // In stream order: wait for the stream before (or its end), take this
-    // batch's share, let the next one go.
-    let _ = order.turn.await;
-    let kib = batch_kib(declared);
-    let (conn_budget, global) = budget;
-    let held = tokio::time::timeout_at(deadline, async {
-        let c = conn_budget.acquire_many_owned(kib).await.ok()?;
-        let g = global.acquire_many_owned(kib).await.ok()?;
-        Some((c, g))
-    })
-    .await;
-    let _ = order.next.send(());
-    let held = match held {
-        Ok(Some(h)) => h,
-        Ok(None) => return StreamRead::Rejected,
-        Err(_) => return timed_out(agent_id, stats, stream, answer),
-    };
-    // No more than the header declared (and the budget was taken for).
-    let rest = tokio::time::timeout_at(deadline, stream.read_to_end(declared)).await;
-    let bytes = match rest {
-        Ok(Ok(b)) => [&head[..], &b].concat(),
-        Ok(Err(quinn::ReadToEndError::TooLong)) => {
-            stats.reject(agent_id, "oversized");
-            warn!(agent = %agent_id, "rejected batch: larger than the cap");
-            reject(answer);
-            return StreamRead::Rejected;
-        }
-        Ok(Err(e)) => {
-            stats.reject(agent_id, "stream_error");
-            debug!(agent = %agent_id, "rejected batch: stream error: {e}");
-            return StreamRead::Rejected;
-        }
-        Err(_) => return timed_out(agent_id, stats, stream, answer),
-    };
-    match wire::decode::<Batch>(&bytes) {
-        Ok(mut batch) => {
-            if batch.agent_id != agent_id {
-                stats.reject(agent_id, "agent_id_mismatch");
-                warn!(agent = %agent_id, claimed = %batch.agent_id, "rejected batch: claims another agent");
-                reject(answer);
-                return StreamRead::Rejected;
-            }
-            // The connection's identity wins over what the batch says.
-            batch.host = host.to_owned();
-            stats.batches_ok.fetch_add(1, Ordering::Relaxed);
-            stats
-                .bytes_ok
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            if let Some(mut a) = stats.agents.get_mut(agent_id) {
-                a.batches += 1;
-                a.last_seq = Some(batch.seq);
-            }
-            StreamRead::Batch(Box::new(batch), answer, held)
-        }
-        Err(e) => {
-            stats.reject(agent_id, e.class());
-            warn!(agent = %agent_id, "rejected batch: {e}");
-            reject(answer);
-            StreamRead::Rejected
-        }
-    }
-}
-
-/// A stream not finished within [`STREAM_READ_TIMEOUT`]: dropped, counted.
-fn timed_out(
-    agent_id: &str,
-    stats: &IngestStats,
-    mut stream: quinn::RecvStream,
-    answer: quinn::SendStream,
-) -> StreamRead {
-    stats.reject(agent_id, "stream_timeout");
-    warn!(agent = %agent_id, "rejected batch: not finished within {STREAM_READ_TIMEOUT:?}");
-    let _ = stream.stop(2u32.into());
-    let mut answer = answer;
-    let _ = answer.reset(2u32.into());
-    StreamRead::Rejected
 }
 
 /// Keeps `stats.agents` within [`MAX_AGENTS_REMEMBERED`]: forgets agents
@@ -915,7 +668,7 @@ async fn serve_connection(
 
 #[cfg(test)]
 mod tests {
-    use super::{agent_id_of_host, token_matches};
+    use super::handshake::{agent_id_of_host, token_matches};
 
     #[test]
     fn agent_ids_belong_to_the_host_they_start_with() {

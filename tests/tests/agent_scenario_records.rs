@@ -7,9 +7,11 @@
 //! line per operation in issue order, keyed by the stand-in's own
 //! communicator id and sequence number). Then compares, rank by rank.
 //!
-//! Needs root, and the trainer and coordinator binaries built first
-//! (`cargo build -p slowrank-scenarios -p slowrank-coordinator`; a workspace
-//! build does it). Without root it skips loudly; under CI=true it fails.
+//! Needs root, and the agent, trainer and coordinator binaries built first
+//! (`cargo build -p slowrank-agent -p slowrank-scenarios -p
+//! slowrank-coordinator`; a workspace build does it). It lives in the tests
+//! crate, not the agent's, so that no crate depends on itself through a
+//! dev-dependency (scenarios → agent → scenarios). Without root it skips loudly; under CI=true it fails.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -23,12 +25,12 @@ use slowrank_scenarios::{
     spec::Spec,
 };
 
-mod support;
-use support::root_or_skip;
+mod faultkit;
+use faultkit::root_or_skip;
 
 fn spec_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/specs")
+        .join("specs")
         .join(name)
 }
 
@@ -83,8 +85,6 @@ fn records_match_what_the_trainer_did() {
     if !root_or_skip("records_match_what_the_trainer_did") {
         return;
     }
-    // The agent under test is the one cargo just built.
-    std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
     // Launches are counted only in deep windows and launch samples; this
     // test checks the counting itself, so the samples run back to back
     // (from a second after the first rank is found) whatever they cost.

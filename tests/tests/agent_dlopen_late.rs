@@ -17,8 +17,8 @@ use slowrank_scenarios::{
     spec::Spec,
 };
 
-mod support;
-use support::root_or_skip;
+mod faultkit;
+use faultkit::root_or_skip;
 
 /// Agents of earlier tests detach their uprobes when they exit, which can
 /// take many seconds and stalls every attach on the machine meanwhile; this

@@ -27,8 +27,8 @@ use slowrank_scenarios::{
 };
 use slowrank_shared::{links::resolve_peer_ranks, wire::LinkRecord};
 
-mod support;
-use support::root_or_skip;
+mod faultkit;
+use faultkit::root_or_skip;
 
 /// The scenarios run one at a time: two jobs of 8 ranks on 2 cores would
 /// delay the deep probes' attach past most of the run.
@@ -52,7 +52,6 @@ fn deep_set_gpu_arrival_matches_the_stand_in() {
         return;
     }
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
     std::env::set_var("SLOWRANK_AGENT_ARGS", "--deep");
     let mut spec = Spec::load(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/specs/dp8-healthy.toml"),
@@ -269,12 +268,10 @@ fn deep_set_gpu_arrival_of_pipeline_sends() {
         return;
     }
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
     std::env::set_var("SLOWRANK_AGENT_ARGS", "--deep");
-    let mut spec = Spec::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/specs/tp2-pp2-dp2-small.toml"),
-    )
-    .unwrap();
+    let mut spec =
+        Spec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/tp2-pp2-dp2-small.toml"))
+            .unwrap();
     spec.iterations = 300;
     spec.clock.drift_ppm = vec![0.0; spec.hosts as usize];
     let out =

@@ -19,7 +19,7 @@ use slowrank_shared::wire::{
     Batch, CollOp, CollectiveRecord, CommRecord, LinkRecord, RankIdentity, RankInterval,
 };
 
-use crate::clock::ClockSample;
+use slowrank_shared::clock::ClockSample;
 
 /// Small deterministic generator (SplitMix64): reproducible streams with no
 /// dependency.

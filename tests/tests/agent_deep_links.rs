@@ -21,15 +21,14 @@ use slowrank_scenarios::{
     spec::Spec,
 };
 
-mod support;
-use support::root_or_skip;
+mod faultkit;
+use faultkit::root_or_skip;
 
 #[test]
 fn deep_set_link_records_match_the_nic() {
     if !root_or_skip("deep_set_link_records_match_the_nic") {
         return;
     }
-    std::env::set_var("SLOWRANK_AGENT_BIN", env!("CARGO_BIN_EXE_slowrank-agent"));
     std::env::set_var("SLOWRANK_AGENT_ARGS", "--deep");
     let mut spec = Spec::load(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/specs/dp8-healthy.toml"),

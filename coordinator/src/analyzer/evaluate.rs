@@ -1,0 +1,632 @@
+//! Evaluate one sealed iteration: score ranks, read the step model,
+//! cost each suspect with the what-if replay and move the verdict
+//! lifecycle. In: an iteration bucket; out: verdict events.
+
+use super::*;
+
+impl Analyzer {
+    pub(super) fn evaluate(
+        &self,
+        core: &mut Core,
+        k: u64,
+        bucket: &IterBucket,
+    ) -> Vec<VerdictEvent> {
+        let step = core
+            .iteration
+            .duration_of(k)
+            .or_else(|| core.iteration.step_ns())
+            .unwrap_or(f64::INFINITY);
+        // Warm-up steps (allocators, autotuning) are no baseline: with them a
+        // healthy job looked 10% slower right after its warm-up.
+        let warm = k >= self.cfg.lifecycle.warmup_iterations;
+        if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
+            core.steps.push_back(d);
+            while core.steps.len() > STEP_HISTORY {
+                core.steps.pop_front();
+            }
+        }
+        let mut scores = core.stats.score(k, bucket, step);
+        let d = core.iteration.duration_of(k);
+        core.timeline.record(k, d, &scores);
+        let world = self
+            .ranks
+            .iter()
+            .next()
+            .map(|r| r.world_size as f64)
+            .filter(|w| *w > 0.0)
+            .unwrap_or(bucket.ranks.len() as f64);
+        let exposure = if step.is_finite() { world * step } else { 0.0 };
+        // Who waited for whom, and where the waiting comes to rest.
+        let graph = WaitGraph::from_edges(&bucket.edges);
+        let mut pass: HashMap<Node, f64> = HashMap::new();
+        for s in &scores {
+            let p = if s.late_ns > 0.0 {
+                (s.excess_wait_ns.max(0.0) / s.late_ns).clamp(0.0, 1.0)
+            } else if s.excess_wait_ns > 0.0 {
+                1.0
+            } else {
+                0.0
+            };
+            pass.insert(Node::Rank(s.rank), p);
+        }
+        let blame = graph.blame(&pass, 6);
+        let mut rank_blame: HashMap<u32, f64> = HashMap::new();
+        for (n, b) in &blame {
+            if let Node::Rank(r) = n {
+                *core.lost_by_root.entry(*r).or_default() += b;
+                rank_blame.insert(*r, *b);
+            }
+        }
+        core.stats.judge_blame(&mut scores, &rank_blame);
+        let (from, to) = (
+            k.checked_sub(1)
+                .and_then(|p| core.iteration.end_of(p))
+                .unwrap_or(CoordNs::MIN),
+            core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
+        );
+        let (model, gpu_ranks) = Self::iteration_model(core, k, from);
+        let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
+        if let (Some(m), true) = (model.as_ref(), step.is_finite() && step > 0.0) {
+            for (g, (_, ranks)) in self.cfg.whatif_groups.iter().enumerate() {
+                let here: Vec<u32> = ranks
+                    .iter()
+                    .copied()
+                    .filter(|r| m.ranks().any(|x| x == *r))
+                    .collect();
+                if let Some(len) = m.length_with(&here) {
+                    core.group_shares[g].push((k, (m.length() - len).max(0.0) / step));
+                }
+            }
+        }
+        if warm {
+            core.pace.observe(k, step, &shares);
+        }
+        // The sequential test opens a verdict at once on a rank that is also
+        // suspicious on its own this iteration (an alarm alone, on a few
+        // noisy early steps, is not enough), and keeps an open verdict's
+        // rank named while its evidence stands; the class, the two-rank and
+        // deep-set rules below still apply.
+        // A decisive what-if stands alone (see `sequential`), on a step
+        // that was told, not guessed.
+        let told = core
+            .iteration
+            .period()
+            .is_some_and(|p| p.method != crate::graph::iteration::Method::Undetermined);
+        let mut by_what_if: std::collections::HashSet<u32> = Default::default();
+        for s in scores.iter_mut() {
+            if told && core.sequential.decisive(s.rank) && !s.suspicious {
+                tracing::debug!(rank = s.rank, iteration = k, "named by a decisive what-if");
+                s.suspicious = true;
+                by_what_if.insert(s.rank);
+            }
+        }
+        let alarms: std::collections::HashSet<u32> = scores
+            .iter()
+            .filter(|s| {
+                s.suspicious
+                    && (alarms.contains(&s.rank) || (told && core.sequential.decisive(s.rank)))
+            })
+            .map(|s| s.rank)
+            .collect();
+        for s in scores.iter_mut() {
+            let active = core
+                .lifecycle
+                .verdicts()
+                .any(|v| v.active && v.rank == s.rank && v.link.is_none());
+            if active && core.sequential.standing(s.rank) {
+                s.suspicious = true;
+            }
+        }
+        for s in &scores {
+            tracing::trace!(
+                iteration = k,
+                rank = s.rank,
+                suspicious = s.suspicious,
+                late_us = s.late_ns / 1e3,
+                host_late_us = s.host_late_ns / 1e3,
+                gpu_late_us = s.gpu_late_ns.map(|g| g / 1e3),
+                unexplained_us = s.unexplained_ns / 1e3,
+                sync_excess_us = s.sync_excess_ns / 1e3,
+                last_frac = s.last_frac,
+                step_ms = s.step_ns / 1e6,
+                err_us = s.err_ns / 1e3,
+                "rank score"
+            );
+        }
+        let min_frac = core.stats.config().min_step_fraction;
+        let mut obs: BTreeMap<Subject, Observation> = BTreeMap::new();
+        for s in &scores {
+            let hist = core.score_hist.entry(s.rank).or_default();
+            if s.suspicious {
+                hist.push_back(s.clone());
+                while hist.len() > 5 {
+                    hist.pop_front();
+                }
+            } else {
+                hist.retain(|h| h.iteration + 5 > k);
+            }
+            if !s.suspicious {
+                continue;
+            }
+            let window: Vec<RankScore> = hist.iter().cloned().collect();
+            let peers = core.stats.peers(s.rank).to_vec();
+            let first_it = window.first().map_or(k, |w| w.iteration);
+            let cpu_from = core
+                .iteration
+                .end_of(first_it.saturating_sub(1))
+                .unwrap_or(from);
+            let cpu = core.intervals.evidence(s.rank, &peers, cpu_from, to);
+            let persistence = core
+                .stats
+                .reference_comm(s.rank)
+                .and_then(|c| core.stats.order_persistence(c));
+            let mut c = classify::classify_straggler(&window, cpu.as_ref(), persistence, min_frac);
+            // Said first where it is what named the rank: the lateness
+            // lines below then read as "barely late", which is the point.
+            if by_what_if.contains(&s.rank) {
+                if let Some(x) = shares.get(&s.rank) {
+                    c.evidence.insert(
+                        0,
+                        format!(
+                            "the what-if replay: at its peers' speed this step would have been {:.0}% ({}) shorter, and every one of the last {} steps at least {:.0}% shorter",
+                            x * 100.0,
+                            classify::fmt_ns(x * step),
+                            core.sequential.config().decisive_run,
+                            core.sequential.config().decisive_share * 100.0
+                        ),
+                    );
+                }
+            }
+            // Host-side times say only that this rank's GPU work ran long:
+            // kernels or transfers (a slow NIC drains the stream just the
+            // same). Where the deep set can tell the two apart, it is asked
+            // to, and the rank waits for its answer instead of being named
+            // compute-slow on a guess.
+            if c.kind == classify::Kind::Compute
+                && !c.gpu_side
+                && core.stats.gpu_time_missing(s.rank, k)
+            {
+                tracing::debug!(
+                    rank = s.rank,
+                    iteration = k,
+                    "GPU-bound suspect held for the deep set"
+                );
+                core.held_for_deep = Some(k);
+                continue;
+            }
+            // Two ranks: no majority says who is odd (see `stands_alone`).
+            if s.peers < 3 && !classify::stands_alone(&c, &window, cpu.as_ref()) {
+                tracing::debug!(
+                    rank = s.rank,
+                    iteration = k,
+                    kind = c.kind.as_str(),
+                    "suspect on a two-rank communicator without direct evidence of its class: not named"
+                );
+                continue;
+            }
+            let at = s.first_t.unwrap_or(from);
+            obs.insert(
+                Subject::Rank(s.rank),
+                Observation {
+                    classification: c,
+                    rank: s.rank,
+                    host: self.host_of(s.rank),
+                    link: None,
+                    ranks: Vec::new(),
+                    clock_error_ns: s.err_ns,
+                    late_ns: s.unexplained_ns,
+                    lost_ns: blame.get(&Node::Rank(s.rank)).copied().unwrap_or(0.0),
+                    exposure_ns: exposure,
+                    saved_ns: None,
+                    step_ns: 0.0,
+                    once_fixed: None,
+                    alarm: alarms.contains(&s.rank),
+                    structural: None,
+                    at,
+                    wall: self.wall(at),
+                },
+            );
+        }
+        core.score_hist.retain(|_, h| !h.is_empty());
+        // Communication: links judged over this iteration's window.
+        if from != CoordNs::MIN && to != CoordNs::MAX {
+            let f = core.links.evaluate(from, to, |r| self.host_of(r));
+            for c in &f.common_mode {
+                tracing::debug!(
+                    host = %c.host,
+                    slow = c.slow_links,
+                    measured = c.measured_links,
+                    "every link this host measures is slow: a host-side cause, no pair named"
+                );
+            }
+            let max_err = self.max_error_ns();
+            let min_link_cost = self.cfg.links.min_cost_fraction;
+            for n in &f.nics {
+                let acc = bucket.ranks.get(&n.rank);
+                let excess = 1.0 - 1.0 / n.ratio.max(1.0);
+                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
+                // The step's share: the what-if with its transfers at its
+                // peers' rate (the members' sum above is GPU time lost,
+                // not step time).
+                let saved = model
+                    .as_ref()
+                    .and_then(|m| m.transfer_cost(&[n.rank], 1.0 / n.ratio.max(1.0)));
+                if !costs_enough(lost, exposure, min_link_cost) {
+                    tracing::debug!(
+                        rank = n.rank,
+                        lost_ns = lost,
+                        "slow NIC with no measured cost: not a finding"
+                    );
+                    continue;
+                }
+                let ratio = transfer_ratio(bucket, n.rank);
+                let mut peers = n.slow_peers.clone();
+                peers.extend(core.stats.inter_host_peers(n.rank));
+                peers.sort_unstable();
+                peers.dedup();
+                core.nic_peers.insert(n.rank, peers);
+                obs.insert(
+                    Subject::Nic(n.rank),
+                    Observation {
+                        classification: classify::classify_nic(n, ratio),
+                        rank: n.rank,
+                        host: self.host_of(n.rank),
+                        link: None,
+                        ranks: Vec::new(),
+                        clock_error_ns: max_err,
+                        late_ns: 0.0,
+                        lost_ns: lost,
+                        exposure_ns: exposure,
+                        saved_ns: saved,
+                        step_ns: 0.0,
+                        once_fixed: None,
+                        alarm: false,
+                        structural: None,
+                        at: from,
+                        wall: self.wall(from),
+                    },
+                );
+            }
+            for l in &f.links {
+                let acc = bucket.ranks.get(&l.a);
+                let excess = 1.0 - 1.0 / l.ratio.max(1.0);
+                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
+                let saved = model
+                    .as_ref()
+                    .and_then(|m| m.transfer_cost(&[l.a, l.b], 1.0 / l.ratio.max(1.0)));
+                if !costs_enough(lost, exposure, min_link_cost) {
+                    tracing::debug!(
+                        a = l.a,
+                        b = l.b,
+                        lost_ns = lost,
+                        "slow link with no measured cost: not a finding"
+                    );
+                    continue;
+                }
+                obs.insert(
+                    Subject::Link(l.a, l.b),
+                    Observation {
+                        classification: classify::classify_link(l),
+                        rank: l.a,
+                        host: self.host_of(l.a),
+                        link: Some([l.a, l.b]),
+                        ranks: Vec::new(),
+                        clock_error_ns: max_err,
+                        late_ns: 0.0,
+                        lost_ns: lost,
+                        exposure_ns: exposure,
+                        saved_ns: saved,
+                        step_ns: 0.0,
+                        once_fixed: None,
+                        alarm: false,
+                        structural: None,
+                        at: from,
+                        wall: self.wall(from),
+                    },
+                );
+            }
+        }
+        drop_passed_into_transfers(&mut obs, core.lifecycle.verdicts());
+        relay_transfer_lateness(&mut obs, core.lifecycle.verdicts(), &core.nic_peers);
+        // A pipeline neighbour of a rank that costs the job several times
+        // more (named now, or by an active verdict) waits for that rank's
+        // sends. Outside a deep window (or across NVLink) a receive has no
+        // GPU time, so the wait shows as lateness of its own. It is the
+        // other rank's, passed along the pipeline.
+        // The neighbour's own one-host partners count too: a stage waits
+        // for its neighbour, which waited for its tensor-parallel partner.
+        let costs = rank_costs(&obs, core.lifecycle.verdicts(), |_| true);
+        obs.retain(|k, o| match *k {
+            Subject::Rank(r) => !passed_along(
+                cost_share(o),
+                core.stats
+                    .p2p_peers(r)
+                    .iter()
+                    .flat_map(|q| std::iter::once(q).chain(core.stats.blind_partners(*q)))
+                    .filter(|q| **q != r)
+                    .filter_map(|q| costs.get(q).copied()),
+            ),
+            _ => true,
+        });
+        let compute_active: std::collections::HashSet<u32> = core
+            .lifecycle
+            .verdicts()
+            .filter(|v| v.active && v.kind == classify::Kind::Compute)
+            .filter(|v| matches!(v.subject, Subject::Rank(_)))
+            .map(|v| v.rank)
+            .collect();
+        relay_blind_waits(
+            &mut obs,
+            |r| core.stats.blind_partners(r),
+            |r| compute_active.contains(&r),
+        );
+        crate::classify::hostwide::merge(&mut obs, &self.live_ranks_by_host());
+        if let Some(m) = model.as_ref().filter(|_| warm) {
+            // Own work is GPU work only on GPU-side times: on host-side
+            // ones a host that ran ahead, or waited, looks like work (and
+            // a restarted coordinator's partial iterations look balanced
+            // badly). Structure is judged on GPU-side iterations only.
+            let gpu_side = core
+                .recent
+                .iter()
+                .filter(|(it, _)| *it == k)
+                .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
+            if gpu_side {
+                core.imbalance.observe(m, step, &shares);
+                self.structural(core, m, step, from, &mut obs);
+            }
+        }
+        let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
+        let events = core.lifecycle.step(k, obs);
+        for c in unobserved {
+            core.lifecycle
+                .account_unobserved(k, c.subject, c.saved_ns, step, c.once_fixed);
+        }
+        for e in &events {
+            if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
+                self.snapshot(
+                    core,
+                    v.id,
+                    v.first_seen_iteration,
+                    v.link.as_ref().map(|l| l.ranks),
+                    v.rank,
+                );
+            }
+        }
+        events
+    }
+
+    /// Structural findings of the iteration ([`crate::graph::structure`]): a stage
+    /// slower on every replica, work imbalance that moves. Each replaces
+    /// the rank observations it explains (its ranks are not stragglers).
+    pub(super) fn structural(
+        &self,
+        core: &Core,
+        m: &crate::graph::whatif::WhatIf,
+        step: f64,
+        at: CoordNs,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) {
+        let mut add = |subject: Subject,
+                       ranks: Vec<u32>,
+                       saved: f64,
+                       evidence: Vec<String>,
+                       st: crate::verdict::Structural| {
+            for r in &ranks {
+                obs.remove(&Subject::Rank(*r));
+            }
+            obs.insert(
+                subject,
+                Observation {
+                    classification: classify::Classification {
+                        kind: classify::Kind::Structural,
+                        confidence: 0.9,
+                        evidence,
+                        gpu_side: false,
+                    },
+                    rank: ranks.first().copied().unwrap_or(0),
+                    host: String::new(),
+                    link: None,
+                    ranks,
+                    clock_error_ns: self.max_error_ns(),
+                    late_ns: 0.0,
+                    lost_ns: 0.0,
+                    exposure_ns: 0.0,
+                    saved_ns: Some(saved),
+                    step_ns: step,
+                    once_fixed: None,
+                    alarm: false,
+                    structural: Some(st),
+                    at,
+                    wall: self.wall(at),
+                },
+            );
+        };
+        let stage = crate::graph::structure::stage_imbalance(m, step);
+        if let Some(f) = stage {
+            add(
+                Subject::Stage(f.stage),
+                f.ranks.clone(),
+                f.saved_ns,
+                vec![
+                    format!(
+                        "every replica of stage {} works {:.0}% more per step than the median stage",
+                        f.stage,
+                        100.0 * (f.ratio - 1.0)
+                    ),
+                    format!(
+                        "with that stage at the median stage's work the step would be {} shorter",
+                        classify::fmt_ns(f.saved_ns)
+                    ),
+                ],
+                crate::verdict::Structural {
+                    cause: "stage_imbalance".into(),
+                    stage: Some(f.stage),
+                },
+            );
+        }
+        // Work imbalance is what is left when no rank explains the waiting:
+        // not while the sequential test names one, nor while a rank, host,
+        // NIC or link verdict is open.
+        let named = core
+            .lifecycle
+            .verdicts()
+            .any(|v| v.active && v.structural.is_none());
+        if self.cfg.work_imbalance && core.sequential.alarms().is_empty() && !named {
+            if let Some(f) = core.imbalance.finding() {
+                add(
+                    Subject::Imbalance,
+                    Vec::new(),
+                    f.saved_ns,
+                    vec![
+                        format!(
+                            "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
+                            crate::graph::structure::WINDOW,
+                            f.distinct_tops,
+                            100.0 * f.top_share
+                        ),
+                        format!(
+                            "with every rank at its peers' median work the step would be {} shorter",
+                            classify::fmt_ns(f.saved_ns)
+                        ),
+                    ],
+                    crate::verdict::Structural {
+                        cause: "work_imbalance".into(),
+                        stage: None,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Iteration `k` (which began at `from`) as a replayable what-if model,
+    /// and the ranks that had GPU-side arrivals in it.
+    pub(super) fn iteration_model(
+        core: &Core,
+        k: u64,
+        from: CoordNs,
+    ) -> (
+        Option<crate::graph::whatif::WhatIf>,
+        std::collections::HashSet<u32>,
+    ) {
+        if from == CoordNs::MIN {
+            return (None, Default::default());
+        }
+        let instances: Vec<&AlignedInstance> = core
+            .recent
+            .iter()
+            .filter(|(it, _)| *it == k)
+            .map(|(_, a)| a)
+            .collect();
+        let gpu_ranks = instances
+            .iter()
+            .filter(|a| a.basis == crate::classify::stats::Basis::Gpu)
+            .flat_map(|a| a.members.iter().map(|m| m.rank))
+            .collect();
+        let model = crate::graph::whatif::WhatIf::new(&crate::graph::itergraph::build(
+            from,
+            instances.into_iter(),
+        ));
+        (model, gpu_ranks)
+    }
+
+    /// Feeds the iteration's what-if savings to the per-rank sequential
+    /// test; returns the ranks in alarm. Only an instance's last arriver
+    /// can be on the critical path, so only those are replayed (at most
+    /// [`MAX_REPLAYED`], the furthest behind first).
+    pub(super) fn sequential_test(
+        core: &mut Core,
+        model: Option<&crate::graph::whatif::WhatIf>,
+        step: f64,
+    ) -> (std::collections::HashSet<u32>, BTreeMap<u32, f64>) {
+        let mut shares: BTreeMap<u32, f64> = BTreeMap::new();
+        if let (Some(m), true) = (model, step.is_finite() && step > 0.0) {
+            let mut last: Vec<(u32, f64)> = m.last_arrivers().into_iter().collect();
+            last.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (r, _) in last.into_iter().take(MAX_REPLAYED) {
+                if let Some(c) = m.cost(r) {
+                    shares.insert(r, c / step);
+                }
+            }
+        }
+        let alarms = core.sequential.update(&shares).into_iter().collect();
+        if let Some((r, x)) = shares.iter().max_by(|a, b| a.1.total_cmp(b.1)) {
+            tracing::debug!(
+                rank = r,
+                share = x,
+                cusum = core.sequential.sum(*r),
+                "costliest rank of the iteration (what-if)"
+            );
+        }
+        (alarms, shares)
+    }
+
+    /// Costs the iteration for every observed subject and active verdict
+    /// (`whatif`, `cost`). Returns the active verdicts' costs that have no
+    /// observation this iteration.
+    pub(super) fn what_if(
+        core: &Core,
+        model: Option<&crate::graph::whatif::WhatIf>,
+        gpu_ranks: &std::collections::HashSet<u32>,
+        step: f64,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) -> Vec<crate::graph::cost::Costed> {
+        let active: Vec<(Subject, Vec<u32>, classify::Kind)> = core
+            .lifecycle
+            .verdicts()
+            .filter(|v| v.active)
+            .map(|v| {
+                let ranks = if v.ranks.is_empty() {
+                    vec![v.rank]
+                } else {
+                    v.ranks.clone()
+                };
+                (v.subject, ranks, v.kind)
+            })
+            .collect();
+        if obs.is_empty() && active.is_empty() {
+            return Vec::new();
+        }
+        let it = crate::graph::cost::Iteration {
+            model,
+            gpu_ranks,
+            step_ns: step,
+        };
+        crate::graph::cost::apply(&it, obs, &active)
+    }
+
+    pub(super) fn snapshot(
+        &self,
+        core: &mut Core,
+        id: u64,
+        first_it: u64,
+        link: Option<[u32; 2]>,
+        rank: u32,
+    ) {
+        let lo = first_it.saturating_sub(1);
+        let involves = |a: &AlignedInstance| match link {
+            Some([x, y]) => {
+                a.members.iter().any(|m| m.rank == x) && a.members.iter().any(|m| m.rank == y)
+            }
+            None => a.members.iter().any(|m| m.rank == rank),
+        };
+        let mut entries = 0usize;
+        let budget = self.cfg.limits.snapshot_member_entries;
+        let snap: Vec<(u64, AlignedInstance)> = core
+            .recent
+            .iter()
+            .filter(|(it, a)| *it >= lo && involves(a))
+            .take(self.cfg.limits.snapshot_instances)
+            .take_while(|(_, a)| {
+                let first = entries == 0;
+                entries += a.members.len();
+                first || entries <= budget
+            })
+            .cloned()
+            .collect();
+        core.snapshots.insert(id, snap);
+        while core.snapshots.len() > self.cfg.limits.max_snapshots {
+            core.snapshots.pop_first();
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! What the runtime shows: the report, trace, timeline, metrics and the
+//! slowdown summary, each read from the current state.
+
+use super::*;
+
+impl Analyzer {
+    /// The job got slower while no verdict names a rank: the median of the
+    /// last few steps is well above the median of the steps before them.
+    /// With the default probe set a compute- or communication-slow rank is
+    /// often invisible (calls only enqueue; host-side arrivals match), so
+    /// `serve` answers this with a deep-probe window on every agent, whose
+    /// GPU-side arrivals and verbs latencies name the rank.
+    pub fn slowdown(&self) -> Option<Slowdown> {
+        let core = lock(&self.core);
+        if core.lifecycle.verdicts().any(|v| v.active) {
+            return None;
+        }
+        let n = core.steps.len();
+        if n < SLOWDOWN_RECENT + SLOWDOWN_BASELINE_MIN {
+            return None;
+        }
+        let mut recent: Vec<f64> = core
+            .steps
+            .iter()
+            .skip(n - SLOWDOWN_RECENT)
+            .copied()
+            .collect();
+        let mut base: Vec<f64> = core
+            .steps
+            .iter()
+            .take(n - SLOWDOWN_RECENT)
+            .copied()
+            .collect();
+        let (r, b) = (median(&mut recent)?, median(&mut base)?);
+        (r > b * (1.0 + SLOWDOWN_RISE)).then(|| Slowdown {
+            iteration: core.last_sealed.unwrap_or(0),
+            baseline_ms: b / 1e6,
+            recent_ms: r / 1e6,
+        })
+    }
+
+    /// A GPU-bound suspect was held in the last iterations because only the
+    /// deep set can tell a slow GPU from a slow NIC: deep probes are wanted.
+    pub fn confirmation_wanted(&self) -> bool {
+        let core = lock(&self.core);
+        match (core.held_for_deep, core.last_sealed) {
+            (Some(h), Some(l)) => h + 3 >= l,
+            _ => false,
+        }
+    }
+
+    /// Verdicts opened so far (active or not).
+    pub fn verdicts_opened(&self) -> usize {
+        lock(&self.core).lifecycle.verdicts().count()
+    }
+
+    /// Whether an active verdict rests on what only the deep set sees: a
+    /// GPU or a NIC falling behind (compute, communication). Host-side
+    /// times cannot show either, so without the deep set such a verdict
+    /// would close as if its fault had gone.
+    pub fn active_needs_deep(&self) -> bool {
+        lock(&self.core).lifecycle.verdicts().any(|v| {
+            v.active
+                && matches!(
+                    v.kind,
+                    classify::Kind::Compute | classify::Kind::Communication
+                )
+        })
+    }
+
+    pub(super) fn max_error_ns(&self) -> f64 {
+        self.clocks
+            .iter()
+            .map(|c| c.error_bound_ns())
+            .filter(|e| e.is_finite())
+            .fold(0.0, f64::max)
+    }
+
+    /// The cluster report (`report.json` / the human table).
+    pub fn report(&self) -> Report {
+        let core = lock(&self.core);
+        let mut hosts: Vec<crate::clock::HostClockReport> =
+            self.clocks.iter().map(|c| c.summary(c.key())).collect();
+        hosts.sort_by(|a, b| a.host.cmp(&b.host));
+        let ranks: Vec<RankInfo> = {
+            let mut v: Vec<RankInfo> = self.ranks.iter().map(|r| r.clone()).collect();
+            v.sort_by_key(|r| r.rank);
+            v
+        };
+        let period = core.iteration.period();
+        let elapsed = match (core.first_t, core.last_t) {
+            (Some(a), Some(b)) => (b - a) as f64 / 1e9,
+            _ => 0.0,
+        };
+        let mut verdicts: Vec<crate::verdict::Verdict> =
+            core.lifecycle.verdicts().cloned().collect();
+        verdicts.sort_by(|a, b| {
+            b.active
+                .cmp(&a.active)
+                .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
+        });
+        let counters = self.ingest_counters();
+        let join = self.joiner.counters();
+        let (roots, blocked) = split_hangs(&core.hangs);
+        report::Report {
+            schema: report::SCHEMA.into(),
+            generated_at: Utc::now(),
+            job: report::JobInfo {
+                job_id: ranks
+                    .iter()
+                    .map(|r| r.job_id.clone())
+                    .find(|j| !j.is_empty()),
+                world_size: ranks.first().map_or(0, |r| r.world_size),
+                ranks_seen: ranks.len(),
+                hosts: hosts.len(),
+                reference_communicator: period.map(|p| format!("{:#x}", p.comm_id)),
+                instances_per_iteration: period.map(|p| p.instances_per_iteration),
+                step_inferred_by: period.map(|p| p.method),
+                baseline_step_ms: core.pace.baseline_ms(),
+                iterations_observed: core.last_sealed.map_or(0, |k| k + 1),
+                step_time_ms: core.iteration.step_ns().map(|s| s / 1e6),
+                observed_seconds: elapsed,
+                started: core.first_t.and_then(|t| self.wall(t)),
+                exited_ranks: ranks
+                    .iter()
+                    .filter(|r| r.exited_at.is_some())
+                    .map(|r| r.rank)
+                    .collect(),
+            },
+            clock: report::ClockInfo {
+                max_error_us: {
+                    let e = hosts
+                        .iter()
+                        .filter_map(|h| h.error_bound_us)
+                        .fold(0.0, f64::max);
+                    if hosts.is_empty() || hosts.iter().any(|h| h.error_bound_us.is_none()) {
+                        None
+                    } else {
+                        Some(e)
+                    }
+                },
+                hosts,
+            },
+            verdicts,
+            hangs: roots.iter().map(|h| hang_report(h)).collect(),
+            blocked_hangs: blocked.iter().map(|h| hang_report(h)).collect(),
+            resolved_stalls: core
+                .hangs
+                .iter()
+                .filter(|h| !h.active)
+                .map(hang_report)
+                .collect(),
+            ingest: report::IngestInfo {
+                counters,
+                instances_completed: join.completed,
+                instances_evicted: join.evicted,
+                instances_incomplete: join.incomplete,
+                duplicate_records: join.duplicates,
+                merged_records: join.merged,
+                dropped_late_for_stats: core.stats.dropped_late,
+                dropped_overflow: core.stats.dropped_overflow + core.pending_dropped,
+                open_instances: self.joiner.open_instances(),
+                transport_rejected: BTreeMap::new(),
+                agents_refused: 0,
+                agents_refused_by: BTreeMap::new(),
+                agents_forgotten: 0,
+            },
+            agents: Vec::new(),
+            slowdown: core.pace.slowing(),
+            overhead: lock(&self.overhead).report(),
+            resumed: None,
+            truncated: None,
+        }
+    }
+
+    /// Chrome / Perfetto trace (`traceEvents`) of the aligned timeline around
+    /// each verdict (or the most recent instances when there is none).
+    pub fn trace_json(&self) -> serde_json::Value {
+        let core = lock(&self.core);
+        let mut sections: Vec<crate::report::trace::Section> = Vec::new();
+        for (id, snap) in &core.snapshots {
+            if let Some(v) = core.lifecycle.get(*id) {
+                sections.push(crate::report::trace::Section {
+                    title: v.headline(),
+                    focus: match &v.link {
+                        Some(l) => l.ranks.to_vec(),
+                        None => vec![v.rank],
+                    },
+                    instances: snap.iter().map(|x| &x.1).collect(),
+                });
+            }
+        }
+        if sections.is_empty() {
+            let n = core.recent.len();
+            sections.push(crate::report::trace::Section {
+                title: "recent collectives".into(),
+                focus: Vec::new(),
+                instances: core
+                    .recent
+                    .iter()
+                    .skip(n.saturating_sub(256))
+                    .map(|x| &x.1)
+                    .collect(),
+            });
+        }
+        let hosts: HashMap<u32, String> = self
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.host.clone()))
+            .collect();
+        crate::report::trace::render(&sections, &hosts)
+    }
+
+    /// The per-iteration series of the report page (`timeline.json`).
+    pub fn timeline(&self) -> crate::report::timeline::Timeline {
+        lock(&self.core).timeline.clone()
+    }
+
+    /// Gauges and counters for `/metrics`.
+    pub fn metrics(&self) -> Metrics {
+        let core = lock(&self.core);
+        let mut lateness: Vec<(u32, f64)> = core
+            .stats
+            .lateness_gauge()
+            .iter()
+            .map(|(r, l)| (*r, *l))
+            .collect();
+        lateness.sort_by_key(|x| x.0);
+        let mut clock: Vec<(String, f64)> = self
+            .clocks
+            .iter()
+            .map(|c| (c.key().clone(), c.error_bound_ns()))
+            .collect();
+        clock.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut probes: Vec<(String, u64, u64)> = self
+            .clocks
+            .iter()
+            .map(|c| {
+                let (seen, udp) = c.probe_counts();
+                (c.key().clone(), udp, seen.saturating_sub(udp))
+            })
+            .collect();
+        probes.sort();
+        let mut lost: Vec<(u32, f64)> = core
+            .lost_by_root
+            .iter()
+            .map(|(r, l)| (*r, *l / 1e9))
+            .collect();
+        lost.sort_by_key(|x| x.0);
+        // One guard: a second lock() in the literal below would wait for the
+        // first, whose temporary lives to the end of the statement.
+        let (probe_overhead_percent, job_probe_overhead_percent) = {
+            let o = lock(&self.overhead);
+            (o.rank_percents(), o.job_percent())
+        };
+        Metrics {
+            rank_lateness_ns: lateness,
+            rank_wait_attributed_gpu_seconds: lost,
+            verdicts_active: core.lifecycle.verdicts().filter(|v| v.active).count(),
+            verdicts_total: core.lifecycle.verdicts().count(),
+            hangs_active: core.hangs.iter().filter(|h| h.active).count(),
+            clock_error_ns: clock,
+            clock_probes: probes,
+            ingest: self.ingest_counters(),
+            open_instances: self.joiner.open_instances(),
+            evicted_instances: self.joiner.counters().evicted,
+            iterations_sealed: core.last_sealed.map_or(0, |k| k + 1),
+            verdict_trackers: core.lifecycle.trackers(),
+            pending_instances: core.pending.len(),
+            recent_instances: core.recent.len(),
+            probe_overhead_percent,
+            job_probe_overhead_percent,
+            step_ns: core.iteration.step_ns(),
+            verdicts: core
+                .lifecycle
+                .verdicts()
+                .map(crate::report::metrics_text::VerdictRow::of)
+                .collect(),
+        }
+    }
+}

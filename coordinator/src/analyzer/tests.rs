@@ -1,0 +1,166 @@
+
+use super::*;
+use crate::join::{InstanceKey, MissingMember};
+
+fn hang(comm: u64, present: &[u32], missing: &[u32]) -> HangState {
+    HangState {
+        candidate: HangCandidate {
+            comm_id: comm,
+            key: InstanceKey::Coll(1),
+            op: CollOp::AllReduce,
+            comm_nranks: (present.len() + missing.len()) as u32,
+            entered_at: 0,
+            first_host: "a".into(),
+            first_agent_ns: 0,
+            present_ranks: present.to_vec(),
+            missing: missing
+                .iter()
+                .map(|r| MissingMember {
+                    rank: *r,
+                    rank_in_comm: 0,
+                    host: "a".into(),
+                    last_seq_seen: None,
+                    last_completed_seq: None,
+                })
+                .collect(),
+            summary: None,
+        },
+        iteration: None,
+        detected_at: 0,
+        wall: None,
+        active: true,
+        exited: Vec::new(),
+    }
+}
+
+#[test]
+fn hangs_behind_a_hang_are_consequences() {
+    // Rank 13 stopped: its TP partner 12 waits for it; 12's pipeline
+    // neighbour 4 then waits for 12, which never comes.
+    let h = [hang(1, &[12], &[13]), hang(2, &[4], &[12])];
+    let (roots, blocked) = split_hangs(&h);
+    assert_eq!(roots.len(), 1);
+    assert_eq!(roots[0].candidate.comm_id, 1);
+    assert_eq!(blocked[0].candidate.comm_id, 2);
+    // A cycle (everyone missing somewhere waits elsewhere): all stay.
+    let c = [hang(1, &[1], &[2]), hang(2, &[2], &[1])];
+    assert_eq!(split_hangs(&c).0.len(), 2);
+}
+
+/// Feeds 8 iterations of a 2-host job; host 1's membership (its comm
+/// records) is held back until iteration `announce_at` (never: None).
+/// Returns the analyzer and the last iteration's end.
+fn feed_with_late_membership(announce_at: Option<u64>) -> (Analyzer, u64) {
+    use slowrank_synth::{Generator, SynthSpec};
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(SynthSpec::dp(2, 4));
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let mut held = Vec::new();
+    let mut end = 0;
+    for it in 0..8u64 {
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            a.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, mut b) in out.batches {
+            if b.host == "node-1" {
+                held.append(&mut b.comms);
+                if Some(it) == announce_at {
+                    b.comms = std::mem::take(&mut held);
+                }
+            }
+            a.ingest(&b, recv);
+        }
+        end = out.end_ns;
+        a.tick(end as i64 + 3_000_000);
+    }
+    (a, end)
+}
+
+#[test]
+fn records_before_their_membership_are_parked_then_joined() {
+    let (a, _) = feed_with_late_membership(Some(3));
+    let (base, _) = feed_with_late_membership(Some(0));
+    let r = a.report();
+    assert!(
+        r.ingest.counters.records_rejected.is_empty(),
+        "{:?}",
+        r.ingest.counters.records_rejected
+    );
+    let p = r.ingest.counters.parking;
+    assert!(p.parked > 0 && p.released == p.parked, "{p:?}");
+    assert_eq!((p.expired, p.overflow, p.held), (0, 0, 0), "{p:?}");
+    // Joined as live data: every instance completes, as when nothing waited.
+    assert_eq!(
+        r.ingest.instances_completed,
+        base.report().ingest.instances_completed
+    );
+    assert_eq!(base.report().ingest.counters.parking.parked, 0);
+}
+
+#[test]
+fn records_whose_membership_never_comes_expire_as_lost() {
+    let (a, end) = feed_with_late_membership(None);
+    a.tick(end as i64 + 3_000_000);
+    let held = a.report().ingest.counters.parking;
+    assert!(held.held > 0 && held.expired == 0, "{held:?}");
+    a.tick((end + crate::join::park::PARK_TIMEOUT_NS) as i64 + 1_000_000_000);
+    let p = a.report().ingest.counters.parking;
+    assert_eq!((p.held, p.held_bytes), (0, 0), "{p:?}");
+    assert_eq!(p.expired, held.held, "{p:?}");
+    assert!(a.report().ingest.counters.records_rejected.is_empty());
+    assert!(a
+        .metrics()
+        .to_prometheus()
+        .contains("slowrank_parked_records_total{outcome=\"expired\"}"));
+}
+
+#[test]
+fn a_preamble_before_batch_zero_does_not_swallow_it() {
+    use slowrank_synth::{Generator, SynthSpec};
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(SynthSpec::dp(2, 4));
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let out = g.next_iteration();
+    let (recv, mut first) = out
+        .batches
+        .iter()
+        .find(|(_, b)| b.host == "node-1")
+        .cloned()
+        .expect("node-1's first batch");
+    // Numbered as a live agent numbers it (the generator starts at 1).
+    first.seq = 0;
+    assert!(!first.collectives.is_empty());
+    // The link went down before batch 0 left: on reconnection the
+    // preamble (sequence 0, declarations only) arrives first.
+    let preamble = Batch {
+        exits: Vec::new(),
+        collectives: Vec::new(),
+        intervals: Vec::new(),
+        links: Vec::new(),
+        probes: Vec::new(),
+        calls: Vec::new(),
+        stacks: Vec::new(),
+        ..first.clone()
+    };
+    let p = a.ingest(&preamble, recv);
+    assert!(!p.duplicate_batch && p.batch_rejected.is_none(), "{p:?}");
+    assert!(p.preamble);
+    let real = a.ingest(&first, recv);
+    assert!(
+        !real.duplicate_batch,
+        "the real batch 0 was dropped: {real:?}"
+    );
+    assert!(!real.preamble);
+    assert!(real.accepted > preamble.ranks.len() as u64, "{real:?}");
+    // Once batch 0 is in, a second copy of it is a resend; a preamble
+    // still declares (a restarted life knows batch 0 from its journal).
+    assert!(a.ingest(&first, recv).duplicate_batch);
+    let again = a.ingest(&preamble, recv);
+    assert!(again.preamble && !again.duplicate_batch, "{again:?}");
+    assert_eq!(a.report().ingest.counters.missing_batches, 0);
+}

@@ -1,0 +1,218 @@
+//! Aligning one joined instance: its members' arrivals and exits on one
+//! clock and one basis, and each member's lateness against the median.
+//!
+//! An instance's *arrival basis* is GPU-side when every member reported
+//! `gpu_arrive_ns`, else host-side entry for all members: mixing the two would
+//! make the members with GPU times look late (the host runs ahead of its GPU),
+//! so like is compared with like. GPU-side lateness is still computed over the
+//! subset that has it, as extra evidence. Lateness is arrival minus the median
+//! arrival; each member waits for the last arrival. Anything within the
+//! instance's clock error bound (zero when all members share a host clock) is
+//! not evidence and is counted as zero.
+
+use std::sync::Arc;
+
+use crate::clock::CoordNs;
+use crate::join::{InstanceKey, JoinedInstance};
+use crate::robust::median;
+use slowrank_shared::wire::CollOp;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Basis {
+    Gpu,
+    Host,
+}
+
+#[derive(Debug, Clone)]
+pub struct AlignedMember {
+    pub rank: u32,
+    pub host: Arc<str>,
+    pub host_entry: CoordNs,
+    pub host_exit: CoordNs,
+    pub gpu_arrive: Option<CoordNs>,
+    pub gpu_done: Option<CoordNs>,
+    pub sync_wait_ns: u64,
+    pub launches: u32,
+    /// GPU time in the rank's own kernels since its previous collective,
+    /// when the source recorded kernels ([`CollectiveRecord`]'s field).
+    pub gpu_busy_ns: Option<u64>,
+    pub ret: i32,
+}
+
+/// One instance on the coordinator's clock, with its lateness and waits.
+#[derive(Debug, Clone)]
+pub struct AlignedInstance {
+    pub comm_id: u64,
+    pub key: InstanceKey,
+    pub op: CollOp,
+    /// Payload (the first member's; every member passes the same count).
+    pub bytes: u64,
+    pub comm_nranks: u32,
+    pub members: Vec<AlignedMember>,
+    pub basis: Basis,
+    pub arrival: Vec<CoordNs>,
+    pub lateness: Vec<f64>,
+    pub host_lateness: Vec<f64>,
+    pub gpu_lateness: Vec<Option<f64>>,
+    pub wait: Vec<f64>,
+    pub last: usize,
+    /// Largest clock error bound of a member's comparison with the median
+    /// (ns).
+    pub err_ns: f64,
+    /// Per member: clock error bound of its comparison with the median
+    /// (its host's bound plus the median host bound; 0 on one host).
+    pub member_err: Vec<f64>,
+    /// Median arrival.
+    pub start: CoordNs,
+    /// Median completion if known, else last arrival.
+    pub end: CoordNs,
+    /// Median completion minus last arrival: the transfer itself.
+    pub transfer_ns: Option<f64>,
+}
+
+fn med_i(v: &[CoordNs]) -> f64 {
+    let mut f: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+    median(&mut f).unwrap_or(0.0)
+}
+
+/// Quantile of member clock bounds taken as the bound of the median
+/// arrival (see `align`).
+const MEDIAN_ERR_QUANTILE: f64 = 0.875;
+
+/// The value at quantile `q` (nearest rank, rounded up) of `v`.
+fn upper_quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    let k = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
+    let (_, x, _) = s.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
+    *x
+}
+
+fn dead_zone(x: f64, err: f64) -> f64 {
+    if x.abs() <= err {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// Aligns an instance; `clock(host, agent_ns)` gives `(coordinator ns, error bound ns)`.
+pub fn align(
+    inst: &JoinedInstance,
+    clock: &impl Fn(&str, u64) -> (CoordNs, f64),
+) -> AlignedInstance {
+    let mut own_err: Vec<f64> = Vec::with_capacity(inst.members.len());
+    let mut one_host = true;
+    let members: Vec<AlignedMember> = inst
+        .members
+        .iter()
+        .map(|m| {
+            let (host_entry, e) = clock(&m.host, m.rec.host_entry_ns);
+            own_err.push(e);
+            one_host &= inst.members.first().is_some_and(|f| f.host == m.host);
+            let al = |t: u64| (t != 0).then(|| clock(&m.host, t).0);
+            AlignedMember {
+                rank: m.rank,
+                host: m.host.clone(),
+                host_entry,
+                host_exit: al(m.rec.host_exit_ns).unwrap_or(host_entry),
+                gpu_arrive: al(m.rec.gpu_arrive_ns),
+                gpu_done: al(m.rec.gpu_done_ns),
+                sync_wait_ns: m.rec.sync_wait_ns_before,
+                launches: m.rec.launches_before,
+                gpu_busy_ns: m.rec.gpu_busy_before_ns,
+                ret: m.rec.ret,
+            }
+        })
+        .collect();
+    // Two hosts each off by their bound can disagree by the sum.
+    // Member i is compared with the median arrival: its error is its own
+    // host's bound plus how far the median can be off. Members whose hosts
+    // have worse bounds than the 87.5th percentile are too few to move the
+    // median far, so that percentile bounds it: with a few hosts it is the
+    // worst host's bound (as strict as it gets), and one host with a bad
+    // bound in a 512-host job (a loaded agent's noisy probes) does not
+    // blind the comparisons of the 4,088 ranks elsewhere. On one host the
+    // clocks are the same clock: no error.
+    let member_err: Vec<f64> = if one_host {
+        vec![0.0; own_err.len()]
+    } else {
+        let median_err = upper_quantile(&own_err, MEDIAN_ERR_QUANTILE);
+        own_err.iter().map(|e| e + median_err).collect()
+    };
+    let err_ns = member_err.iter().copied().fold(0.0, f64::max);
+    let all_gpu = members.iter().all(|m| m.gpu_arrive.is_some());
+    let basis = if all_gpu { Basis::Gpu } else { Basis::Host };
+    let host_arr: Vec<CoordNs> = members.iter().map(|m| m.host_entry).collect();
+    let arrival: Vec<CoordNs> = match basis {
+        Basis::Gpu => members
+            .iter()
+            .map(|m| m.gpu_arrive.unwrap_or(m.host_entry))
+            .collect(),
+        Basis::Host => host_arr.clone(),
+    };
+    let med = med_i(&arrival);
+    let host_med = med_i(&host_arr);
+    let gpus: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_arrive).collect();
+    let gpu_med = (gpus.len() >= 2).then(|| med_i(&gpus));
+    let last_arrival = *arrival.iter().max().unwrap_or(&0);
+    let last = arrival.iter().position(|a| *a == last_arrival).unwrap_or(0);
+    let lateness = arrival
+        .iter()
+        .zip(&member_err)
+        .map(|(a, e)| dead_zone(*a as f64 - med, *e))
+        .collect();
+    let host_lateness = host_arr
+        .iter()
+        .zip(&member_err)
+        .map(|(a, e)| dead_zone(*a as f64 - host_med, *e))
+        .collect();
+    let gpu_lateness = members
+        .iter()
+        .zip(&member_err)
+        .map(|(m, e)| match (m.gpu_arrive, gpu_med) {
+            (Some(g), Some(gm)) => Some(dead_zone(g as f64 - gm, *e)),
+            _ => None,
+        })
+        .collect();
+    // A wait compares two members: both hosts' bounds.
+    let last_own = if one_host { 0.0 } else { own_err[last] };
+    let wait = arrival
+        .iter()
+        .zip(&own_err)
+        // In f64: garbage times aligned to opposite ends of i64 would overflow.
+        .map(|(a, e)| {
+            let err = if one_host { 0.0 } else { e + last_own };
+            dead_zone(last_arrival as f64 - *a as f64, err)
+        })
+        .collect();
+    let dones: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_done).collect();
+    let (end, transfer_ns) = if dones.len() == members.len() && basis == Basis::Gpu {
+        let d = med_i(&dones);
+        (d as CoordNs, Some((d - last_arrival as f64).max(0.0)))
+    } else {
+        (last_arrival, None)
+    };
+    AlignedInstance {
+        comm_id: inst.comm_id,
+        key: inst.key,
+        op: inst.op,
+        bytes: inst.members.first().map_or(0, |m| m.rec.bytes),
+        comm_nranks: inst.comm_nranks,
+        members,
+        basis,
+        arrival,
+        lateness,
+        host_lateness,
+        gpu_lateness,
+        wait,
+        last,
+        err_ns,
+        member_err,
+        start: med as CoordNs,
+        end,
+        transfer_ns,
+    }
+}
