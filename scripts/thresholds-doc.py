@@ -18,6 +18,7 @@ SECTIONS = {
     "links": ("LinkConfig", "coordinator/src/classify/links.rs"),
     "lifecycle": ("LifecycleConfig", "coordinator/src/verdict/mod.rs"),
     "sequential": ("SequentialConfig", "coordinator/src/classify/sequential.rs"),
+    "structure": ("StructureConfig", "coordinator/src/graph/structure.rs"),
     "limits": ("Limits", "coordinator/src/analyzer/mod.rs"),
 }
 

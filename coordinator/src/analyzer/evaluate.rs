@@ -442,7 +442,7 @@ impl Analyzer {
                 },
             );
         };
-        let stage = crate::graph::structure::stage_imbalance(m, step);
+        let stage = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure);
         if let Some(f) = stage {
             add(
                 Subject::Stage(f.stage),
@@ -481,7 +481,7 @@ impl Analyzer {
                     vec![
                         format!(
                             "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
-                            crate::graph::structure::WINDOW,
+                            core.imbalance.window(),
                             f.distinct_tops,
                             100.0 * f.top_share
                         ),

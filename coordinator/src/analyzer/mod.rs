@@ -72,6 +72,8 @@ pub struct AnalyzerConfig {
     /// named imbalance beside a compute-slow rank. It stays off until the
     /// random evaluation has scored it.
     pub work_imbalance: bool,
+    /// Stage and work imbalance ([`crate::graph::structure`]).
+    pub structure: crate::graph::structure::StructureConfig,
     pub limits: Limits,
     /// Named groups of ranks to cost as one, each iteration (fixed
     /// together at their peers' median): a recorded source's own layout
@@ -311,7 +313,7 @@ impl Analyzer {
             sequential: crate::classify::sequential::Sequential::new(cfg.sequential.clone()),
             group_shares: vec![Vec::new(); cfg.whatif_groups.len()],
             pace: crate::classify::pace::Pace::new(),
-            imbalance: crate::graph::structure::Imbalance::new(),
+            imbalance: crate::graph::structure::Imbalance::with_config(cfg.structure.clone()),
             pending: VecDeque::new(),
             pending_dropped: 0,
             recent: VecDeque::new(),

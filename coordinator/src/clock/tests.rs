@@ -1,4 +1,3 @@
-
 use super::*;
 use slowrank_synth::{ClockTruth, Rng};
 

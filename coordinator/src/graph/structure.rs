@@ -14,30 +14,44 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::graph::whatif::WhatIf;
 
-/// A stage's replicas must work this much more than the median stage's
-/// (per rank, per iteration) to be a finding: below it, stages differ by
-/// what they compute (an embedding, a loss) and nobody repartitions a model
-/// for it.
-pub const STAGE_EXCESS: f64 = 0.15;
+/// The structural rules' thresholds (the `[structure]` table of a
+/// thresholds file).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StructureConfig {
+    /// A stage's replicas must work this much more than the median stage's
+    /// (per rank, per iteration) to be a finding: below it, stages differ by
+    /// what they compute (an embedding, a loss) and nobody repartitions a
+    /// model for it.
+    pub stage_excess: f64,
+    /// Smallest saving (share of the step) worth a structural finding.
+    pub min_cost: f64,
+    /// Iterations a work-imbalance finding looks back over.
+    pub window: usize,
+    /// Work imbalance moves: no rank may be the costliest in more than this
+    /// share of the window (a rank that is, is a straggler, and the
+    /// sequential test's business).
+    pub max_top_share: f64,
+    /// Work imbalance moves: no rank's mean excess work over the window may
+    /// reach this share of the mean per-iteration largest excess. A slow
+    /// rank or a slow host has the same ranks in excess every iteration
+    /// (ratio ≈ 1; on a slow host the costliest of its equally late ranks
+    /// rotates, so `max_top_share` alone would take it for imbalance);
+    /// imbalance spread over n ranks has about 1/n.
+    pub max_persistence: f64,
+}
 
-/// Smallest saving (share of the step) worth a structural finding.
-pub const MIN_COST: f64 = 0.03;
-
-/// Iterations a work-imbalance finding looks back over.
-pub const WINDOW: usize = 20;
-
-/// Work imbalance moves: no rank may be the costliest in more than this
-/// share of the window (a rank that is, is a straggler, and the sequential
-/// test's business).
-pub const MAX_TOP_SHARE: f64 = 0.35;
-
-/// Work imbalance moves: no rank's mean excess work over the window may
-/// reach this share of the mean per-iteration largest excess. A slow rank
-/// or a slow host has the same ranks in excess every iteration (ratio ≈ 1;
-/// on a slow host the costliest of its equally late ranks rotates, so
-/// [`MAX_TOP_SHARE`] alone would take it for imbalance); imbalance spread
-/// over n ranks has about 1/n.
-pub const MAX_PERSISTENCE: f64 = 0.4;
+impl Default for StructureConfig {
+    fn default() -> Self {
+        Self {
+            stage_excess: 0.15,
+            min_cost: 0.03,
+            window: 20,
+            max_top_share: 0.35,
+            max_persistence: 0.4,
+        }
+    }
+}
 
 /// One iteration's stage imbalance.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,9 +77,13 @@ pub struct ImbalanceFinding {
     pub top_share: f64,
 }
 
-/// The stage whose replicas all work ≥ [`STAGE_EXCESS`] more than the
-/// median stage's, if balancing it saves ≥ [`MIN_COST`] of the step.
-pub fn stage_imbalance(model: &WhatIf, step_ns: f64) -> Option<StageFinding> {
+/// The stage whose replicas all work ≥ `stage_excess` more than the median
+/// stage's, if balancing it saves ≥ `min_cost` of the step.
+pub fn stage_imbalance(
+    model: &WhatIf,
+    step_ns: f64,
+    cfg: &StructureConfig,
+) -> Option<StageFinding> {
     let mut by_stage: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     for r in model.ranks() {
         if let Some(s) = model.stage_of(r) {
@@ -104,12 +122,12 @@ pub fn stage_imbalance(model: &WhatIf, step_ns: f64) -> Option<StageFinding> {
             o[o.len() / 2]
         }
     };
-    if typical <= 0.0 || w < (1.0 + STAGE_EXCESS) * typical {
+    if typical <= 0.0 || w < (1.0 + cfg.stage_excess) * typical {
         return None;
     }
     let ranks = by_stage[&stage].clone();
     let saved = (model.length() - model.length_scaled(&ranks, typical / w)).max(0.0);
-    (step_ns.is_finite() && saved >= MIN_COST * step_ns).then_some(StageFinding {
+    (step_ns.is_finite() && saved >= cfg.min_cost * step_ns).then_some(StageFinding {
         stage,
         ranks,
         ratio: w / typical,
@@ -119,6 +137,7 @@ pub fn stage_imbalance(model: &WhatIf, step_ns: f64) -> Option<StageFinding> {
 
 #[derive(Debug, Clone, Default)]
 pub struct Imbalance {
+    cfg: StructureConfig,
     /// (costliest rank, its saving share, balanced saving ns, step ns).
     window: VecDeque<(Option<u32>, f64, f64, f64)>,
     /// Per iteration, each rank's own work beyond its role's median (ns,
@@ -151,6 +170,18 @@ impl Imbalance {
         Self::default()
     }
 
+    pub fn with_config(cfg: StructureConfig) -> Self {
+        Self {
+            cfg,
+            ..Self::default()
+        }
+    }
+
+    /// Iterations the finding looks back over.
+    pub fn window(&self) -> usize {
+        self.cfg.window
+    }
+
     /// One iteration: its model and each measured rank's what-if share.
     pub fn observe(&mut self, model: &WhatIf, step_ns: f64, shares: &BTreeMap<u32, f64>) {
         if !step_ns.is_finite() || step_ns <= 0.0 {
@@ -169,14 +200,14 @@ impl Imbalance {
             step_ns,
         ));
         self.excess.push_back(excess(model));
-        while self.window.len() > WINDOW {
+        while self.window.len() > self.cfg.window {
             self.window.pop_front();
             self.excess.pop_front();
         }
     }
 
     /// The most persistent rank's mean excess over the mean per-iteration
-    /// largest excess (see [`MAX_PERSISTENCE`]).
+    /// largest excess (see [`StructureConfig::max_persistence`]).
     fn persistence(&self) -> f64 {
         let n = self.excess.len().max(1) as f64;
         let peak: f64 = self
@@ -199,10 +230,10 @@ impl Imbalance {
         }
     }
 
-    /// Work imbalance over the window: balancing would save ≥
-    /// [`MIN_COST`] on average, and the costliest rank keeps changing.
+    /// Work imbalance over the window: balancing would save ≥ `min_cost`
+    /// on average, and the costliest rank keeps changing.
     pub fn finding(&self) -> Option<ImbalanceFinding> {
-        if self.window.len() < WINDOW {
+        if self.window.len() < self.cfg.window {
             return None;
         }
         let n = self.window.len() as f64;
@@ -215,10 +246,10 @@ impl Imbalance {
             }
         }
         let top_share = tops.values().copied().max().unwrap_or(0) as f64 / n;
-        (share >= MIN_COST
-            && top_share <= MAX_TOP_SHARE
+        (share >= self.cfg.min_cost
+            && top_share <= self.cfg.max_top_share
             && tops.len() >= 3
-            && self.persistence() <= MAX_PERSISTENCE)
+            && self.persistence() <= self.cfg.max_persistence)
             .then_some(ImbalanceFinding {
                 saved_ns: saved,
                 distinct_tops: tops.len(),
@@ -298,7 +329,8 @@ mod tests {
     #[test]
     fn a_stage_slower_on_every_replica_is_a_stage_finding() {
         let m = pipeline(10.0 * MS, 15.0 * MS, &[]);
-        let f = stage_imbalance(&m, m.length()).expect("stage 1 is 1.5x");
+        let f =
+            stage_imbalance(&m, m.length(), &StructureConfig::default()).expect("stage 1 is 1.5x");
         assert_eq!(f.stage, 1);
         assert_eq!(f.ranks, vec![1, 3]);
         // Stage 0 also works 0.1 ms before its all-reduce: 15 / 10.1.
@@ -309,13 +341,19 @@ mod tests {
     #[test]
     fn one_slow_replica_is_not_a_stage() {
         let m = pipeline(10.0 * MS, 10.0 * MS, &[(3, 5.0 * MS)]);
-        assert_eq!(stage_imbalance(&m, m.length()), None);
+        assert_eq!(
+            stage_imbalance(&m, m.length(), &StructureConfig::default()),
+            None
+        );
     }
 
     #[test]
     fn balanced_stages_are_nothing() {
         let m = pipeline(10.0 * MS, 10.5 * MS, &[]);
-        assert_eq!(stage_imbalance(&m, m.length()), None);
+        assert_eq!(
+            stage_imbalance(&m, m.length(), &StructureConfig::default()),
+            None
+        );
     }
 
     fn dp(slow: u32, by: f64) -> WhatIf {
@@ -340,7 +378,7 @@ mod tests {
     fn a_moving_slowest_rank_is_work_imbalance_a_fixed_one_is_not() {
         let mut moving = Imbalance::new();
         let mut fixed = Imbalance::new();
-        for k in 0..WINDOW as u32 {
+        for k in 0..StructureConfig::default().window as u32 {
             let m = dp(k % 8, 2.0 * MS);
             moving.observe(&m, m.length(), &[(k % 8, 2.0 / 13.0)].into());
             let m = dp(5, 2.0 * MS);
@@ -357,7 +395,7 @@ mod tests {
         // Ranks 4-7 are all 2 ms late every iteration (a slow host); which
         // of them is the very last rotates.
         let mut host = Imbalance::new();
-        for k in 0..WINDOW as u32 {
+        for k in 0..StructureConfig::default().window as u32 {
             let arrivals: Vec<Arrival> = (0..8)
                 .map(|r| Arrival {
                     rank: r,

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn folded(lines: &[(&str, u64)]) -> Folded {
