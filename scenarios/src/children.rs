@@ -17,13 +17,35 @@ pub struct Children {
 
 /// Makes `cmd` a killable child: own process group, dies with its parent.
 pub fn prepare(cmd: &mut Command) {
+    let launcher = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::setpgid(0, 0);
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             // The launcher may already be gone.
-            if libc::getppid() == 1 {
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes a service (coordinator, agent) die with the launcher, in the
+/// launcher's process group: a launcher killed outright (SIGKILL, a crash)
+/// leaves no coordinator or agent running on for nobody. Kept in the
+/// launcher's group so a terminal's Ctrl-C still reaches it directly.
+///
+/// The signal is tied to the spawning *thread*: spawn services from the
+/// thread that outlives them (the one that holds `Services`).
+pub fn die_with_launcher(cmd: &mut Command) {
+    let launcher = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != launcher {
                 libc::_exit(1);
             }
             Ok(())

@@ -71,6 +71,8 @@ pub enum OrchestrateError {
     },
     #[error("no free local UDP port for the coordinator")]
     NoPort(#[source] std::io::Error),
+    #[error("interrupted while starting {what}; the services started so far were stopped")]
+    Interrupted { what: String },
 }
 
 /// The per-host plan of a spec.
@@ -270,6 +272,7 @@ fn start_agents(
         .env("SLOWRANK_TOKEN", &token)
         .stdout(o)
         .stderr(e);
+    crate::children::die_with_launcher(&mut cmd);
     let mut record = ServicesFile {
         token: token.clone(),
         coordinator: ServiceEntry::of(&cmd, &clog, None),
@@ -350,6 +353,7 @@ fn start_agents(
         if let Ok(extra) = std::env::var("SLOWRANK_AGENT_ARGS") {
             cmd.args(extra.split_whitespace());
         }
+        crate::children::die_with_launcher(&mut cmd);
         let child = cmd.spawn().map_err(|source| OrchestrateError::Spawn {
             what: format!("the agent of host {}", h.host),
             source,
@@ -384,6 +388,14 @@ fn wait_ready(
     loop {
         if file.exists() {
             return Ok(());
+        }
+        // Ctrl-C or SIGTERM while an agent attaches (minutes when loaded):
+        // give up now; the caller's `Services` stops what is already up.
+        if crate::children::interrupted() {
+            stop(p, Duration::from_secs(2));
+            return Err(OrchestrateError::Interrupted {
+                what: p.what.clone(),
+            });
         }
         if let Ok(Some(status)) = p.child.try_wait() {
             return Err(OrchestrateError::Died {

@@ -174,6 +174,9 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
     } else {
         None
     };
+    // Before the services: a SIGTERM while they start must stop them, not
+    // kill this process and leave them behind.
+    children::catch_signals();
     let services = orchestrate::start(spec, out, opts.mode, &net)?;
 
     let started_wall_ns = clock::wall_ns();
@@ -187,7 +190,6 @@ pub fn run(spec: &Spec, opts: &RunOptions) -> Result<RunSummary, RunError> {
     };
     let master_port = 29500 + (std::process::id() % 1000);
 
-    children::catch_signals();
     let mut kids = Children::default();
     for rank in 0..spec.world_size() {
         let host = layout.host_of(rank);
