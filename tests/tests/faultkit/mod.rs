@@ -113,6 +113,29 @@ impl Job {
         }
     }
 
+    /// Blocks until the coordinator has ingested a batch with collectives
+    /// from `host`'s agent (its log has one "batch ingested" line per batch).
+    pub fn wait_host_shipped(&self, host: &str) {
+        let log = self.dir.join("logs").join("coordinator.log");
+        let t0 = Instant::now();
+        while !ingested_batches(&log)
+            .iter()
+            .any(|b| b.host == host && b.collectives > 0)
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "no batch with collectives from {host} reached the coordinator; see {}",
+                self.dir.display()
+            );
+            assert!(
+                !self.handle.as_ref().is_some_and(|h| h.is_finished()),
+                "the job ended before {host} shipped a batch; see {}",
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The pid of rank `rank` of this job (found by its environment).
     pub fn rank_pid(&self, rank: u32) -> u32 {
         let hub = format!(
