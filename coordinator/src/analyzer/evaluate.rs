@@ -44,9 +44,15 @@ impl Analyzer {
             .duration_of(k)
             .or_else(|| core.iteration.step_ns())
             .unwrap_or(f64::INFINITY);
+        if std::mem::take(&mut core.resume_pending) {
+            // A resumed life warms up from its first iteration (see
+            // `Analyzer::resumed_life`).
+            core.warm_from = k.saturating_add(self.cfg.lifecycle.warmup_iterations);
+            core.lifecycle.hold_until(core.warm_from);
+        }
         // Warm-up steps (allocators, autotuning) are no baseline: with them a
         // healthy job looked 10% slower right after its warm-up.
-        let warm = k >= self.cfg.lifecycle.warmup_iterations;
+        let warm = k >= self.cfg.lifecycle.warmup_iterations && k >= core.warm_from;
         if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
             core.steps.push_back(d);
             while core.steps.len() > STEP_HISTORY {

@@ -221,6 +221,9 @@ pub struct Lifecycle {
     trackers: BTreeMap<Subject, Tracker>,
     verdicts: BTreeMap<u64, Verdict>,
     next_id: u64,
+    /// No observation before this iteration counts (besides the configured
+    /// warm-up): a resumed coordinator's own warm-up.
+    hold_until: u64,
 }
 
 impl Lifecycle {
@@ -230,7 +233,13 @@ impl Lifecycle {
             trackers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             next_id: 1,
+            hold_until: 0,
         }
+    }
+
+    /// Observations before iteration `k` count as warm-up too.
+    pub fn hold_until(&mut self, k: u64) {
+        self.hold_until = self.hold_until.max(k);
     }
 
     pub fn verdicts(&self) -> impl Iterator<Item = &Verdict> {
@@ -282,7 +291,7 @@ impl Lifecycle {
     }
 
     fn observe(&mut self, s: Subject, it: u64, o: Option<Observation>) -> Option<VerdictEvent> {
-        let o = o.filter(|_| it >= self.cfg.warmup_iterations);
+        let o = o.filter(|_| it >= self.cfg.warmup_iterations && it >= self.hold_until);
         let t = self.trackers.entry(s).or_default();
         t.hist.push_back((it, o.clone()));
         while t.hist.len() > self.cfg.open_window {
