@@ -146,13 +146,17 @@ def steps_mean_ms(path, skip=10):
     return statistics.fmean(d) if d else None
 
 
+# benchmarks.sh overhead's modes, in the order the tables show them.
+OVERHEAD_MODES = ("none", "always", "nostacks", "default", "coord-idle", "idle", "deep", "idle-deep")
+
+
 def print_step_table(title, runs):
     """Per mode: its runs' figures, their median and spread, and the median
     against `none`'s; returns mode -> (median, min, max)."""
     print(f"\n## overhead: {title}")
     base = statistics.median(runs["none"]) if "none" in runs else None
     out = {}
-    for mode in ("none", "always", "default", "deep"):
+    for mode in OVERHEAD_MODES:
         v = runs.get(mode)
         if not v:
             continue
@@ -176,14 +180,44 @@ def overhead_section():
     out = print_step_table("median step time (ms) per run, dp8-healthy", modes)
     print_step_table("mean step time (ms) per run (every step counts, launch samples included)", means)
     overhead_cost_section(modes, statistics.median(modes["none"]) if "none" in modes else None)
+    services_cpu_section()
     return out
+
+
+def services_cpu_section():
+    """The CPU the coordinator and the agents used beside the ranks, per
+    mode (median over runs), as a share of the machine's cores."""
+    rows = {}
+    for p in sorted(glob.glob(os.path.join(B, "overhead", "*", "services-cpu.json"))):
+        mode = os.path.basename(os.path.dirname(p)).rsplit("-", 1)[0]
+        try:
+            c = load(p)
+        except (OSError, ValueError):
+            continue
+        if c.get("wall_s"):
+            rows.setdefault(mode, []).append(c)
+    if not rows:
+        return
+    cores = os.cpu_count() or 1
+    print(f"\n## overhead: the services' CPU beside the ranks (share of {cores} cores, median over runs)")
+    print("| mode | coordinator | agents | together | sched |")
+    print("|---|---|---|---|---|")
+    for mode in OVERHEAD_MODES:
+        cs = rows.get(mode)
+        if not cs:
+            continue
+        co = statistics.median(c["coordinator_s"] / c["wall_s"] for c in cs) / cores * 100
+        ag = statistics.median(c["agents_s"] / c["wall_s"] for c in cs) / cores * 100
+        print(f"| {mode} | {co:.1f} % | {ag:.1f} % | {co + ag:.1f} % | {cs[0].get('sched', '?')} |")
 
 
 def overhead_cost_section(modes, base):
     """Probe calls per rank per step and the agents' self-reported cost,
     next to the measured step-time cost (same runs)."""
-    for mode in ("always", "default", "deep"):
-        runs = sorted(glob.glob(os.path.join(B, "overhead", f"{mode}-*", "agent-cost.txt")))
+    for mode in OVERHEAD_MODES[1:]:
+        runs = sorted(p for p in glob.glob(os.path.join(B, "overhead", f"{mode}-*", "agent-cost.txt"))
+                      # `idle-*` must not take `idle-deep-*`'s runs.
+                      if os.path.basename(os.path.dirname(p)).rsplit("-", 1)[0] == mode)
         if not runs:
             continue
         calls, steps, selfp, traps = {}, 0, [], []

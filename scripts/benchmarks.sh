@@ -35,7 +35,16 @@ run_sweep() {  # detection latency vs slowdown factor (dp8-compute-slow)
     --out "$B/sweep-300ms" > "$B/sweep-300ms.txt" 2> "$B/sweep-300ms.log"
 }
 run_overhead() {  # step time: no agent / default probes / deep probes, interleaved
-  # OH_MODES may add `always` (the always-on set alone: no launch samples).
+  # OH_MODES may add `always` (the always-on set alone: no launch samples),
+  # and the modes that split a cost into its parts on this machine, where
+  # the coordinator and the agents share the ranks' two cores:
+  #   nostacks   default set, no stack sampler (the agent's biggest CPU user)
+  #   coord-idle default set, the coordinator in SCHED_IDLE (on a real job it
+  #              runs on another machine): what is left is the agents' CPU
+  #              and the traps
+  #   idle       default set, coordinator and agents in SCHED_IDLE: they take
+  #              no CPU a rank wants, so what is left is the probes' traps
+  #   idle-deep  the same for the deep set
   rm -rf "$B/overhead"; mkdir -p "$B/overhead"
   for i in $(seq 1 "${REPS:-3}"); do
     for m in ${OH_MODES:-none default deep}; do
@@ -46,13 +55,24 @@ run_overhead() {  # step time: no agent / default probes / deep probes, interlea
         always) SLOWRANK_AGENT_ARGS="--launch-sample-every 0" \
           $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
         deep) SLOWRANK_AGENT_ARGS=--deep $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        nostacks) SLOWRANK_AGENT_ARGS=--no-stacks \
+          $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        coord-idle) SLOWRANK_SERVICES_SCHED=coordinator-idle \
+          $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        idle) SLOWRANK_SERVICES_SCHED=idle \
+          $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        idle-deep) SLOWRANK_SERVICES_SCHED=idle SLOWRANK_AGENT_ARGS=--deep \
+          $S run scenarios/specs/dp8-healthy.toml --iterations "${OH_ITERS:-200}" --out "$d" ;;
+        *) echo "overhead: unknown mode $m" >&2; return 2 ;;
       esac > /dev/null 2>&1
+      # The services' CPU over the run (scenarios/src/orchestrate.rs).
+      cp "$d/sim/services-cpu.json" "$d/" 2>/dev/null
       # Calls per probe over the run (the agents log them at exit) and the
       # report's self-reported probe cost, for bench_summary.py.
       cat "$d"/logs/agent-host-*.log 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' \
         | grep -E 'probe calls over the run|probe trap cost' > "$d/agent-cost.txt"
       find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json ! -name report.json \
-        ! -name agent-cost.txt -exec rm -rf {} +
+        ! -name agent-cost.txt ! -name services-cpu.json -exec rm -rf {} +
     done
   done
 }

@@ -10,6 +10,7 @@
 
 use std::{
     fs,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -168,6 +169,100 @@ pub struct Services {
     pub coordinator: Option<std::net::SocketAddr>,
     agents: Vec<Proc>,
     coordinator_proc: Option<Proc>,
+    /// When the services were started, and where their CPU account goes
+    /// ([`SERVICES_CPU_FILE`]) when they are stopped.
+    started: Option<(Instant, PathBuf)>,
+}
+
+/// `DIR/sim/services-cpu.json`: the CPU time the coordinator and the agents
+/// used over the run, read just before they are stopped. On this machine
+/// they share the ranks' cores (on a real job the coordinator runs
+/// elsewhere), so the overhead benchmark needs it to split a step-time cost
+/// into the services' CPU and the probes' traps.
+pub const SERVICES_CPU_FILE: &str = "services-cpu.json";
+
+/// The content of [`SERVICES_CPU_FILE`].
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ServicesCpu {
+    /// Seconds from the services' start to the account.
+    pub wall_s: f64,
+    /// User + system CPU seconds of the coordinator.
+    pub coordinator_s: f64,
+    /// User + system CPU seconds of all agents together.
+    pub agents_s: f64,
+    /// The scheduling class the services ran in (`normal` or `idle`).
+    pub sched: String,
+}
+
+/// User + system CPU seconds of `pid` so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces.
+    let rest = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 / hz)
+}
+
+/// `SLOWRANK_SERVICES_SCHED` (benchmarks only): `idle` runs the coordinator
+/// and the agents in the `SCHED_IDLE` class, `coordinator-idle` the
+/// coordinator alone. An idle-class service takes no CPU a rank wants, so
+/// the overhead benchmark can split a probe set's step-time cost into the
+/// coordinator's CPU (on a real job it runs on another machine), the
+/// agents' CPU and the probes' traps. Never a default: on a loaded host an
+/// idle-class agent starves and its buffers overflow.
+fn services_sched() -> &'static str {
+    match std::env::var("SLOWRANK_SERVICES_SCHED").as_deref() {
+        Ok("idle") => "idle",
+        Ok("coordinator-idle") => "coordinator-idle",
+        _ => "normal",
+    }
+}
+
+/// Puts a service started by `cmd` in `SCHED_IDLE` when
+/// [`services_sched`] asks for it (`agent`: whether it is an agent).
+fn apply_sched(cmd: &mut Command, agent: bool) {
+    let idle = match services_sched() {
+        "idle" => true,
+        "coordinator-idle" => !agent,
+        _ => false,
+    };
+    if !idle {
+        return;
+    }
+    // SAFETY: only an async-signal-safe syscall between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+impl Services {
+    /// What the services' CPU account is now (see [`SERVICES_CPU_FILE`]).
+    fn cpu_account(&self) -> Option<ServicesCpu> {
+        let (t0, _) = self.started.as_ref()?;
+        Some(ServicesCpu {
+            wall_s: t0.elapsed().as_secs_f64(),
+            coordinator_s: self
+                .coordinator_proc
+                .as_ref()
+                .and_then(|p| cpu_seconds(p.child.id()))
+                .unwrap_or(0.0),
+            agents_s: self
+                .agents
+                .iter()
+                .filter_map(|p| cpu_seconds(p.child.id()))
+                .sum(),
+            sched: services_sched().to_string(),
+        })
+    }
 }
 
 /// Starts the coordinator and the agents (agent mode) before the ranks.
@@ -252,6 +347,7 @@ fn start_agents(
     let addr = std::net::SocketAddr::from((listen_ip, port));
     let token = format!("scenario-{}-{}", std::process::id(), port);
     let mut services = Services::default();
+    services.started = Some((Instant::now(), run_dir.join("sim").join(SERVICES_CPU_FILE)));
     services.hosts = hosts.clone();
     services.coordinator = Some(std::net::SocketAddr::from((
         std::net::Ipv4Addr::LOCALHOST,
@@ -273,6 +369,7 @@ fn start_agents(
         .stdout(o)
         .stderr(e);
     crate::children::die_with_launcher(&mut cmd);
+    apply_sched(&mut cmd, false);
     let mut record = ServicesFile {
         token: token.clone(),
         coordinator: ServiceEntry::of(&cmd, &clog, None),
@@ -354,6 +451,7 @@ fn start_agents(
             cmd.args(extra.split_whitespace());
         }
         crate::children::die_with_launcher(&mut cmd);
+        apply_sched(&mut cmd, true);
         let child = cmd.spawn().map_err(|source| OrchestrateError::Spawn {
             what: format!("the agent of host {}", h.host),
             source,
@@ -437,6 +535,17 @@ fn stop(p: &mut Proc, grace: Duration) {
 
 impl Drop for Services {
     fn drop(&mut self) {
+        // Before the flush at exit, which is not the run's.
+        if let (Some(cpu), Some((_, path))) = (self.cpu_account(), self.started.as_ref()) {
+            tracing::info!(
+                coordinator_s = cpu.coordinator_s,
+                agents_s = cpu.agents_s,
+                wall_s = cpu.wall_s,
+                sched = %cpu.sched,
+                "services' CPU over the run"
+            );
+            let _ = fs::write(path, serde_json::to_string(&cpu).expect("serialises"));
+        }
         // Agents flush their last batch and drain the uplink (≤ 10 s).
         for p in &mut self.agents {
             // SAFETY: signalling a child we started and have not reaped.

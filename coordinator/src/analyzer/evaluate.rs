@@ -4,7 +4,35 @@
 
 use super::*;
 
+/// What one iteration's judgement needs to know of the iteration itself.
+struct IterCtx {
+    k: u64,
+    /// The step's length (ns; infinite while none is known).
+    step: f64,
+    /// Where the iteration began and ended on the coordinator's clock
+    /// (`MIN` / `MAX` while unknown).
+    from: CoordNs,
+    to: CoordNs,
+    /// Rank time the iteration exposed: world size × step.
+    exposure: f64,
+}
+
+/// Why the suspects are suspects: the iteration's blame (ns per node), the
+/// ranks in alarm, those a decisive what-if named, and each replayed rank's
+/// what-if share of the step.
+#[derive(Clone, Copy)]
+struct Why<'a> {
+    blame: &'a HashMap<Node, f64>,
+    alarms: &'a std::collections::HashSet<u32>,
+    by_what_if: &'a std::collections::HashSet<u32>,
+    shares: &'a BTreeMap<u32, f64>,
+}
+
 impl Analyzer {
+    /// One sealed iteration, in the pipeline's order: step history, rank
+    /// scores and wait-graph blame, the what-if model and sequential test,
+    /// the suspects' observations (ranks, then NICs and links), the rules
+    /// that pass waits along to their cause, structure, cost, lifecycle.
     pub(super) fn evaluate(
         &self,
         core: &mut Core,
@@ -16,9 +44,15 @@ impl Analyzer {
             .duration_of(k)
             .or_else(|| core.iteration.step_ns())
             .unwrap_or(f64::INFINITY);
+        if std::mem::take(&mut core.resume_pending) {
+            // A resumed life warms up from its first iteration (see
+            // `Analyzer::resumed_life`).
+            core.warm_from = k.saturating_add(self.cfg.lifecycle.warmup_iterations);
+            core.lifecycle.hold_until(core.warm_from);
+        }
         // Warm-up steps (allocators, autotuning) are no baseline: with them a
         // healthy job looked 10% slower right after its warm-up.
-        let warm = k >= self.cfg.lifecycle.warmup_iterations;
+        let warm = k >= self.cfg.lifecycle.warmup_iterations && k >= core.warm_from;
         if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
             core.steps.push_back(d);
             while core.steps.len() > STEP_HISTORY {
@@ -35,11 +69,76 @@ impl Analyzer {
             .map(|r| r.world_size as f64)
             .filter(|w| *w > 0.0)
             .unwrap_or(bucket.ranks.len() as f64);
-        let exposure = if step.is_finite() { world * step } else { 0.0 };
-        // Who waited for whom, and where the waiting comes to rest.
+        let blame = Self::blame(core, bucket, &mut scores);
+        let it = IterCtx {
+            k,
+            step,
+            from: k
+                .checked_sub(1)
+                .and_then(|p| core.iteration.end_of(p))
+                .unwrap_or(CoordNs::MIN),
+            to: core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
+            exposure: if step.is_finite() { world * step } else { 0.0 },
+        };
+        let (model, gpu_ranks) = Self::iteration_model(core, k, it.from);
+        let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
+        self.record_group_shares(core, k, model.as_ref(), step);
+        if warm {
+            core.pace.observe(k, step, &shares);
+        }
+        let (alarms, by_what_if) = Self::mark_suspects(core, k, &mut scores, &alarms);
+        let why = Why {
+            blame: &blame,
+            alarms: &alarms,
+            by_what_if: &by_what_if,
+            shares: &shares,
+        };
+        let mut obs = self.rank_observations(core, &it, &scores, &why);
+        if it.from != CoordNs::MIN && it.to != CoordNs::MAX {
+            self.transfer_observations(core, &it, bucket, model.as_ref(), &mut obs);
+        }
+        self.pass_waits_to_their_cause(core, &mut obs);
+        if let Some(m) = model.as_ref().filter(|_| warm) {
+            // Own work is GPU work only on GPU-side times: on host-side
+            // ones a host that ran ahead, or waited, looks like work (and
+            // a restarted coordinator's partial iterations look balanced
+            // badly). Structure is judged on GPU-side iterations only.
+            let gpu_side = core
+                .recent
+                .iter()
+                .filter(|(it, _)| *it == k)
+                .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
+            if gpu_side {
+                core.imbalance.observe(m, step, &shares);
+                self.structural(core, m, step, it.from, &mut obs);
+            }
+        }
+        let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
+        let events = core.lifecycle.step(k, obs);
+        for c in unobserved {
+            core.lifecycle
+                .account_unobserved(k, c.subject, c.saved_ns, step, c.once_fixed);
+        }
+        for e in &events {
+            if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
+                self.snapshot(
+                    core,
+                    v.id,
+                    v.first_seen_iteration,
+                    v.link.as_ref().map(|l| l.ranks),
+                    v.rank,
+                );
+            }
+        }
+        events
+    }
+
+    /// Who waited for whom, and where the waiting comes to rest: each rank's
+    /// blame (ns), added to its running total and to its score.
+    fn blame(core: &mut Core, bucket: &IterBucket, scores: &mut [RankScore]) -> HashMap<Node, f64> {
         let graph = WaitGraph::from_edges(&bucket.edges);
         let mut pass: HashMap<Node, f64> = HashMap::new();
-        for s in &scores {
+        for s in scores.iter() {
             let p = if s.late_ns > 0.0 {
                 (s.excess_wait_ns.max(0.0) / s.late_ns).clamp(0.0, 1.0)
             } else if s.excess_wait_ns > 0.0 {
@@ -57,37 +156,50 @@ impl Analyzer {
                 rank_blame.insert(*r, *b);
             }
         }
-        core.stats.judge_blame(&mut scores, &rank_blame);
-        let (from, to) = (
-            k.checked_sub(1)
-                .and_then(|p| core.iteration.end_of(p))
-                .unwrap_or(CoordNs::MIN),
-            core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
-        );
-        let (model, gpu_ranks) = Self::iteration_model(core, k, from);
-        let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
-        if let (Some(m), true) = (model.as_ref(), step.is_finite() && step > 0.0) {
-            for (g, (_, ranks)) in self.cfg.whatif_groups.iter().enumerate() {
-                let here: Vec<u32> = ranks
-                    .iter()
-                    .copied()
-                    .filter(|r| m.ranks().any(|x| x == *r))
-                    .collect();
-                if let Some(len) = m.length_with(&here) {
-                    core.group_shares[g].push((k, (m.length() - len).max(0.0) / step));
-                }
+        core.stats.judge_blame(scores, &rank_blame);
+        blame
+    }
+
+    /// The what-if group costs `slowrank analyze` prints (each configured
+    /// group of ranks at its peers' speed), one per iteration.
+    fn record_group_shares(
+        &self,
+        core: &mut Core,
+        k: u64,
+        model: Option<&crate::graph::whatif::WhatIf>,
+        step: f64,
+    ) {
+        let (Some(m), true) = (model, step.is_finite() && step > 0.0) else {
+            return;
+        };
+        for (g, (_, ranks)) in self.cfg.whatif_groups.iter().enumerate() {
+            let here: Vec<u32> = ranks
+                .iter()
+                .copied()
+                .filter(|r| m.ranks().any(|x| x == *r))
+                .collect();
+            if let Some(len) = m.length_with(&here) {
+                core.group_shares[g].push((k, (m.length() - len).max(0.0) / step));
             }
         }
-        if warm {
-            core.pace.observe(k, step, &shares);
-        }
-        // The sequential test opens a verdict at once on a rank that is also
-        // suspicious on its own this iteration (an alarm alone, on a few
-        // noisy early steps, is not enough), and keeps an open verdict's
-        // rank named while its evidence stands; the class, the two-rank and
-        // deep-set rules below still apply.
-        // A decisive what-if stands alone (see `sequential`), on a step
-        // that was told, not guessed.
+    }
+
+    /// Which scored ranks are suspects this iteration. The sequential test
+    /// opens a verdict at once on a rank that is also suspicious on its own
+    /// this iteration (an alarm alone, on a few noisy early steps, is not
+    /// enough), and keeps an open verdict's rank named while its evidence
+    /// stands; the class, the two-rank and deep-set rules still apply. A
+    /// decisive what-if stands alone, on a step that was told, not guessed.
+    /// Returns the suspects in alarm and those the what-if named.
+    fn mark_suspects(
+        core: &Core,
+        k: u64,
+        scores: &mut [RankScore],
+        alarms: &std::collections::HashSet<u32>,
+    ) -> (
+        std::collections::HashSet<u32>,
+        std::collections::HashSet<u32>,
+    ) {
         let told = core
             .iteration
             .period()
@@ -117,7 +229,7 @@ impl Analyzer {
                 s.suspicious = true;
             }
         }
-        for s in &scores {
+        for s in scores.iter() {
             tracing::trace!(
                 iteration = k,
                 rank = s.rank,
@@ -133,9 +245,29 @@ impl Analyzer {
                 "rank score"
             );
         }
+        (alarms, by_what_if)
+    }
+
+    /// One observation per suspect rank, classified over its last few
+    /// suspicious iterations; a suspect is held back where its class is a
+    /// guess the deep set can settle, or where two ranks leave no majority.
+    fn rank_observations(
+        &self,
+        core: &mut Core,
+        it: &IterCtx,
+        scores: &[RankScore],
+        why: &Why<'_>,
+    ) -> BTreeMap<Subject, Observation> {
+        let (k, step, from, to) = (it.k, it.step, it.from, it.to);
+        let Why {
+            blame,
+            alarms,
+            by_what_if,
+            shares,
+        } = *why;
         let min_frac = core.stats.config().min_step_fraction;
         let mut obs: BTreeMap<Subject, Observation> = BTreeMap::new();
-        for s in &scores {
+        for s in scores {
             let hist = core.score_hist.entry(s.rank).or_default();
             if s.suspicious {
                 hist.push_back(s.clone());
@@ -216,7 +348,7 @@ impl Analyzer {
                     clock_error_ns: s.err_ns,
                     late_ns: s.unexplained_ns,
                     lost_ns: blame.get(&Node::Rank(s.rank)).copied().unwrap_or(0.0),
-                    exposure_ns: exposure,
+                    exposure_ns: it.exposure,
                     saved_ns: None,
                     step_ns: 0.0,
                     once_fixed: None,
@@ -228,106 +360,107 @@ impl Analyzer {
             );
         }
         core.score_hist.retain(|_, h| !h.is_empty());
-        // Communication: links judged over this iteration's window.
-        if from != CoordNs::MIN && to != CoordNs::MAX {
-            let f = core.links.evaluate(from, to, |r| self.host_of(r));
-            for c in &f.common_mode {
-                tracing::debug!(
-                    host = %c.host,
-                    slow = c.slow_links,
-                    measured = c.measured_links,
-                    "every link this host measures is slow: a host-side cause, no pair named"
-                );
-            }
-            let max_err = self.max_error_ns();
-            let min_link_cost = self.cfg.links.min_cost_fraction;
-            for n in &f.nics {
-                let acc = bucket.ranks.get(&n.rank);
-                let excess = 1.0 - 1.0 / n.ratio.max(1.0);
-                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
-                // The step's share: the what-if with its transfers at its
-                // peers' rate (the members' sum above is GPU time lost,
-                // not step time).
-                let saved = model
-                    .as_ref()
-                    .and_then(|m| m.transfer_cost(&[n.rank], 1.0 / n.ratio.max(1.0)));
-                if !costs_enough(lost, exposure, min_link_cost) {
-                    tracing::debug!(
-                        rank = n.rank,
-                        lost_ns = lost,
-                        "slow NIC with no measured cost: not a finding"
-                    );
-                    continue;
-                }
-                let ratio = transfer_ratio(bucket, n.rank);
-                let mut peers = n.slow_peers.clone();
-                peers.extend(core.stats.inter_host_peers(n.rank));
-                peers.sort_unstable();
-                peers.dedup();
-                core.nic_peers.insert(n.rank, peers);
-                obs.insert(
-                    Subject::Nic(n.rank),
-                    Observation {
-                        classification: classify::classify_nic(n, ratio),
-                        rank: n.rank,
-                        host: self.host_of(n.rank),
-                        link: None,
-                        ranks: Vec::new(),
-                        clock_error_ns: max_err,
-                        late_ns: 0.0,
-                        lost_ns: lost,
-                        exposure_ns: exposure,
-                        saved_ns: saved,
-                        step_ns: 0.0,
-                        once_fixed: None,
-                        alarm: false,
-                        structural: None,
-                        at: from,
-                        wall: self.wall(from),
-                    },
-                );
-            }
-            for l in &f.links {
-                let acc = bucket.ranks.get(&l.a);
-                let excess = 1.0 - 1.0 / l.ratio.max(1.0);
-                let lost = acc.map_or(0.0, |a| a.xfer_member_ns * excess);
-                let saved = model
-                    .as_ref()
-                    .and_then(|m| m.transfer_cost(&[l.a, l.b], 1.0 / l.ratio.max(1.0)));
-                if !costs_enough(lost, exposure, min_link_cost) {
-                    tracing::debug!(
-                        a = l.a,
-                        b = l.b,
-                        lost_ns = lost,
-                        "slow link with no measured cost: not a finding"
-                    );
-                    continue;
-                }
-                obs.insert(
-                    Subject::Link(l.a, l.b),
-                    Observation {
-                        classification: classify::classify_link(l),
-                        rank: l.a,
-                        host: self.host_of(l.a),
-                        link: Some([l.a, l.b]),
-                        ranks: Vec::new(),
-                        clock_error_ns: max_err,
-                        late_ns: 0.0,
-                        lost_ns: lost,
-                        exposure_ns: exposure,
-                        saved_ns: saved,
-                        step_ns: 0.0,
-                        once_fixed: None,
-                        alarm: false,
-                        structural: None,
-                        at: from,
-                        wall: self.wall(from),
-                    },
-                );
-            }
+        obs
+    }
+
+    /// Communication: slow NICs and links judged over the iteration's
+    /// window, each costed by the what-if with its transfers at its peers'
+    /// rate; one with no measured cost is no finding.
+    fn transfer_observations(
+        &self,
+        core: &mut Core,
+        it: &IterCtx,
+        bucket: &IterBucket,
+        model: Option<&crate::graph::whatif::WhatIf>,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) {
+        let f = core.links.evaluate(it.from, it.to, |r| self.host_of(r));
+        for c in &f.common_mode {
+            tracing::debug!(
+                host = %c.host,
+                slow = c.slow_links,
+                measured = c.measured_links,
+                "every link this host measures is slow: a host-side cause, no pair named"
+            );
         }
-        drop_passed_into_transfers(&mut obs, core.lifecycle.verdicts());
-        relay_transfer_lateness(&mut obs, core.lifecycle.verdicts(), &core.nic_peers);
+        let min_link_cost = self.cfg.links.min_cost_fraction;
+        let max_err = self.max_error_ns();
+        // A NIC's or link's observation, at the iteration's start.
+        let observe = |classification, rank, link, lost_ns, saved_ns| Observation {
+            classification,
+            rank,
+            host: self.host_of(rank),
+            link,
+            ranks: Vec::new(),
+            clock_error_ns: max_err,
+            late_ns: 0.0,
+            lost_ns,
+            exposure_ns: it.exposure,
+            saved_ns,
+            step_ns: 0.0,
+            once_fixed: None,
+            alarm: false,
+            structural: None,
+            at: it.from,
+            wall: self.wall(it.from),
+        };
+        // The GPU time lost on `ranks`' transfers at `ratio` × their peers'
+        // time, and the step's share: the what-if with those transfers at
+        // the peers' rate (the members' sum is GPU time, not step time).
+        let costs = |ranks: &[u32], ratio: f64| {
+            let excess = 1.0 - 1.0 / ratio.max(1.0);
+            let lost = bucket
+                .ranks
+                .get(&ranks[0])
+                .map_or(0.0, |a| a.xfer_member_ns * excess);
+            let saved = model.and_then(|m| m.transfer_cost(ranks, 1.0 / ratio.max(1.0)));
+            (lost, saved)
+        };
+        for n in &f.nics {
+            let (lost, saved) = costs(&[n.rank], n.ratio);
+            if !costs_enough(lost, it.exposure, min_link_cost) {
+                tracing::debug!(
+                    rank = n.rank,
+                    lost_ns = lost,
+                    "slow NIC with no measured cost: not a finding"
+                );
+                continue;
+            }
+            let ratio = transfer_ratio(bucket, n.rank);
+            let mut peers = n.slow_peers.clone();
+            peers.extend(core.stats.inter_host_peers(n.rank));
+            peers.sort_unstable();
+            peers.dedup();
+            core.nic_peers.insert(n.rank, peers);
+            let c = classify::classify_nic(n, ratio);
+            obs.insert(Subject::Nic(n.rank), observe(c, n.rank, None, lost, saved));
+        }
+        for l in &f.links {
+            let (lost, saved) = costs(&[l.a, l.b], l.ratio);
+            if !costs_enough(lost, it.exposure, min_link_cost) {
+                tracing::debug!(
+                    a = l.a,
+                    b = l.b,
+                    lost_ns = lost,
+                    "slow link with no measured cost: not a finding"
+                );
+                continue;
+            }
+            let c = classify::classify_link(l);
+            obs.insert(
+                Subject::Link(l.a, l.b),
+                observe(c, l.a, Some([l.a, l.b]), lost, saved),
+            );
+        }
+    }
+
+    /// Waits that are another subject's, passed along to it: lateness that
+    /// a slow transfer explains, a pipeline neighbour's wait for a rank
+    /// that costs the job several times more, a blind partner's wait for a
+    /// compute-slow rank, and a whole host's ranks merged into one finding.
+    fn pass_waits_to_their_cause(&self, core: &Core, obs: &mut BTreeMap<Subject, Observation>) {
+        drop_passed_into_transfers(obs, core.lifecycle.verdicts());
+        relay_transfer_lateness(obs, core.lifecycle.verdicts(), &core.nic_peers);
         // A pipeline neighbour of a rank that costs the job several times
         // more (named now, or by an active verdict) waits for that rank's
         // sends. Outside a deep window (or across NVLink) a receive has no
@@ -335,7 +468,7 @@ impl Analyzer {
         // other rank's, passed along the pipeline.
         // The neighbour's own one-host partners count too: a stage waits
         // for its neighbour, which waited for its tensor-parallel partner.
-        let costs = rank_costs(&obs, core.lifecycle.verdicts(), |_| true);
+        let costs = rank_costs(obs, core.lifecycle.verdicts(), |_| true);
         obs.retain(|k, o| match *k {
             Subject::Rank(r) => !passed_along(
                 cost_share(o),
@@ -356,44 +489,11 @@ impl Analyzer {
             .map(|v| v.rank)
             .collect();
         relay_blind_waits(
-            &mut obs,
+            obs,
             |r| core.stats.blind_partners(r),
             |r| compute_active.contains(&r),
         );
-        crate::classify::hostwide::merge(&mut obs, &self.live_ranks_by_host());
-        if let Some(m) = model.as_ref().filter(|_| warm) {
-            // Own work is GPU work only on GPU-side times: on host-side
-            // ones a host that ran ahead, or waited, looks like work (and
-            // a restarted coordinator's partial iterations look balanced
-            // badly). Structure is judged on GPU-side iterations only.
-            let gpu_side = core
-                .recent
-                .iter()
-                .filter(|(it, _)| *it == k)
-                .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
-            if gpu_side {
-                core.imbalance.observe(m, step, &shares);
-                self.structural(core, m, step, from, &mut obs);
-            }
-        }
-        let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
-        let events = core.lifecycle.step(k, obs);
-        for c in unobserved {
-            core.lifecycle
-                .account_unobserved(k, c.subject, c.saved_ns, step, c.once_fixed);
-        }
-        for e in &events {
-            if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
-                self.snapshot(
-                    core,
-                    v.id,
-                    v.first_seen_iteration,
-                    v.link.as_ref().map(|l| l.ranks),
-                    v.rank,
-                );
-            }
-        }
-        events
+        crate::classify::hostwide::merge(obs, &self.live_ranks_by_host());
     }
 
     /// Structural findings of the iteration ([`crate::graph::structure`]): a stage

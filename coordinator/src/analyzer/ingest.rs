@@ -19,69 +19,8 @@ impl Analyzer {
             push_recent(&mut c, &e);
             return sum;
         }
-        {
-            let mut a = self.agents.entry(b.agent_id.clone()).or_default();
-            if a.host.is_none() {
-                a.host = Some(b.host.clone());
-            }
-            // Sequence 0 after later batches is the agent's reconnection
-            // preamble: it re-declares its ranks and communicators (a
-            // restarted coordinator needs them) and is never a resend. So is
-            // a record-less sequence 0 at any time: the link may have gone
-            // down before the real batch 0 left the agent's spool, and
-            // taking the preamble for batch 0 would drop the real one as a
-            // duplicate; after batch 0 it must still declare (a restarted
-            // life knows batch 0 from its journal, not its communicators).
-            let preamble = b.seq == 0 && (only_declares(b) || a.last_seq.is_some_and(|l| l > 0));
-            sum.preamble = preamble;
-            if !preamble && a.last_seq.is_some_and(|last| b.seq <= last) {
-                drop(a);
-                lock(&self.counters).duplicate_batches += 1;
-                sum.duplicate_batch = true;
-                return sum;
-            }
-            let missing = match a.last_seq {
-                Some(last) if !preamble => b.seq - last - 1,
-                _ => 0,
-            };
-            if missing >= validate::MAX_SEQ_GAP {
-                let e = RecordError::SeqJump {
-                    last: a.last_seq.unwrap_or(0),
-                    got: b.seq,
-                };
-                drop(a);
-                sum.batch_rejected = Some(e.label());
-                let mut c = lock(&self.counters);
-                *c.batches_rejected.entry(e.label().to_owned()).or_default() += 1;
-                push_recent(&mut c, &e);
-                return sum;
-            }
-            // A step no agent can make is not believed (nor remembered):
-            // one u64::MAX would pin the job-wide sums at their ceiling.
-            let step = |now: u64, had: u64| {
-                Some(now.saturating_sub(had)).filter(|d| *d <= validate::MAX_COUNTER_STEP)
-            };
-            let (rd, sd) = (
-                step(b.ringbuf_drops, a.ringbuf_drops),
-                step(b.spool_drops, a.spool_drops),
-            );
-            if !preamble {
-                a.last_seq = Some(a.last_seq.map_or(b.seq, |l| l.max(b.seq)));
-            }
-            if rd.is_some() {
-                a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
-            }
-            if sd.is_some() {
-                a.spool_drops = a.spool_drops.max(b.spool_drops);
-            }
-            let (rd, sd) = (rd.unwrap_or(0), sd.unwrap_or(0));
-            drop(a);
-            // Saturating: a garbage sequence or drop count must not overflow.
-            let mut c = lock(&self.counters);
-            c.batches += 1;
-            c.missing_batches = c.missing_batches.saturating_add(missing);
-            c.ringbuf_drops = c.ringbuf_drops.saturating_add(rd);
-            c.spool_drops = c.spool_drops.saturating_add(sd);
+        if !self.admit(b, &mut sum) {
+            return sum;
         }
         let host: Arc<str> = Arc::from(b.host.as_str());
         // A host first heard of in this batch gets a clock only if the batch
@@ -92,95 +31,8 @@ impl Analyzer {
             self.observe_batch_clock(b, recv_ns);
         }
         let slack = self.cfg.limits.future_slack_ns;
-        for id in &b.ranks {
-            if let Err(e) = self.check_identity(id, &b.host) {
-                self.reject(e);
-                sum.rejected += 1;
-                continue;
-            }
-            self.ranks.insert(
-                id.rank,
-                RankInfo {
-                    rank: id.rank,
-                    host: b.host.clone(),
-                    agent_id: b.agent_id.clone(),
-                    pid: id.pid,
-                    world_size: id.world_size,
-                    job_id: id.job_id.clone(),
-                    restart_count: id.restart_count,
-                    exited_at: None,
-                },
-            );
-            sum.accepted += 1;
-        }
-        for e in &b.exits {
-            if let Err(err) = self.check_exit(e, &b.host, b.mono_ns, slack) {
-                self.reject(err);
-                sum.rejected += 1;
-                continue;
-            }
-            let t = self.to_coord(&b.host, e.exit_ns).0;
-            if let Some(mut r) = self.ranks.get_mut(&e.rank) {
-                r.exited_at = Some(t);
-            }
-            sum.accepted += 1;
-        }
-        let mut announced = Vec::new();
-        for c in &b.comms {
-            if c.parent_id != 0 {
-                // Every split record feeds the split table (a member heard);
-                // those without a size are completed by it.
-                let deferred = crate::join::splits::Splits::needs_resolving(c);
-                let parent =
-                    self.joiner
-                        .comm_info(c.parent_id)
-                        .map(|i| crate::join::splits::Parent {
-                            nranks: i.nranks,
-                            ranks: i.ranks,
-                        });
-                let offered = self.check_rank(c.rank, &b.host).and_then(|_| {
-                    lock(&self.splits)
-                        .offer(&host, c, parent.as_ref())
-                        .map_err(RecordError::from)
-                });
-                match offered {
-                    Ok(resolved) => {
-                        for (h, rc) in resolved {
-                            match self
-                                .check_comm_size(&rc)
-                                .and_then(|_| self.joiner.register_comm(&h, &rc))
-                            {
-                                Ok(()) => announced.push(rc.comm_id),
-                                Err(e) => self.reject(e),
-                            }
-                        }
-                    }
-                    Err(e) if deferred => {
-                        self.reject(e);
-                        sum.rejected += 1;
-                        continue;
-                    }
-                    // A complete record needs no working out.
-                    Err(_) => {}
-                }
-                if deferred {
-                    sum.accepted += 1;
-                    continue;
-                }
-            }
-            if let Err(e) = self
-                .check_rank(c.rank, &b.host)
-                .and_then(|_| validate::check_comm(c))
-                .and_then(|_| self.check_comm_size(c))
-                .and_then(|_| self.joiner.register_comm(&host, c))
-            {
-                self.reject(e);
-                sum.rejected += 1;
-            } else {
-                sum.accepted += 1;
-                announced.push(c.comm_id);
-            }
-        }
+        self.ingest_ranks(b, slack, &mut sum);
+        let announced = self.ingest_comms(b, &host, &mut sum);
         let mut out = Offered::default();
         // Records that waited for these memberships go first: they were
         // issued before this batch's.
@@ -229,6 +81,205 @@ impl Analyzer {
             progress,
             nccl_errors,
         } = out;
+        self.ingest_intervals_and_links(b, slack, &mut sum);
+        if !completed.is_empty() {
+            lock(&self.completed).extend(completed);
+        }
+        if !progress.is_empty() {
+            lock(&self.hang_progress).extend(progress);
+        }
+        if !clock_known && sum.accepted > 0 {
+            self.observe_batch_clock(b, recv_ns);
+        }
+        // After the records: the batch says its agent is current up to its
+        // cut. Not the preamble (sequence 0): re-sent on reconnection ahead
+        // of the spooled batches, it carries the latest cut but none of the
+        // records before it, and would expire their instances as hangs.
+        if b.seq != 0 {
+            self.watermarks
+                .entry(b.agent_id.clone())
+                .and_modify(|w| *w = (*w).max(b.mono_ns))
+                .or_insert(b.mono_ns);
+        }
+        self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
+        let mut c = lock(&self.counters);
+        c.records_accepted += sum.accepted;
+        c.nccl_errors += nccl_errors;
+        sum
+    }
+
+    /// Whether the batch is new in its agent's sequence (a preamble always
+    /// is), counting its gaps and drops; a duplicate or an impossible jump
+    /// is counted and refused whole.
+    fn admit(&self, b: &Batch, sum: &mut IngestSummary) -> bool {
+        let mut a = self.agents.entry(b.agent_id.clone()).or_default();
+        if a.host.is_none() {
+            a.host = Some(b.host.clone());
+        }
+        // Sequence 0 after later batches is the agent's reconnection
+        // preamble: it re-declares its ranks and communicators (a
+        // restarted coordinator needs them) and is never a resend. So is
+        // a record-less sequence 0 at any time: the link may have gone
+        // down before the real batch 0 left the agent's spool, and
+        // taking the preamble for batch 0 would drop the real one as a
+        // duplicate; after batch 0 it must still declare (a restarted
+        // life knows batch 0 from its journal, not its communicators).
+        let preamble = b.seq == 0 && (only_declares(b) || a.last_seq.is_some_and(|l| l > 0));
+        sum.preamble = preamble;
+        if !preamble && a.last_seq.is_some_and(|last| b.seq <= last) {
+            drop(a);
+            lock(&self.counters).duplicate_batches += 1;
+            sum.duplicate_batch = true;
+            return false;
+        }
+        let missing = match a.last_seq {
+            Some(last) if !preamble => b.seq - last - 1,
+            _ => 0,
+        };
+        if missing >= validate::MAX_SEQ_GAP {
+            let e = RecordError::SeqJump {
+                last: a.last_seq.unwrap_or(0),
+                got: b.seq,
+            };
+            drop(a);
+            sum.batch_rejected = Some(e.label());
+            let mut c = lock(&self.counters);
+            *c.batches_rejected.entry(e.label().to_owned()).or_default() += 1;
+            push_recent(&mut c, &e);
+            return false;
+        }
+        // A step no agent can make is not believed (nor remembered):
+        // one u64::MAX would pin the job-wide sums at their ceiling.
+        let step = |now: u64, had: u64| {
+            Some(now.saturating_sub(had)).filter(|d| *d <= validate::MAX_COUNTER_STEP)
+        };
+        let (rd, sd) = (
+            step(b.ringbuf_drops, a.ringbuf_drops),
+            step(b.spool_drops, a.spool_drops),
+        );
+        if !preamble {
+            a.last_seq = Some(a.last_seq.map_or(b.seq, |l| l.max(b.seq)));
+        }
+        if rd.is_some() {
+            a.ringbuf_drops = a.ringbuf_drops.max(b.ringbuf_drops);
+        }
+        if sd.is_some() {
+            a.spool_drops = a.spool_drops.max(b.spool_drops);
+        }
+        let (rd, sd) = (rd.unwrap_or(0), sd.unwrap_or(0));
+        drop(a);
+        // Saturating: a garbage sequence or drop count must not overflow.
+        let mut c = lock(&self.counters);
+        c.batches += 1;
+        c.missing_batches = c.missing_batches.saturating_add(missing);
+        c.ringbuf_drops = c.ringbuf_drops.saturating_add(rd);
+        c.spool_drops = c.spool_drops.saturating_add(sd);
+        true
+    }
+
+    /// The batch's rank identities and exits.
+    fn ingest_ranks(&self, b: &Batch, slack: u64, sum: &mut IngestSummary) {
+        for id in &b.ranks {
+            if let Err(e) = self.check_identity(id, &b.host) {
+                self.reject(e);
+                sum.rejected += 1;
+                continue;
+            }
+            self.ranks.insert(
+                id.rank,
+                RankInfo {
+                    rank: id.rank,
+                    host: b.host.clone(),
+                    agent_id: b.agent_id.clone(),
+                    pid: id.pid,
+                    world_size: id.world_size,
+                    job_id: id.job_id.clone(),
+                    restart_count: id.restart_count,
+                    exited_at: None,
+                },
+            );
+            sum.accepted += 1;
+        }
+        for e in &b.exits {
+            if let Err(err) = self.check_exit(e, &b.host, b.mono_ns, slack) {
+                self.reject(err);
+                sum.rejected += 1;
+                continue;
+            }
+            let t = self.to_coord(&b.host, e.exit_ns).0;
+            if let Some(mut r) = self.ranks.get_mut(&e.rank) {
+                r.exited_at = Some(t);
+            }
+            sum.accepted += 1;
+        }
+    }
+
+    /// The batch's communicators (splits worked out where a record lacks
+    /// its size); returns the ones announced now, whose parked records can
+    /// go.
+    fn ingest_comms(&self, b: &Batch, host: &Arc<str>, sum: &mut IngestSummary) -> Vec<u64> {
+        let mut announced = Vec::new();
+        for c in &b.comms {
+            if c.parent_id != 0 {
+                // Every split record feeds the split table (a member heard);
+                // those without a size are completed by it.
+                let deferred = crate::join::splits::Splits::needs_resolving(c);
+                let parent =
+                    self.joiner
+                        .comm_info(c.parent_id)
+                        .map(|i| crate::join::splits::Parent {
+                            nranks: i.nranks,
+                            ranks: i.ranks,
+                        });
+                let offered = self.check_rank(c.rank, &b.host).and_then(|_| {
+                    lock(&self.splits)
+                        .offer(host, c, parent.as_ref())
+                        .map_err(RecordError::from)
+                });
+                match offered {
+                    Ok(resolved) => {
+                        for (h, rc) in resolved {
+                            match self
+                                .check_comm_size(&rc)
+                                .and_then(|_| self.joiner.register_comm(&h, &rc))
+                            {
+                                Ok(()) => announced.push(rc.comm_id),
+                                Err(e) => self.reject(e),
+                            }
+                        }
+                    }
+                    Err(e) if deferred => {
+                        self.reject(e);
+                        sum.rejected += 1;
+                        continue;
+                    }
+                    // A complete record needs no working out.
+                    Err(_) => {}
+                }
+                if deferred {
+                    sum.accepted += 1;
+                    continue;
+                }
+            }
+            if let Err(e) = self
+                .check_rank(c.rank, &b.host)
+                .and_then(|_| validate::check_comm(c))
+                .and_then(|_| self.check_comm_size(c))
+                .and_then(|_| self.joiner.register_comm(host, c))
+            {
+                self.reject(e);
+                sum.rejected += 1;
+            } else {
+                sum.accepted += 1;
+                announced.push(c.comm_id);
+            }
+        }
+        announced
+    }
+
+    /// The batch's per-rank intervals and RDMA link records, queued for the
+    /// next tick (bounded: past the cap a record is dropped and counted).
+    fn ingest_intervals_and_links(&self, b: &Batch, slack: u64, sum: &mut IngestSummary) {
         let cap = self.cfg.limits.max_queued_records;
         {
             let mut q = lock(&self.raw_intervals);
@@ -290,30 +341,6 @@ impl Analyzer {
                 }
             }
         }
-        if !completed.is_empty() {
-            lock(&self.completed).extend(completed);
-        }
-        if !progress.is_empty() {
-            lock(&self.hang_progress).extend(progress);
-        }
-        if !clock_known && sum.accepted > 0 {
-            self.observe_batch_clock(b, recv_ns);
-        }
-        // After the records: the batch says its agent is current up to its
-        // cut. Not the preamble (sequence 0): re-sent on reconnection ahead
-        // of the spooled batches, it carries the latest cut but none of the
-        // records before it, and would expire their instances as hangs.
-        if b.seq != 0 {
-            self.watermarks
-                .entry(b.agent_id.clone())
-                .and_modify(|w| *w = (*w).max(b.mono_ns))
-                .or_insert(b.mono_ns);
-        }
-        self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
-        let mut c = lock(&self.counters);
-        c.records_accepted += sum.accepted;
-        c.nccl_errors += nccl_errors;
-        sum
     }
 
     /// Offers one checked collective to the join; one whose communicator

@@ -217,6 +217,12 @@ struct Core {
     steps: VecDeque<f64>,
     /// Per-iteration lateness and step time for the report page.
     timeline: crate::report::timeline::Timeline,
+    /// A life resumed after a restart that has not evaluated an iteration
+    /// yet ([`Analyzer::resumed_life`]).
+    resume_pending: bool,
+    /// No iteration before this one is a baseline or a finding (a resumed
+    /// life's own warm-up; 0 in a first life).
+    warm_from: u64,
 }
 
 /// The coordinator's reasoning core.
@@ -328,6 +334,8 @@ impl Analyzer {
             lost_by_root: HashMap::new(),
             nic_peers: HashMap::new(),
             held_for_deep: None,
+            resume_pending: false,
+            warm_from: 0,
             steps: VecDeque::new(),
             timeline: Default::default(),
         };
@@ -474,6 +482,16 @@ impl Analyzer {
     /// Resumes with the period an earlier life decided.
     pub fn restore_period(&self, p: crate::graph::iteration::Period) {
         lock(&self.core).iteration.restore_period(p);
+    }
+
+    /// This analyzer continues a job an earlier coordinator watched: its
+    /// first iterations warm up again, whatever their number. They straddle
+    /// the restart (records the earlier life ingested are not here, so an
+    /// instance holds some members and an iteration some instances) and
+    /// its per-rank statistics start empty. Judged at once, such an
+    /// iteration named a rank "93 ms late, costing 61 %" on a healthy job.
+    pub fn resumed_life(&self) {
+        lock(&self.core).resume_pending = true;
     }
 }
 

@@ -163,3 +163,75 @@ fn a_preamble_before_batch_zero_does_not_swallow_it() {
     assert!(again.preamble && !again.duplicate_batch, "{again:?}");
     assert_eq!(a.report().ingest.counters.missing_batches, 0);
 }
+
+/// A coordinator life that joins a job at iteration `from` (rank 5
+/// compute-slow throughout, from iteration 10): the batches before it went
+/// to an earlier life (only their declarations reach this one, as the
+/// agents' reconnection preambles carry them), and of iteration `from`
+/// only host node-1's, so that iteration straddles the restart. Returns
+/// the verdicts after `until` iterations.
+fn life_joining_at(from: u64, until: u64, resumed: bool) -> Vec<crate::verdict::Verdict> {
+    use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
+    let a = Analyzer::new(AnalyzerConfig::default());
+    if resumed {
+        a.resumed_life();
+    }
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.5,
+        },
+        10,
+    ));
+    let mut g = Generator::new(spec);
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    for it in 0..until {
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            a.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, b) in &out.batches {
+            let earlier_life = it < from || (it == from && b.host == "node-0");
+            if earlier_life {
+                let mut declared = b.clone();
+                declared.collectives.clear();
+                declared.intervals.clear();
+                declared.links.clear();
+                declared.exits.clear();
+                a.ingest(&declared, *recv);
+            } else {
+                a.ingest(b, *recv);
+            }
+        }
+        if it >= from {
+            a.tick(out.end_ns as i64 + 3_000_000);
+        }
+    }
+    a.report().verdicts
+}
+
+#[test]
+fn a_resumed_life_warms_up_before_it_names_anyone() {
+    let warmup = AnalyzerConfig::default().lifecycle.warmup_iterations;
+    let (from, until) = (40, 40 + warmup + 30);
+    let v = life_joining_at(from, until, true);
+    // Named again once warm, and only then: the straddling iteration and
+    // the empty baselines of the first ones are nobody's evidence.
+    assert!(
+        v.iter()
+            .any(|v| v.rank == 5 && v.kind == classify::Kind::Compute),
+        "{v:?}"
+    );
+    for v in &v {
+        assert!(
+            v.first_seen_iteration >= from + warmup,
+            "rank {} named at iteration {}, inside the new life's warm-up ({from}..{})",
+            v.rank,
+            v.first_seen_iteration,
+            from + warmup
+        );
+    }
+}

@@ -13,20 +13,7 @@ impl Analyzer {
         let completed = std::mem::take(&mut *lock(&self.completed));
         let progress = std::mem::take(&mut *lock(&self.hang_progress));
         let mut raw_links = std::mem::take(&mut *lock(&self.raw_links));
-        {
-            // Name what can be named now; the rest waits (a few seconds at most).
-            let peers = lock(&self.link_peers);
-            let mut unnamed = lock(&self.unnamed_links);
-            let max_wait = 10_000_000_000;
-            unnamed.retain_mut(|(host, l)| match peers.peer_of(l) {
-                Some(r) => {
-                    l.peer_rank = i64::from(r);
-                    raw_links.push((host.clone(), l.clone()));
-                    false
-                }
-                None => now.saturating_sub(self.to_coord(host, l.end_ns).0) < max_wait,
-            });
-        }
+        self.name_unnamed_links(now, &mut raw_links);
         let raw_intervals = std::mem::take(&mut *lock(&self.raw_intervals));
         let maps = self.clock_maps();
         let clock = |h: &str, t: u64| maps.to_coord(h, t);
@@ -42,6 +29,50 @@ impl Analyzer {
         for (ji, a) in completed.iter().zip(&aligned) {
             self.completion_check(core, ji, a);
         }
+        self.place_instances(core, aligned, &mut events);
+        Self::add_links_and_intervals(core, raw_links, raw_intervals, &clock);
+        self.refine_clocks(core);
+        events.extend(self.hang_events(core, now, progress));
+        if let Some(through) = core.iteration.sealed_through() {
+            for (k, bucket) in core.stats.take_sealed(through) {
+                events.extend(self.evaluate(core, k, &bucket));
+                core.last_sealed = Some(k);
+            }
+            // How far behind the job the verdicts are (benchmarks read it).
+            if let Some(end) = core.iteration.end_of(through) {
+                tracing::debug!(target: "slowrank::timing", sealed_through = through,
+                    behind_ms = now.saturating_sub(end) as f64 / 1e6, "iterations sealed");
+            }
+        }
+        events
+    }
+
+    /// Links whose remote rank the agent could not name, named where both
+    /// ends' QP numbers and LIDs now say who; the rest waits (a few seconds
+    /// at most).
+    fn name_unnamed_links(&self, now: CoordNs, raw_links: &mut Vec<(String, LinkRecord)>) {
+        let peers = lock(&self.link_peers);
+        let mut unnamed = lock(&self.unnamed_links);
+        let max_wait = 10_000_000_000;
+        unnamed.retain_mut(|(host, l)| match peers.peer_of(l) {
+            Some(r) => {
+                l.peer_rank = i64::from(r);
+                raw_links.push((host.clone(), l.clone()));
+                false
+            }
+            None => now.saturating_sub(self.to_coord(host, l.end_ns).0) < max_wait,
+        });
+    }
+
+    /// Newly joined instances, in start order, onto the iteration clock and
+    /// into their iterations; iterations sealed early to make room for a
+    /// backlog are evaluated on the way.
+    fn place_instances(
+        &self,
+        core: &mut Core,
+        aligned: Vec<AlignedInstance>,
+        events: &mut Vec<VerdictEvent>,
+    ) {
         for a in aligned {
             core.first_t = Some(core.first_t.map_or(a.start, |t| t.min(a.start)));
             core.last_t = Some(core.last_t.map_or(a.end, |t| t.max(a.end)));
@@ -78,6 +109,15 @@ impl Analyzer {
                 self.remember(core, it, a);
             }
         }
+    }
+
+    /// RDMA link and per-rank interval records onto the coordinator clock.
+    fn add_links_and_intervals(
+        core: &mut Core,
+        raw_links: Vec<(String, LinkRecord)>,
+        raw_intervals: Vec<(String, RankInterval)>,
+        clock: &impl Fn(&str, u64) -> (CoordNs, f64),
+    ) {
         for (host, l) in raw_links {
             let (start, _) = clock(&host, l.start_ns);
             let (end, _) = clock(&host, l.end_ns);
@@ -106,20 +146,6 @@ impl Analyzer {
                 },
             );
         }
-        self.refine_clocks(core);
-        events.extend(self.hang_events(core, now, progress));
-        if let Some(through) = core.iteration.sealed_through() {
-            for (k, bucket) in core.stats.take_sealed(through) {
-                events.extend(self.evaluate(core, k, &bucket));
-                core.last_sealed = Some(k);
-            }
-            // How far behind the job the verdicts are (benchmarks read it).
-            if let Some(end) = core.iteration.end_of(through) {
-                tracing::debug!(target: "slowrank::timing", sealed_through = through,
-                    behind_ms = now.saturating_sub(end) as f64 / 1e6, "iterations sealed");
-            }
-        }
-        events
     }
 
     /// The configured groups' what-if costs so far.

@@ -87,6 +87,46 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// The means over a suspect's window of suspicious iterations.
+struct WindowMeans {
+    late: f64,
+    unexplained: f64,
+    /// At least half the window had GPU-side times.
+    gpu_known: bool,
+    sync_excess: f64,
+    step: f64,
+    last_frac: f64,
+    pos: f64,
+    inflicted: f64,
+    blame_excess: f64,
+    /// The largest clock error bound over the window.
+    err: f64,
+    peers: usize,
+    first: u64,
+    last: u64,
+}
+
+impl WindowMeans {
+    fn of(window: &[RankScore]) -> Self {
+        let n = window.len().max(1) as f64;
+        Self {
+            late: mean(window.iter().map(|s| s.late_ns)),
+            unexplained: mean(window.iter().map(|s| s.unexplained_ns)),
+            gpu_known: window.iter().filter(|s| s.gpu_late_ns.is_some()).count() as f64 >= n / 2.0,
+            sync_excess: mean(window.iter().map(|s| s.sync_excess_ns)),
+            step: mean(window.iter().map(|s| s.step_ns)),
+            last_frac: mean(window.iter().map(|s| s.last_frac)),
+            pos: mean(window.iter().map(|s| s.mean_pos)),
+            inflicted: mean(window.iter().map(|s| s.inflicted_ns)),
+            blame_excess: mean(window.iter().map(|s| s.blame_excess_ns)),
+            err: window.iter().map(|s| s.err_ns).fold(0.0, f64::max),
+            peers: window.last().map_or(0, |s| s.peers),
+            first: window.first().map_or(0, |s| s.iteration),
+            last: window.last().map_or(0, |s| s.iteration),
+        }
+    }
+}
+
 /// Classifies a straggler from its suspicious iterations (`window`, not empty)
 /// and corroborating evidence. `persistence` is the Spearman ρ of lateness
 /// order across consecutive instances on its reference communicator.
@@ -96,21 +136,51 @@ pub fn classify_straggler(
     persistence: Option<f64>,
     min_step_fraction: f64,
 ) -> Classification {
-    let n = window.len().max(1) as f64;
-    let late = mean(window.iter().map(|s| s.late_ns));
-    let unexplained = mean(window.iter().map(|s| s.unexplained_ns));
-    let gpu_known = window.iter().filter(|s| s.gpu_late_ns.is_some()).count() as f64 >= n / 2.0;
-    let sync_excess = mean(window.iter().map(|s| s.sync_excess_ns));
-    let step = mean(window.iter().map(|s| s.step_ns));
-    let last_frac = mean(window.iter().map(|s| s.last_frac));
-    let pos = mean(window.iter().map(|s| s.mean_pos));
-    let inflicted = mean(window.iter().map(|s| s.inflicted_ns));
-    let blame_excess = mean(window.iter().map(|s| s.blame_excess_ns));
-    let err = window.iter().map(|s| s.err_ns).fold(0.0, f64::max);
-    let peers = window.last().map_or(0, |s| s.peers);
-    let first = window.first().map_or(0, |s| s.iteration);
-    let last = window.last().map_or(0, |s| s.iteration);
+    let m = WindowMeans::of(window);
+    let mut ev = lateness_lines(&m, persistence);
+    let (kind, clarity, gpu_side) = decide_kind(&m, window, cpu, &mut ev);
+    if kind == Kind::Host {
+        if let Some(c) = cpu {
+            host_cpu_lines(c, &mut ev);
+        }
+    } else if m.sync_excess > 0.0 {
+        ev.push(format!(
+            "its host waits {} per iteration longer than peers in GPU syncs",
+            fmt_ns(m.sync_excess)
+        ));
+    }
+    ev.push(format!("clock error bound {} at decision", fmt_ns(m.err)));
+    let own = m.unexplained.max(m.blame_excess / 2.0);
+    let strength = ((own / m.step.max(1.0)) / (4.0 * min_step_fraction)).clamp(0.0, 1.0);
+    let order = m.last_frac.clamp(0.0, 1.0).max(m.pos.clamp(0.0, 1.0));
+    let mut confidence = 0.35 + 0.25 * strength + 0.2 * order + 0.2 * clarity.clamp(0.0, 1.0);
+    if !m.gpu_known {
+        confidence = confidence.min(0.8);
+    }
+    Classification {
+        kind,
+        confidence: confidence.clamp(0.0, 0.99),
+        evidence: ev,
+        gpu_side,
+    }
+}
 
+/// The evidence lines every straggler gets: how late, how often last,
+/// what it cost the others, how persistent.
+fn lateness_lines(m: &WindowMeans, persistence: Option<f64>) -> Vec<String> {
+    let WindowMeans {
+        late,
+        unexplained,
+        step,
+        last_frac,
+        pos,
+        inflicted,
+        blame_excess,
+        peers,
+        first,
+        last,
+        ..
+    } = *m;
     let mut ev = vec![format!(
         "arrives {} late per iteration on its {}-rank reference communicator ({:.0}% of a {} step), iterations {first}–{last}",
         fmt_ns(unexplained),
@@ -147,6 +217,18 @@ pub fn classify_straggler(
         ));
     }
 
+    ev
+}
+
+/// Compute or host, with how clearly (0–1) and whether GPU-side times
+/// decided it; pushes the lines that say why.
+fn decide_kind(
+    m: &WindowMeans,
+    window: &[RankScore],
+    cpu: Option<&CpuEvidence>,
+    ev: &mut Vec<String>,
+) -> (Kind, f64, bool) {
+    let (gpu_known, sync_excess) = (m.gpu_known, m.sync_excess);
     // Per-instance means: a late start of the step shows in every instance
     // of the iteration, a longer sync wait once per iteration.
     let host_mean = mean(
@@ -231,59 +313,39 @@ pub fn classify_straggler(
             (1.0 - drained).clamp(0.0, 1.0) * if gpu_known { 0.9 } else { 0.7 },
         )
     };
-    if kind == Kind::Host {
-        if let Some(c) = cpu {
-            if c.measured && c.oncpu_frac > c.oncpu_frac_peers + 0.01 {
-                ev.push(format!(
-                    "on a CPU {:.1}% of wall time vs {:.1}% on peers: more host work",
-                    100.0 * c.oncpu_frac,
-                    100.0 * c.oncpu_frac_peers
-                ));
-            }
-            if c.runq_frac > c.runq_frac_peers + 0.01 {
-                ev.push(format!(
-                    "run-queue delay {:.1}% of wall time vs {:.1}% on peers: CPU contention",
-                    100.0 * c.runq_frac,
-                    100.0 * c.runq_frac_peers
-                ));
-            }
-            if c.offcpu_frac > c.offcpu_frac_peers + 0.01 {
-                ev.push(format!(
-                    "off-CPU (outside GPU syncs) {:.1}% of wall time vs {:.1}% on peers",
-                    100.0 * c.offcpu_frac,
-                    100.0 * c.offcpu_frac_peers
-                ));
-            }
-            if !c.launches_measured {
-                ev.push("launch rate not measured in this window (launches are counted only in deep windows and samples)".to_owned());
-            } else if c.launches_per_s_peers > 0.0
-                && c.launches_per_s < 0.9 * c.launches_per_s_peers
-            {
-                ev.push(format!(
-                    "launch rate {:.0}/s vs {:.0}/s on peers",
-                    c.launches_per_s, c.launches_per_s_peers
-                ));
-            }
-        }
-    } else if sync_excess > 0.0 {
+    (kind, clarity, gpu_side)
+}
+
+/// A host-slow rank's scheduler and launch evidence against its peers'.
+fn host_cpu_lines(c: &CpuEvidence, ev: &mut Vec<String>) {
+    if c.measured && c.oncpu_frac > c.oncpu_frac_peers + 0.01 {
         ev.push(format!(
-            "its host waits {} per iteration longer than peers in GPU syncs",
-            fmt_ns(sync_excess)
+            "on a CPU {:.1}% of wall time vs {:.1}% on peers: more host work",
+            100.0 * c.oncpu_frac,
+            100.0 * c.oncpu_frac_peers
         ));
     }
-    ev.push(format!("clock error bound {} at decision", fmt_ns(err)));
-    let own = unexplained.max(blame_excess / 2.0);
-    let strength = ((own / step.max(1.0)) / (4.0 * min_step_fraction)).clamp(0.0, 1.0);
-    let order = last_frac.clamp(0.0, 1.0).max(pos.clamp(0.0, 1.0));
-    let mut confidence = 0.35 + 0.25 * strength + 0.2 * order + 0.2 * clarity.clamp(0.0, 1.0);
-    if !gpu_known {
-        confidence = confidence.min(0.8);
+    if c.runq_frac > c.runq_frac_peers + 0.01 {
+        ev.push(format!(
+            "run-queue delay {:.1}% of wall time vs {:.1}% on peers: CPU contention",
+            100.0 * c.runq_frac,
+            100.0 * c.runq_frac_peers
+        ));
     }
-    Classification {
-        kind,
-        confidence: confidence.clamp(0.0, 0.99),
-        evidence: ev,
-        gpu_side,
+    if c.offcpu_frac > c.offcpu_frac_peers + 0.01 {
+        ev.push(format!(
+            "off-CPU (outside GPU syncs) {:.1}% of wall time vs {:.1}% on peers",
+            100.0 * c.offcpu_frac,
+            100.0 * c.offcpu_frac_peers
+        ));
+    }
+    if !c.launches_measured {
+        ev.push("launch rate not measured in this window (launches are counted only in deep windows and samples)".to_owned());
+    } else if c.launches_per_s_peers > 0.0 && c.launches_per_s < 0.9 * c.launches_per_s_peers {
+        ev.push(format!(
+            "launch rate {:.0}/s vs {:.0}/s on peers",
+            c.launches_per_s, c.launches_per_s_peers
+        ));
     }
 }
 

@@ -114,140 +114,13 @@ impl WhatIf {
         if it.events.is_empty() {
             return None;
         }
-        // rank → (arrival, event, shape), in arrival order.
-        let mut chains: BTreeMap<u32, Vec<(f64, usize, u64)>> = BTreeMap::new();
-        let mut busy: BTreeMap<(u32, usize), f64> = BTreeMap::new();
-        for (e, ev) in it.events.iter().enumerate() {
-            for a in &ev.arrivals {
-                chains.entry(a.rank).or_default().push((a.at, e, a.shape));
-                if let Some(b) = a.busy {
-                    busy.insert((a.rank, e), b);
-                }
-            }
-        }
-        let transfer: Vec<f64> = it
-            .events
-            .iter()
-            .map(|ev| {
-                let last = ev
-                    .arrivals
-                    .iter()
-                    .map(|a| a.at)
-                    .fold(f64::NEG_INFINITY, f64::max);
-                if last.is_finite() {
-                    (ev.end - last).max(0.0)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        for seq in chains.values_mut() {
-            seq.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        }
-        let shapes_of =
-            |seq: &[(f64, usize, u64)]| -> Vec<u64> { seq.iter().map(|a| a.2).collect() };
-        // Whether a role waits for its previous instance before its next
-        // arrival is a property of the program (a synchronous collective),
-        // not of one rank: decided by the role's median. A straggler arrives
-        // after its previous instance completed because it was late, not
-        // because it waited; its on-time peers show what the program does.
-        let mut roles: BTreeMap<Vec<u64>, Vec<u32>> = BTreeMap::new();
-        for (r, seq) in &chains {
-            roles.entry(shapes_of(seq)).or_default().push(*r);
-        }
-        let mut blocking: BTreeMap<u32, Vec<bool>> = BTreeMap::new();
-        for members in roles.values() {
-            let n = chains[&members[0]].len();
-            let waits: Vec<bool> = (0..n)
-                .map(|j| {
-                    if j == 0 {
-                        return false;
-                    }
-                    let mut d: Vec<f64> = members
-                        .iter()
-                        .map(|r| {
-                            let seq = &chains[r];
-                            seq[j].0 - it.events[seq[j - 1].1].end
-                        })
-                        .collect();
-                    median(&mut d) >= 0.0
-                })
-                .collect();
-            for r in members {
-                blocking.insert(*r, waits.clone());
-            }
-        }
-        let mut g: DiGraph<NodeKind, ()> = DiGraph::new();
-        let complete: Vec<NodeIndex> = (0..it.events.len())
-            .map(|e| g.add_node(NodeKind::Complete { e }))
-            .collect();
-        let mut built: BTreeMap<u32, Chain> = BTreeMap::new();
-        for (&rank, seq) in &chains {
-            let waits = &blocking[&rank];
-            let mut chain = Chain::default();
-            let mut prev: Option<(NodeIndex, f64, usize)> = None;
-            for (j, &(at, e, shape)) in seq.iter().enumerate() {
-                let n = g.add_node(NodeKind::Arrive { rank, j });
-                g.add_edge(n, complete[e], ());
-                let ready = match prev {
-                    None => it.start,
-                    Some((pn, pat, pe)) => {
-                        g.add_edge(pn, n, ());
-                        if waits[j] {
-                            g.add_edge(complete[pe], n, ());
-                            pat.max(it.events[pe].end)
-                        } else {
-                            pat
-                        }
-                    }
-                };
-                chain.events.push(e);
-                let gap = (at - ready).max(0.0);
-                chain
-                    .work
-                    .push(busy.get(&(rank, e)).map_or(gap, |b| gap.min(*b)));
-                chain.shapes.push(shape);
-                prev = Some((n, at, e));
-            }
-            built.insert(rank, chain);
-        }
+        let (chains, busy) = arrival_chains(it);
+        let transfer = transfer_times(it);
+        let blocking = blocking_by_role(it, &chains);
+        let (g, built) = build_graph(it, &chains, &busy, &blocking);
         let order = toposort(&g, None).ok()?;
-        let mut by_shape: BTreeMap<&[u64], Vec<u32>> = BTreeMap::new();
-        for (r, c) in &built {
-            by_shape.entry(&c.shapes).or_default().push(*r);
-        }
-        let roles: Vec<Vec<u32>> = by_shape.into_values().collect();
-        let role_of: BTreeMap<u32, usize> = roles
-            .iter()
-            .enumerate()
-            .flat_map(|(i, rs)| rs.iter().map(move |r| (*r, i)))
-            .collect();
-        let role_median = roles
-            .iter()
-            .enumerate()
-            .filter(|(_, rs)| rs.len() > EXACT_PEERS)
-            .map(|(i, rs)| {
-                let n = built[&rs[0]].work.len();
-                let med = (0..n)
-                    .map(|j| {
-                        let mut v: Vec<f64> = rs.iter().map(|r| built[r].work[j]).collect();
-                        median(&mut v)
-                    })
-                    .collect();
-                (i, med)
-            })
-            .collect();
-        let last = it
-            .events
-            .iter()
-            .map(|ev| {
-                let mut a: Vec<&Arrival> = ev.arrivals.iter().collect();
-                a.sort_by(|x, y| y.at.total_cmp(&x.at));
-                let first = a.first()?;
-                let gap = a.get(1).map_or(0.0, |second| first.at - second.at);
-                Some((first.rank, gap))
-            })
-            .collect();
+        let (roles, role_of, role_median) = roles_of(&built);
+        let last = last_arrivers(it);
         let members = it
             .events
             .iter()
@@ -463,6 +336,189 @@ impl WhatIf {
 /// Roles up to this size compare a rank with its peers exactly (itself
 /// excluded); larger ones with the role's median.
 const EXACT_PEERS: usize = 16;
+
+/// Per rank, its arrivals `(at, event, shape)` in arrival order, and the
+/// GPU busy time of each `(rank, event)` where it is known.
+#[allow(clippy::type_complexity)]
+fn arrival_chains(
+    it: &IterGraph,
+) -> (
+    BTreeMap<u32, Vec<(f64, usize, u64)>>,
+    BTreeMap<(u32, usize), f64>,
+) {
+    let mut chains: BTreeMap<u32, Vec<(f64, usize, u64)>> = BTreeMap::new();
+    let mut busy: BTreeMap<(u32, usize), f64> = BTreeMap::new();
+    for (e, ev) in it.events.iter().enumerate() {
+        for a in &ev.arrivals {
+            chains.entry(a.rank).or_default().push((a.at, e, a.shape));
+            if let Some(b) = a.busy {
+                busy.insert((a.rank, e), b);
+            }
+        }
+    }
+    for seq in chains.values_mut() {
+        seq.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    }
+    (chains, busy)
+}
+
+/// Per event, its transfer: from its last arrival to its end.
+fn transfer_times(it: &IterGraph) -> Vec<f64> {
+    it.events
+        .iter()
+        .map(|ev| {
+            let last = ev
+                .arrivals
+                .iter()
+                .map(|a| a.at)
+                .fold(f64::NEG_INFINITY, f64::max);
+            if last.is_finite() {
+                (ev.end - last).max(0.0)
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// Per rank, whether each of its arrivals waits for its previous instance
+/// to complete. Whether a role waits for its previous instance before its
+/// next arrival is a property of the program (a synchronous collective),
+/// not of one rank: decided by the role's median. A straggler arrives after
+/// its previous instance completed because it was late, not because it
+/// waited; its on-time peers show what the program does.
+fn blocking_by_role(
+    it: &IterGraph,
+    chains: &BTreeMap<u32, Vec<(f64, usize, u64)>>,
+) -> BTreeMap<u32, Vec<bool>> {
+    let shapes_of = |seq: &[(f64, usize, u64)]| -> Vec<u64> { seq.iter().map(|a| a.2).collect() };
+    let mut roles: BTreeMap<Vec<u64>, Vec<u32>> = BTreeMap::new();
+    for (r, seq) in chains {
+        roles.entry(shapes_of(seq)).or_default().push(*r);
+    }
+    let mut blocking: BTreeMap<u32, Vec<bool>> = BTreeMap::new();
+    for members in roles.values() {
+        let n = chains[&members[0]].len();
+        let waits: Vec<bool> = (0..n)
+            .map(|j| {
+                if j == 0 {
+                    return false;
+                }
+                let mut d: Vec<f64> = members
+                    .iter()
+                    .map(|r| {
+                        let seq = &chains[r];
+                        seq[j].0 - it.events[seq[j - 1].1].end
+                    })
+                    .collect();
+                median(&mut d) >= 0.0
+            })
+            .collect();
+        for r in members {
+            blocking.insert(*r, waits.clone());
+        }
+    }
+    blocking
+}
+
+/// The dependency graph (each arrival after its rank's previous one, and
+/// after its previous instance's completion where the role waits; each
+/// instance complete after its arrivals) and each rank's chain of work.
+fn build_graph(
+    it: &IterGraph,
+    chains: &BTreeMap<u32, Vec<(f64, usize, u64)>>,
+    busy: &BTreeMap<(u32, usize), f64>,
+    blocking: &BTreeMap<u32, Vec<bool>>,
+) -> (DiGraph<NodeKind, ()>, BTreeMap<u32, Chain>) {
+    let mut g: DiGraph<NodeKind, ()> = DiGraph::new();
+    let complete: Vec<NodeIndex> = (0..it.events.len())
+        .map(|e| g.add_node(NodeKind::Complete { e }))
+        .collect();
+    let mut built: BTreeMap<u32, Chain> = BTreeMap::new();
+    for (&rank, seq) in chains {
+        let waits = &blocking[&rank];
+        let mut chain = Chain::default();
+        let mut prev: Option<(NodeIndex, f64, usize)> = None;
+        for (j, &(at, e, shape)) in seq.iter().enumerate() {
+            let n = g.add_node(NodeKind::Arrive { rank, j });
+            g.add_edge(n, complete[e], ());
+            let ready = match prev {
+                None => it.start,
+                Some((pn, pat, pe)) => {
+                    g.add_edge(pn, n, ());
+                    if waits[j] {
+                        g.add_edge(complete[pe], n, ());
+                        pat.max(it.events[pe].end)
+                    } else {
+                        pat
+                    }
+                }
+            };
+            chain.events.push(e);
+            let gap = (at - ready).max(0.0);
+            chain
+                .work
+                .push(busy.get(&(rank, e)).map_or(gap, |b| gap.min(*b)));
+            chain.shapes.push(shape);
+            prev = Some((n, at, e));
+        }
+        built.insert(rank, chain);
+    }
+    (g, built)
+}
+
+/// Ranks grouped by the shape of their chains (a role), each rank's role,
+/// and per role of more than [`EXACT_PEERS`] ranks its per-position median
+/// work.
+#[allow(clippy::type_complexity)]
+fn roles_of(
+    built: &BTreeMap<u32, Chain>,
+) -> (
+    Vec<Vec<u32>>,
+    BTreeMap<u32, usize>,
+    BTreeMap<usize, Vec<f64>>,
+) {
+    let mut by_shape: BTreeMap<&[u64], Vec<u32>> = BTreeMap::new();
+    for (r, c) in built {
+        by_shape.entry(&c.shapes).or_default().push(*r);
+    }
+    let roles: Vec<Vec<u32>> = by_shape.into_values().collect();
+    let role_of: BTreeMap<u32, usize> = roles
+        .iter()
+        .enumerate()
+        .flat_map(|(i, rs)| rs.iter().map(move |r| (*r, i)))
+        .collect();
+    let role_median = roles
+        .iter()
+        .enumerate()
+        .filter(|(_, rs)| rs.len() > EXACT_PEERS)
+        .map(|(i, rs)| {
+            let n = built[&rs[0]].work.len();
+            let med = (0..n)
+                .map(|j| {
+                    let mut v: Vec<f64> = rs.iter().map(|r| built[r].work[j]).collect();
+                    median(&mut v)
+                })
+                .collect();
+            (i, med)
+        })
+        .collect();
+    (roles, role_of, role_median)
+}
+
+/// Per event, its last arriver and its lead over the next-to-last.
+fn last_arrivers(it: &IterGraph) -> Vec<Option<(u32, f64)>> {
+    it.events
+        .iter()
+        .map(|ev| {
+            let mut a: Vec<&Arrival> = ev.arrivals.iter().collect();
+            a.sort_by(|x, y| y.at.total_cmp(&x.at));
+            let first = a.first()?;
+            let gap = a.get(1).map_or(0.0, |second| first.at - second.at);
+            Some((first.rank, gap))
+        })
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {

@@ -28,35 +28,7 @@ impl Joiner {
         'comms: for mut entry in self.comms.iter_mut() {
             let comm_id = *entry.key();
             let st = &mut *entry;
-            // Instances of a communicator with members never heard of wait
-            // until stale (below); the rest until the timeout.
-            let unslotted = st.slots.len() < st.nranks as usize;
-            let due: Vec<(InstanceKey, CoordNs)> = st
-                .open
-                .iter_mut()
-                .filter_map(|(k, o)| {
-                    let wait = if unslotted && matches!(k, InstanceKey::Coll(_)) {
-                        self.cfg.hang_stale_ns.max(self.cfg.hang_timeout_ns)
-                    } else {
-                        self.cfg.hang_timeout_ns
-                    };
-                    // Far from due by the last look: not worth mapping the
-                    // clock again (a tick over 65,536 open instances did
-                    // that for each, every 100 ms).
-                    if o.entered_hint.is_some_and(|h| {
-                        now.saturating_sub(h).saturating_add(HINT_MARGIN_NS) < wait
-                    }) {
-                        return None;
-                    }
-                    let entered = to_coord(&o.first_host, o.first_agent_ns);
-                    o.entered_hint = Some(entered);
-                    (now.saturating_sub(entered) > self.cfg.hang_timeout_ns)
-                        .then_some((*k, entered))
-                })
-                .collect();
-            // Oldest first: the instances queued behind a stuck one follow it.
-            let mut due = due;
-            due.sort_unstable_by_key(|d| d.0);
+            let due = self.due_instances(st, now, &to_coord);
             for (key, entered) in due {
                 let stale = now.saturating_sub(entered) > self.cfg.hang_stale_ns;
                 // A member never heard of on this communicator is not known
@@ -72,32 +44,14 @@ impl Joiner {
                 if work >= MAX_EXPIRE_WORK {
                     break 'comms;
                 }
-                let open = &st.open[&key];
-                let p2p = matches!(key, InstanceKey::P2p { .. });
                 let (positions, unannounced) = match key {
                     InstanceKey::P2p { lo, hi, .. } => (vec![lo, hi], 0),
                     InstanceKey::Coll(_) => member_positions(st),
                 };
                 work += positions.len().max(1);
                 let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
-                let mut present_ranks = Vec::new();
-                let mut absent = Vec::new();
-                let mut undecided = unannounced > 0;
-                for (i, p) in positions.iter().enumerate() {
-                    // Records are stored by comm position, p2p ones by side.
-                    let idx = if p2p { i as u32 } else { *p };
-                    if let Some(m) = open.records.get(&idx) {
-                        present_ranks.push(m.rank);
-                        continue;
-                    }
-                    if passed(st, key, *p) {
-                        continue;
-                    }
-                    let slot = st.slots.get(p);
-                    let known = slot.is_some_and(|s| current(s.rank, &s.host, deadline));
-                    undecided |= !known;
-                    absent.push(*p);
-                }
+                let (present_ranks, mut absent, undecided) =
+                    attendance(st, key, &positions, unannounced, deadline, &current);
                 if undecided && !stale {
                     continue;
                 }
@@ -123,19 +77,7 @@ impl Joiner {
                 if unlisted > 0 {
                     self.bump(|c| c.missing_unlisted += unlisted);
                 }
-                let missing: Vec<MissingMember> = absent
-                    .iter()
-                    .map(|p| {
-                        let slot = st.slots.get(p);
-                        MissingMember {
-                            rank: slot.map_or(UNKNOWN_RANK, |s| s.rank),
-                            rank_in_comm: *p,
-                            host: slot.map_or_else(String::new, |s| s.host.to_string()),
-                            last_seq_seen: st.last_seq.get(p).copied(),
-                            last_completed_seq: st.last_completed.get(p).copied(),
-                        }
-                    })
-                    .collect();
+                let missing = missing_members(st, &absent);
                 if missing.is_empty() && unannounced == 0 {
                     self.bump(|c| c.incomplete += 1);
                     out.push(Expired::Incomplete { comm_id, key });
@@ -172,6 +114,97 @@ impl Joiner {
         });
         out
     }
+
+    /// A communicator's open instances past their wait, with when their
+    /// first member entered (coordinator time), oldest first. Instances of
+    /// a communicator with members never heard of wait until stale; the
+    /// rest until the timeout.
+    fn due_instances(
+        &self,
+        st: &mut CommState,
+        now: CoordNs,
+        to_coord: &impl Fn(&str, u64) -> CoordNs,
+    ) -> Vec<(InstanceKey, CoordNs)> {
+        let unslotted = st.slots.len() < st.nranks as usize;
+        let mut due: Vec<(InstanceKey, CoordNs)> = st
+            .open
+            .iter_mut()
+            .filter_map(|(k, o)| {
+                let wait = if unslotted && matches!(k, InstanceKey::Coll(_)) {
+                    self.cfg.hang_stale_ns.max(self.cfg.hang_timeout_ns)
+                } else {
+                    self.cfg.hang_timeout_ns
+                };
+                // Far from due by the last look: not worth mapping the
+                // clock again (a tick over 65,536 open instances did
+                // that for each, every 100 ms).
+                if o.entered_hint
+                    .is_some_and(|h| now.saturating_sub(h).saturating_add(HINT_MARGIN_NS) < wait)
+                {
+                    return None;
+                }
+                let entered = to_coord(&o.first_host, o.first_agent_ns);
+                o.entered_hint = Some(entered);
+                (now.saturating_sub(entered) > self.cfg.hang_timeout_ns).then_some((*k, entered))
+            })
+            .collect();
+        // Oldest first: the instances queued behind a stuck one follow it.
+        due.sort_unstable_by_key(|d| d.0);
+        due
+    }
+}
+
+/// Who of `positions` arrived at instance `key` (their ranks), who is
+/// absent (positions), and whether some absent member's data is not yet
+/// current past `deadline` (so the instance cannot be judged yet). A member
+/// that already issued a later operation on the communicator is not absent:
+/// its record for this one was lost.
+fn attendance(
+    st: &CommState,
+    key: InstanceKey,
+    positions: &[u32],
+    unannounced: usize,
+    deadline: CoordNs,
+    current: &impl Fn(u32, &str, CoordNs) -> bool,
+) -> (Vec<u32>, Vec<u32>, bool) {
+    let open = &st.open[&key];
+    let p2p = matches!(key, InstanceKey::P2p { .. });
+    let mut present_ranks = Vec::new();
+    let mut absent = Vec::new();
+    let mut undecided = unannounced > 0;
+    for (i, p) in positions.iter().enumerate() {
+        // Records are stored by comm position, p2p ones by side.
+        let idx = if p2p { i as u32 } else { *p };
+        if let Some(m) = open.records.get(&idx) {
+            present_ranks.push(m.rank);
+            continue;
+        }
+        if passed(st, key, *p) {
+            continue;
+        }
+        let slot = st.slots.get(p);
+        let known = slot.is_some_and(|s| current(s.rank, &s.host, deadline));
+        undecided |= !known;
+        absent.push(*p);
+    }
+    (present_ranks, absent, undecided)
+}
+
+/// The absent members as the report names them.
+fn missing_members(st: &CommState, absent: &[u32]) -> Vec<MissingMember> {
+    absent
+        .iter()
+        .map(|p| {
+            let slot = st.slots.get(p);
+            MissingMember {
+                rank: slot.map_or(UNKNOWN_RANK, |s| s.rank),
+                rank_in_comm: *p,
+                host: slot.map_or_else(String::new, |s| s.host.to_string()),
+                last_seq_seen: st.last_seq.get(p).copied(),
+                last_completed_seq: st.last_completed.get(p).copied(),
+            }
+        })
+        .collect()
 }
 
 /// The positions of a collective instance to look at, and how many of its

@@ -404,51 +404,8 @@ impl Joiner {
                 nranks: st.nranks,
             });
         }
-        let last = st.last_seq.get(&pos).copied();
-        let repeat = last.is_some_and(|l| rec.seq <= l);
-        if repeat {
-            // Only a collective can be matched again by its sequence number.
-            let key = InstanceKey::Coll(rec.seq);
-            if !p2p {
-                if let Some(open) = st.open.get_mut(&key) {
-                    let idx = pos as usize;
-                    match open.records.get_mut(&(idx as u32)) {
-                        Some(m) if m.rec == rec => {
-                            self.bump(|c| c.duplicates += 1);
-                            return Ok(Offer::Duplicate);
-                        }
-                        Some(m) if m.rec.host_entry_ns == rec.host_entry_ns => {
-                            // A later fold may carry the GPU-side times.
-                            if m.rec.gpu_arrive_ns == 0 {
-                                m.rec.gpu_arrive_ns = rec.gpu_arrive_ns;
-                            }
-                            if m.rec.gpu_done_ns == 0 {
-                                m.rec.gpu_done_ns = rec.gpu_done_ns;
-                            }
-                            self.bump(|c| c.merged += 1);
-                            return Ok(Offer::Merged);
-                        }
-                        Some(_) => return Err(RecordError::Conflict),
-                        None => {} // out of order within the rank: accept below
-                    }
-                } else {
-                    return Err(RecordError::SequenceBackwards {
-                        comm_id,
-                        rank: rec.rank,
-                        seq: rec.seq,
-                        last: last.unwrap_or(0),
-                    });
-                }
-            } else {
-                return Err(RecordError::SequenceBackwards {
-                    comm_id,
-                    rank: rec.rank,
-                    seq: rec.seq,
-                    last: last.unwrap_or(0),
-                });
-            }
-        } else {
-            st.last_seq.insert(pos, rec.seq);
+        if let Some(offer) = self.offer_again(st, pos, p2p, &rec)? {
+            return Ok(offer);
         }
         let (key, positions) = if p2p {
             let peer = rec.peer as u32;
@@ -464,54 +421,7 @@ impl Joiner {
         let born = st.born;
 
         if st.closed.contains(&key) {
-            // The instance timed out without this member.
-            if let Some(h) = st.hangs.get_mut(&key) {
-                let before = h.missing.len();
-                h.missing.retain(|m| m.rank_in_comm != pos);
-                // Past the list's bound the count is what says who is still
-                // out (unlisted and never-announced members are only in it).
-                if let Some(sm) = &mut h.summary {
-                    if h.missing.len() < before || sm.count > h.missing.len() as u64 {
-                        sm.count = sm.count.saturating_sub(1);
-                    }
-                }
-                let resolved =
-                    h.missing.is_empty() && h.summary.as_ref().is_none_or(|sm| sm.count == 0);
-                let nranks = st.nranks;
-                if let Some(open) = st.stalled.get_mut(&key) {
-                    let idx = if p2p {
-                        open.positions.iter().position(|p| *p == pos).unwrap_or(0)
-                    } else {
-                        pos as usize
-                    };
-                    open.records.entry(idx as u32).or_insert(Member {
-                        rank: rec.rank,
-                        rank_in_comm: pos,
-                        host: host.clone(),
-                        rec,
-                    });
-                }
-                let mut completed = None;
-                if resolved {
-                    st.hangs.remove(&key);
-                    if let Some(open) = st.stalled.remove(&key) {
-                        if open.records.len() >= open.expected {
-                            self.bump(|c| c.completed += 1);
-                            completed = Some(Self::joined(st, comm_id, key, nranks, open));
-                        }
-                    }
-                }
-                return Ok(Offer::HangProgress {
-                    comm_id,
-                    key,
-                    resolved,
-                    completed,
-                });
-            }
-            return Err(RecordError::Late {
-                comm_id,
-                seq: rec.seq,
-            });
+            return self.offer_late(st, key, pos, p2p, host, rec);
         }
         // Any record from a missing member shows it is alive again past its
         // hang point; the hang candidate stays until its own instance resolves.
@@ -564,6 +474,118 @@ impl Joiner {
             }
         }
         Ok(Offer::Pending)
+    }
+
+    /// A record at or below its member's last sequence number: the same
+    /// record again (a duplicate), a later fold of it with its GPU-side
+    /// times (merged), a conflict, or one out of order within its rank
+    /// (`None`: accepted as new). A new sequence number moves the member on.
+    fn offer_again(
+        &self,
+        st: &mut CommState,
+        pos: u32,
+        p2p: bool,
+        rec: &CollectiveRecord,
+    ) -> Result<Option<Offer>, RecordError> {
+        let last = st.last_seq.get(&pos).copied();
+        if last.is_none_or(|l| rec.seq > l) {
+            st.last_seq.insert(pos, rec.seq);
+            return Ok(None);
+        }
+        // Only a collective can be matched again by its sequence number.
+        let open = if p2p {
+            None
+        } else {
+            st.open.get_mut(&InstanceKey::Coll(rec.seq))
+        };
+        let Some(open) = open else {
+            return Err(RecordError::SequenceBackwards {
+                comm_id: rec.comm_id,
+                rank: rec.rank,
+                seq: rec.seq,
+                last: last.unwrap_or(0),
+            });
+        };
+        match open.records.get_mut(&pos) {
+            Some(m) if m.rec == *rec => {
+                self.bump(|c| c.duplicates += 1);
+                Ok(Some(Offer::Duplicate))
+            }
+            Some(m) if m.rec.host_entry_ns == rec.host_entry_ns => {
+                // A later fold may carry the GPU-side times.
+                if m.rec.gpu_arrive_ns == 0 {
+                    m.rec.gpu_arrive_ns = rec.gpu_arrive_ns;
+                }
+                if m.rec.gpu_done_ns == 0 {
+                    m.rec.gpu_done_ns = rec.gpu_done_ns;
+                }
+                self.bump(|c| c.merged += 1);
+                Ok(Some(Offer::Merged))
+            }
+            Some(_) => Err(RecordError::Conflict),
+            None => Ok(None), // out of order within the rank: accepted as new
+        }
+    }
+
+    /// A record for an instance that already timed out without it: the
+    /// member arrived after all, which may resolve the instance's hang.
+    fn offer_late(
+        &self,
+        st: &mut CommState,
+        key: InstanceKey,
+        pos: u32,
+        p2p: bool,
+        host: &Arc<str>,
+        rec: CollectiveRecord,
+    ) -> Result<Offer, RecordError> {
+        let comm_id = rec.comm_id;
+        // The instance timed out without this member.
+        let Some(h) = st.hangs.get_mut(&key) else {
+            return Err(RecordError::Late {
+                comm_id,
+                seq: rec.seq,
+            });
+        };
+        let before = h.missing.len();
+        h.missing.retain(|m| m.rank_in_comm != pos);
+        // Past the list's bound the count is what says who is still
+        // out (unlisted and never-announced members are only in it).
+        if let Some(sm) = &mut h.summary {
+            if h.missing.len() < before || sm.count > h.missing.len() as u64 {
+                sm.count = sm.count.saturating_sub(1);
+            }
+        }
+        let resolved = h.missing.is_empty() && h.summary.as_ref().is_none_or(|sm| sm.count == 0);
+        let nranks = st.nranks;
+        if let Some(open) = st.stalled.get_mut(&key) {
+            let idx = if p2p {
+                open.positions.iter().position(|p| *p == pos).unwrap_or(0)
+            } else {
+                pos as usize
+            };
+            open.records.entry(idx as u32).or_insert(Member {
+                rank: rec.rank,
+                rank_in_comm: pos,
+                host: host.clone(),
+                rec,
+            });
+        }
+        let mut completed = None;
+        if resolved {
+            st.hangs.remove(&key);
+            if let Some(open) = st.stalled.remove(&key) {
+                if open.records.len() >= open.expected {
+                    self.bump(|c| c.completed += 1);
+                    completed = Some(Self::joined(st, comm_id, key, nranks, open));
+                }
+            }
+        }
+        Ok(Offer::HangProgress {
+            comm_id,
+            key,
+            resolved,
+            completed,
+        })
     }
 
     /// A complete instance, its members in communicator order.

@@ -289,10 +289,24 @@ pub fn render_json(r: &Report) -> Result<String, serde_json::Error> {
 /// The table a tired on-call engineer reads: one line per finding first,
 /// details after.
 pub fn render_human(r: &Report) -> String {
-    use std::fmt::Write;
     let mut s = String::new();
-    let active_hangs: Vec<&HangReport> = r.hangs.iter().filter(|h| h.active).collect();
-    let active: Vec<&Verdict> = r.verdicts.iter().filter(|v| v.active).collect();
+    human_headline(&mut s, r);
+    human_slowdown(&mut s, r);
+    human_findings(&mut s, r);
+    if !r.verdicts.is_empty() {
+        human_verdict_table(&mut s, r);
+        for v in &r.verdicts {
+            human_verdict_details(&mut s, v);
+        }
+    }
+    human_hangs(&mut s, r);
+    human_footer(&mut s, r);
+    s
+}
+
+/// The job in one line, and what to make of a report with nothing in it.
+fn human_headline(s: &mut String, r: &Report) {
+    use std::fmt::Write;
     let _ = writeln!(
         s,
         "slowrank report — job {} · {} ranks on {} hosts · {} iterations observed{}",
@@ -331,6 +345,11 @@ pub fn render_human(r: &Report) -> String {
             }
         }
     }
+}
+
+/// A slowdown the verdicts do not explain, with its leading candidates.
+fn human_slowdown(s: &mut String, r: &Report) {
+    use std::fmt::Write;
     if let Some(sd) = &r.slowdown {
         let explained: f64 = r
             .verdicts
@@ -366,6 +385,12 @@ pub fn render_human(r: &Report) -> String {
             }
         }
     }
+}
+
+/// One line per finding: agents gone, exits, a cut report, hangs,
+/// stalls, then the verdicts now and before.
+fn human_findings(s: &mut String, r: &Report) {
+    use std::fmt::Write;
     for a in r
         .agents
         .iter()
@@ -394,7 +419,7 @@ pub fn render_human(r: &Report) -> String {
             left.join(", ")
         );
     }
-    for h in &active_hangs {
+    for h in r.hangs.iter().filter(|h| h.active) {
         let _ = writeln!(
             s,
             "HANG  {} of communicator {} instance {} never arrived (stuck since iteration {})",
@@ -426,7 +451,7 @@ pub fn render_human(r: &Report) -> String {
             fmt_ranks(&ranks)
         );
     }
-    for v in &active {
+    for v in r.verdicts.iter().filter(|v| v.active) {
         let _ = writeln!(s, "NOW   {}", v.headline());
     }
     for v in r.verdicts.iter().filter(|v| !v.active) {
@@ -437,108 +462,118 @@ pub fn render_human(r: &Report) -> String {
             v.closed_iteration.map_or("?".into(), |i| i.to_string())
         );
     }
-    if !r.verdicts.is_empty() {
-        let _ = writeln!(s);
+}
+
+/// Every verdict as one row of a table.
+fn human_verdict_table(s: &mut String, r: &Report) {
+    use std::fmt::Write;
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>7} {:>10}  link / whole host / stage",
+        "rank", "host", "kind", "conf", "since iter", "active", "cost", "lost GPU-s"
+    );
+    for v in &r.verdicts {
+        let cost = if v.cost_iterations == 0 {
+            "?".to_string()
+        } else {
+            format!("{:.1}%", 100.0 * v.cost_fraction)
+        };
         let _ = writeln!(
             s,
-            "{:<6} {:<12} {:<14} {:>5} {:>10} {:>8} {:>7} {:>10}  link / whole host / stage",
-            "rank", "host", "kind", "conf", "since iter", "active", "cost", "lost GPU-s"
+            "{:<6} {:<12} {:<14} {:>5.2} {:>10} {:>8} {:>7} {:>10.2}  {}",
+            if v.structural.is_some() {
+                "-".to_string()
+            } else {
+                v.rank.to_string()
+            },
+            v.host,
+            v.kind.as_str(),
+            v.confidence,
+            v.first_seen_iteration,
+            if v.active { "yes" } else { "no" },
+            cost,
+            v.lost_gpu_seconds,
+            match &v.link {
+                Some(l) => format!("{}↔{}", l.ranks[0], l.ranks[1]),
+                None if !v.ranks.is_empty() => crate::verdict::span(&v.ranks),
+                None => String::new(),
+            }
         );
-        for v in &r.verdicts {
-            let cost = if v.cost_iterations == 0 {
-                "?".to_string()
-            } else {
-                format!("{:.1}%", 100.0 * v.cost_fraction)
-            };
-            let _ = writeln!(
-                s,
-                "{:<6} {:<12} {:<14} {:>5.2} {:>10} {:>8} {:>7} {:>10.2}  {}",
-                if v.structural.is_some() {
-                    "-".to_string()
-                } else {
-                    v.rank.to_string()
-                },
-                v.host,
-                v.kind.as_str(),
-                v.confidence,
-                v.first_seen_iteration,
-                if v.active { "yes" } else { "no" },
-                cost,
-                v.lost_gpu_seconds,
-                match &v.link {
-                    Some(l) => format!("{}↔{}", l.ranks[0], l.ranks[1]),
-                    None if !v.ranks.is_empty() => crate::verdict::span(&v.ranks),
-                    None => String::new(),
-                }
-            );
-        }
-        for v in &r.verdicts {
-            let _ = writeln!(s);
-            if let Some(st) = &v.structural {
-                let _ = match st.stage {
-                    Some(stage) => {
-                        writeln!(s, "pipeline stage {stage} (structural: stage imbalance):")
-                    }
-                    None => writeln!(s, "work imbalance (structural):"),
-                };
-            } else if v.ranks.is_empty() {
-                let _ = writeln!(s, "rank {} ({}):", v.rank, v.kind.as_str());
-            } else {
+    }
+}
+
+/// One verdict's evidence and where its flame graph differs.
+fn human_verdict_details(s: &mut String, v: &Verdict) {
+    use std::fmt::Write;
+    let _ = writeln!(s);
+    if let Some(st) = &v.structural {
+        let _ = match st.stage {
+            Some(stage) => {
+                writeln!(s, "pipeline stage {stage} (structural: stage imbalance):")
+            }
+            None => writeln!(s, "work imbalance (structural):"),
+        };
+    } else if v.ranks.is_empty() {
+        let _ = writeln!(s, "rank {} ({}):", v.rank, v.kind.as_str());
+    } else {
+        let _ = writeln!(
+            s,
+            "host {}, {} ({}; rank {} costs the most):",
+            v.host,
+            crate::verdict::span(&v.ranks),
+            v.kind.as_str(),
+            v.rank
+        );
+    }
+    for e in &v.evidence {
+        let _ = writeln!(s, "  - {e}");
+    }
+    if let Some(f) = &v.flamegraph {
+        let _ = writeln!(
+            s,
+            "  where it differs ({} view, against rank {}; {}):",
+            f.view, f.reference_rank, f.diff_svg
+        );
+        // The training thread's own differences first (on-CPU,
+        // then what it waited in); the whole list when unsplit.
+        let parts: Vec<_> = f.views.iter().filter(|p| p.part != "all-threads").collect();
+        let lists: Vec<(String, &[crate::verdict::flame::FrameDiff])> = if parts.is_empty() {
+            vec![(String::new(), &f.top_frames[..])]
+        } else {
+            parts
+                .iter()
+                .map(|p| {
+                    let head = format!(
+                        "    {} ({:.0}% of the thread's time vs {:.0}%):",
+                        p.title,
+                        100.0 * p.flagged_share,
+                        100.0 * p.reference_share
+                    );
+                    (head, &p.top_frames[..])
+                })
+                .collect()
+        };
+        for (head, frames) in lists {
+            if !head.is_empty() {
+                let _ = writeln!(s, "{head}");
+            }
+            for t in frames.iter().take(3) {
                 let _ = writeln!(
                     s,
-                    "host {}, {} ({}; rank {} costs the most):",
-                    v.host,
-                    crate::verdict::span(&v.ranks),
-                    v.kind.as_str(),
-                    v.rank
+                    "    {:>5.1}% vs {:>5.1}%  {}",
+                    t.flagged_share * 100.0,
+                    t.reference_share * 100.0,
+                    short_frame(&t.frame)
                 );
-            }
-            for e in &v.evidence {
-                let _ = writeln!(s, "  - {e}");
-            }
-            if let Some(f) = &v.flamegraph {
-                let _ = writeln!(
-                    s,
-                    "  where it differs ({} view, against rank {}; {}):",
-                    f.view, f.reference_rank, f.diff_svg
-                );
-                // The training thread's own differences first (on-CPU,
-                // then what it waited in); the whole list when unsplit.
-                let parts: Vec<_> = f.views.iter().filter(|p| p.part != "all-threads").collect();
-                let lists: Vec<(String, &[crate::verdict::flame::FrameDiff])> = if parts.is_empty()
-                {
-                    vec![(String::new(), &f.top_frames[..])]
-                } else {
-                    parts
-                        .iter()
-                        .map(|p| {
-                            let head = format!(
-                                "    {} ({:.0}% of the thread's time vs {:.0}%):",
-                                p.title,
-                                100.0 * p.flagged_share,
-                                100.0 * p.reference_share
-                            );
-                            (head, &p.top_frames[..])
-                        })
-                        .collect()
-                };
-                for (head, frames) in lists {
-                    if !head.is_empty() {
-                        let _ = writeln!(s, "{head}");
-                    }
-                    for t in frames.iter().take(3) {
-                        let _ = writeln!(
-                            s,
-                            "    {:>5.1}% vs {:>5.1}%  {}",
-                            t.flagged_share * 100.0,
-                            t.reference_share * 100.0,
-                            short_frame(&t.frame)
-                        );
-                    }
-                }
             }
         }
     }
+}
+
+/// Each hang: who arrived, who is missing and where they stopped.
+fn human_hangs(s: &mut String, r: &Report) {
+    use std::fmt::Write;
     for h in &r.hangs {
         let _ = writeln!(s);
         let _ = writeln!(
@@ -573,6 +608,11 @@ pub fn render_human(r: &Report) -> String {
             let _ = writeln!(s, "  - exited: {}", fmt_ranks(&h.exited_ranks));
         }
     }
+}
+
+/// Clock quality, ingest counters and slowrank's own overhead.
+fn human_footer(s: &mut String, r: &Report) {
+    use std::fmt::Write;
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -638,7 +678,6 @@ pub fn render_human(r: &Report) -> String {
     if let Some(o) = &r.overhead {
         let _ = writeln!(s, "overhead: {}", o.summary);
     }
-    s
 }
 
 /// A hang's absent members: its ranks, or past the list's bound the

@@ -219,6 +219,7 @@ impl Server {
             Some(dir) => {
                 let e = crate::resume::load(dir)?;
                 if e.report.is_some() || !e.marks.is_empty() {
+                    analyzer.resumed_life();
                     info!(
                         dir = %dir.display(),
                         agents = e.marks.len(),

@@ -221,6 +221,9 @@ pub struct Lifecycle {
     trackers: BTreeMap<Subject, Tracker>,
     verdicts: BTreeMap<u64, Verdict>,
     next_id: u64,
+    /// No observation before this iteration counts (besides the configured
+    /// warm-up): a resumed coordinator's own warm-up.
+    hold_until: u64,
 }
 
 impl Lifecycle {
@@ -230,7 +233,13 @@ impl Lifecycle {
             trackers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             next_id: 1,
+            hold_until: 0,
         }
+    }
+
+    /// Observations before iteration `k` count as warm-up too.
+    pub fn hold_until(&mut self, k: u64) {
+        self.hold_until = self.hold_until.max(k);
     }
 
     pub fn verdicts(&self) -> impl Iterator<Item = &Verdict> {
@@ -282,7 +291,7 @@ impl Lifecycle {
     }
 
     fn observe(&mut self, s: Subject, it: u64, o: Option<Observation>) -> Option<VerdictEvent> {
-        let o = o.filter(|_| it >= self.cfg.warmup_iterations);
+        let o = o.filter(|_| it >= self.cfg.warmup_iterations && it >= self.hold_until);
         let t = self.trackers.entry(s).or_default();
         t.hist.push_back((it, o.clone()));
         while t.hist.len() > self.cfg.open_window {
@@ -295,40 +304,7 @@ impl Lifecycle {
             .is_some_and(|v| v.active);
         if active {
             let v = self.verdicts.get_mut(&t.verdict.expect("active"))?;
-            if let Some(o) = o {
-                v.last_seen_iteration = it;
-                v.lost_gpu_seconds += o.lost_ns / 1e9;
-                v.exposure_ns += o.exposure_ns;
-                v.account(o.saved_ns, o.step_ns, o.once_fixed);
-                v.confidence = 0.8 * v.confidence + 0.2 * o.classification.confidence;
-                v.clock_error_us = o.clock_error_ns / 1e3;
-                // The class may only change when the whole window agrees.
-                let all_same = t.hist.iter().all(|h| {
-                    h.1.as_ref()
-                        .is_some_and(|x| x.classification.kind == o.classification.kind)
-                });
-                if all_same || o.classification.kind == v.kind {
-                    v.kind = o.classification.kind;
-                    v.evidence = o.classification.evidence;
-                }
-            } else if t.clean_streak >= self.cfg.close_after {
-                v.active = false;
-                v.closed_iteration = Some(it);
-                return Some(VerdictEvent {
-                    event: EventKind::Closed,
-                    iteration: Some(it),
-                    line: format!(
-                        "CLOSED {} ({}-slow) cleared at iteration {it} after {} iterations; lost {:.1} GPU-s",
-                        who(v),
-                        v.kind.as_str(),
-                        it.saturating_sub(v.first_seen_iteration),
-                        v.lost_gpu_seconds
-                    ),
-                    verdict: Some(v.clone()),
-                    hang: None,
-                });
-            }
-            return None;
+            return update_active(&self.cfg, t, v, it, o);
         }
         let hits: Vec<&Observation> = t.hist.iter().filter_map(|h| h.1.as_ref()).collect();
         let alarm = o.as_ref().is_some_and(|o| o.alarm);
@@ -374,72 +350,144 @@ impl Lifecycle {
             None => {
                 let id = self.next_id;
                 self.next_id += 1;
-                self.verdicts.insert(
+                let mut v = new_verdict(
                     id,
-                    Verdict {
-                        id,
-                        rank: latest.rank,
-                        host: latest.host.clone(),
-                        kind,
-                        confidence: conf,
-                        first_seen_iteration: first_it,
-                        active: true,
-                        lost_gpu_seconds: lost,
-                        link: latest.link.map(|r| LinkRef { ranks: r }),
-                        ranks: latest.ranks.clone(),
-                        evidence: latest.classification.evidence.clone(),
-                        cost_fraction: 0.0,
-                        cost_iterations: 0,
-                        cost_once_fixed: None,
-                        structural: latest.structural.clone(),
-                        clock_error_us: latest.clock_error_ns / 1e3,
-                        first_seen: first.wall,
-                        first_seen_coord_ns: first.at,
-                        opened_iteration: it,
-                        first_opened_iteration: it,
-                        last_seen_iteration: it,
-                        closed_iteration: None,
-                        episodes: 1,
-                        subject: s,
-                        exposure_ns: exposure,
-                        saved_ns: 0.0,
-                        costed_step_ns: 0.0,
-                        once_fixed_ns: (None, 0.0, 0.0),
-                        flamegraph: None,
-                    },
+                    s,
+                    it,
+                    kind,
+                    conf,
+                    latest,
+                    (first_it, first),
+                    lost,
+                    exposure,
                 );
-                if let Some(v) = self.verdicts.get_mut(&id) {
-                    for h in &hits {
-                        v.account(h.saved_ns, h.step_ns, h.once_fixed);
-                    }
+                for h in &hits {
+                    v.account(h.saved_ns, h.step_ns, h.once_fixed);
                 }
+                self.verdicts.insert(id, v);
                 t.verdict = Some(id);
                 (id, EventKind::Opened)
             }
         };
         let v = self.verdicts.get(&id)?.clone();
-        Some(VerdictEvent {
-            event,
+        Some(opened_event(v, event, it))
+    }
+}
+
+/// An active verdict's iteration: accounted while observed, closed after
+/// `close_after` clean iterations.
+fn update_active(
+    cfg: &LifecycleConfig,
+    t: &Tracker,
+    v: &mut Verdict,
+    it: u64,
+    o: Option<Observation>,
+) -> Option<VerdictEvent> {
+    if let Some(o) = o {
+        v.last_seen_iteration = it;
+        v.lost_gpu_seconds += o.lost_ns / 1e9;
+        v.exposure_ns += o.exposure_ns;
+        v.account(o.saved_ns, o.step_ns, o.once_fixed);
+        v.confidence = 0.8 * v.confidence + 0.2 * o.classification.confidence;
+        v.clock_error_us = o.clock_error_ns / 1e3;
+        // The class may only change when the whole window agrees.
+        let all_same = t.hist.iter().all(|h| {
+            h.1.as_ref()
+                .is_some_and(|x| x.classification.kind == o.classification.kind)
+        });
+        if all_same || o.classification.kind == v.kind {
+            v.kind = o.classification.kind;
+            v.evidence = o.classification.evidence;
+        }
+    } else if t.clean_streak >= cfg.close_after {
+        v.active = false;
+        v.closed_iteration = Some(it);
+        return Some(VerdictEvent {
+            event: EventKind::Closed,
             iteration: Some(it),
             line: format!(
-                "{} {} (confidence {:.2}, since iteration {}{})",
-                if event == EventKind::Opened {
-                    "OPEN"
-                } else {
-                    "REOPEN"
-                },
-                v.headline(),
-                v.confidence,
-                v.first_seen_iteration,
-                if v.episodes > 1 {
-                    format!(", episode {}", v.episodes)
-                } else {
-                    String::new()
-                }
+                "CLOSED {} ({}-slow) cleared at iteration {it} after {} iterations; lost {:.1} GPU-s",
+                who(v),
+                v.kind.as_str(),
+                it.saturating_sub(v.first_seen_iteration),
+                v.lost_gpu_seconds
             ),
-            verdict: Some(v),
+            verdict: Some(v.clone()),
             hang: None,
-        })
+        });
+    }
+    None
+}
+
+/// A verdict opened at iteration `it` on `latest`, first seen at `first`.
+#[allow(clippy::too_many_arguments)] // the one place a verdict is born: each field from its source
+fn new_verdict(
+    id: u64,
+    subject: Subject,
+    it: u64,
+    kind: Kind,
+    conf: f64,
+    latest: &Observation,
+    (first_it, first): (u64, &Observation),
+    lost: f64,
+    exposure: f64,
+) -> Verdict {
+    Verdict {
+        id,
+        rank: latest.rank,
+        host: latest.host.clone(),
+        kind,
+        confidence: conf,
+        first_seen_iteration: first_it,
+        active: true,
+        lost_gpu_seconds: lost,
+        link: latest.link.map(|r| LinkRef { ranks: r }),
+        ranks: latest.ranks.clone(),
+        evidence: latest.classification.evidence.clone(),
+        cost_fraction: 0.0,
+        cost_iterations: 0,
+        cost_once_fixed: None,
+        structural: latest.structural.clone(),
+        clock_error_us: latest.clock_error_ns / 1e3,
+        first_seen: first.wall,
+        first_seen_coord_ns: first.at,
+        opened_iteration: it,
+        first_opened_iteration: it,
+        last_seen_iteration: it,
+        closed_iteration: None,
+        episodes: 1,
+        subject,
+        exposure_ns: exposure,
+        saved_ns: 0.0,
+        costed_step_ns: 0.0,
+        once_fixed_ns: (None, 0.0, 0.0),
+        flamegraph: None,
+    }
+}
+
+/// The event that says a verdict opened (or opened again).
+fn opened_event(v: Verdict, event: EventKind, it: u64) -> VerdictEvent {
+    VerdictEvent {
+        event,
+        iteration: Some(it),
+        line: format!(
+            "{} {} (confidence {:.2}, since iteration {}{})",
+            if event == EventKind::Opened {
+                "OPEN"
+            } else {
+                "REOPEN"
+            },
+            v.headline(),
+            v.confidence,
+            v.first_seen_iteration,
+            if v.episodes > 1 {
+                format!(", episode {}", v.episodes)
+            } else {
+                String::new()
+            }
+        ),
+        verdict: Some(v),
+        hang: None,
     }
 }
 
