@@ -251,7 +251,11 @@ fn decide_kind(
     } else {
         0.0
     };
-    let gpu_side = gpu_known && host_mean < 0.5 * gpu_mean;
+    // GPU-side lateness decides only where the GPU *was* late: a rank
+    // early on both sides (host -471 µs, GPU -413 µs per collective, named
+    // for its share of the blame beside a CPU hog) had been called "the
+    // GPU reached the collectives late".
+    let gpu_side = gpu_known && gpu_mean > 0.0 && host_mean < 0.5 * gpu_mean;
     // The scheduler's split over the same window: a host that is late
     // because it works, waits for a CPU or sleeps longer spends that much
     // more of its time outside GPU syncs. A slow GPU does the opposite (its
@@ -550,6 +554,18 @@ mod tests {
         let c = classify_straggler(&[score(1e4, Some(4e6), 0.0)], None, Some(0.9), 0.04);
         assert_eq!(c.kind, Kind::Compute);
         assert!(c.confidence > 0.8, "{c:?}");
+    }
+
+    #[test]
+    fn early_on_both_sides_is_not_a_late_gpu() {
+        let c = classify_straggler(&[score(-1.9e6, Some(-1.65e6), 0.0)], None, None, 0.04);
+        assert!(!c.gpu_side, "{c:?}");
+        assert!(
+            !c.evidence
+                .iter()
+                .any(|e| e.contains("GPU reached the collectives late")),
+            "{c:?}"
+        );
     }
 
     #[test]
