@@ -15,6 +15,10 @@ fn crashed_rank_is_an_exit_not_a_slow_rank() {
     let mut job = Job::start("rank-crash", spec("scenarios/specs/dp8-healthy.toml", 250));
     let _svc = job.services();
     job.wait_iterations(0, 30);
+    // The victim's agent must know its ranks before one dies, or there is
+    // no exit for it to report: on a loaded CI run host 1's agent (ready
+    // 6 s after host 0's) had shipped nothing when rank 5 was killed.
+    job.wait_host_shipped("host-1");
     let pid = job.rank_pid(VICTIM as u32);
     kill9(pid);
     let summary = job.wait();
