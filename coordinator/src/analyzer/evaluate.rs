@@ -627,6 +627,9 @@ impl Analyzer {
             from,
             instances.into_iter(),
         ));
+        if model.is_none() {
+            tracing::debug!(iteration = k, "no what-if model for the iteration");
+        }
         (model, gpu_ranks)
     }
 

@@ -237,6 +237,7 @@ impl Imbalance {
             return None;
         }
         let n = self.window.len() as f64;
+
         let share: f64 = self.window.iter().map(|w| w.2 / w.3).sum::<f64>() / n;
         let saved: f64 = self.window.iter().map(|w| w.2).sum::<f64>() / n;
         let mut tops: BTreeMap<u32, usize> = BTreeMap::new();
@@ -246,6 +247,13 @@ impl Imbalance {
             }
         }
         let top_share = tops.values().copied().max().unwrap_or(0) as f64 / n;
+        tracing::debug!(
+            share,
+            top_share,
+            distinct = tops.len(),
+            persistence = self.persistence(),
+            "work imbalance over the window"
+        );
         (share >= self.cfg.min_cost
             && top_share <= self.cfg.max_top_share
             && tops.len() >= 3

@@ -118,7 +118,16 @@ impl WhatIf {
         let transfer = transfer_times(it);
         let blocking = blocking_by_role(it, &chains);
         let (g, built) = build_graph(it, &chains, &busy, &blocking);
-        let order = toposort(&g, None).ok()?;
+        let order = match toposort(&g, None) {
+            Ok(o) => o,
+            Err(_) => {
+                tracing::debug!(
+                    events = it.events.len(),
+                    "what-if: the iteration's graph has a cycle"
+                );
+                return None;
+            }
+        };
         let (roles, role_of, role_median) = roles_of(&built);
         let last = last_arrivers(it);
         let members = it
