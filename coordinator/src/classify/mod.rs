@@ -167,6 +167,10 @@ pub fn classify_straggler(
 
 /// The evidence lines every straggler gets: how late, how often last,
 /// what it cost the others, how persistent.
+/// Spearman ρ of consecutive instances' arrival orders from which the
+/// evidence says the order persists (below it, the order is mostly noise).
+const PERSISTENT_ORDER: f64 = 0.5;
+
 fn lateness_lines(m: &WindowMeans, persistence: Option<f64>) -> Vec<String> {
     let WindowMeans {
         late,
@@ -206,9 +210,17 @@ fn lateness_lines(m: &WindowMeans, persistence: Option<f64>) -> Vec<String> {
         ));
     }
     if let Some(rho) = persistence {
-        ev.push(format!(
-            "lateness order persists across consecutive instances (Spearman ρ {rho:.2}): a persistent straggler, not jitter"
-        ));
+        // ρ is the whole communicator's order from one instance to the
+        // next: only a clear one says the same ranks stay behind.
+        ev.push(if rho >= PERSISTENT_ORDER {
+            format!(
+                "lateness order persists across consecutive instances (Spearman ρ {rho:.2}): a persistent straggler, not jitter"
+            )
+        } else {
+            format!(
+                "the communicator's lateness order changes from one instance to the next (Spearman ρ {rho:.2}): this rank is late on average, not in every instance"
+            )
+        });
     }
     if late - unexplained > 0.05 * late.abs() {
         ev.push(format!(
@@ -566,6 +578,21 @@ mod tests {
                 .any(|e| e.contains("GPU reached the collectives late")),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn persistence_is_claimed_only_on_a_persistent_order() {
+        let says = |rho: f64| {
+            classify_straggler(&[score(1e4, Some(4e6), 0.0)], None, Some(rho), 0.04)
+                .evidence
+                .iter()
+                .any(|e| e.contains("a persistent straggler"))
+        };
+        assert!(says(0.9));
+        // A healthy job's rank late on average under CPU contention had
+        // ρ -0.02 and was said to be "a persistent straggler".
+        assert!(!says(-0.02));
+        assert!(!says(0.22));
     }
 
     #[test]

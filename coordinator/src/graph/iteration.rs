@@ -110,6 +110,12 @@ const REPEATING: u64 = 8;
 /// is taken even if a larger communicator never completes a join.
 const PATIENCE: usize = 8;
 
+/// Gaps whose interquartile range is under this share of their median are
+/// alike (one instance per step) when they show no pattern: the kernels'
+/// own jitter (up to 0.2 in the random specs) keeps the middle half of a
+/// step's lengths within about ±10 %.
+const EVEN_IQR: f64 = 0.25;
+
 #[derive(Debug)]
 pub struct IterationClock {
     cfg: IterationConfig,
@@ -502,6 +508,19 @@ fn most_common(values: impl Iterator<Item = u64>) -> Option<u64> {
         .map(|(v, _)| v)
 }
 
+/// Most gaps within a narrow band: the interquartile range under
+/// [`EVEN_IQR`] of the median gap.
+fn alike(gaps: &[(u64, f64)]) -> bool {
+    let mut g: Vec<f64> = gaps.iter().map(|x| x.1).collect();
+    if g.len() < 8 {
+        return false;
+    }
+    g.sort_by(f64::total_cmp);
+    let q = |f: f64| g[((g.len() - 1) as f64 * f).round() as usize];
+    let median = q(0.5);
+    median > 0.0 && q(0.75) - q(0.25) < EVEN_IQR * median
+}
+
 /// Returns `(period, phase, method)` from the gaps between instances.
 fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)]) -> (u64, u64, Method) {
     let gaps: Vec<(u64, f64)> = run
@@ -543,6 +562,15 @@ fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)]) -> (u64, u64, Method) {
     }
     let top = best.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
     if top < 0.5 {
+        // No pattern, but most gaps alike: one instance per step whose
+        // length changed within the run (a straggler's onset, work
+        // imbalance), which inflates the spread the even-spacing rule
+        // above reads. Seen live on a random pp4×dp4 spec whose data-parallel
+        // all-reduce came once per step: the step was never told, and the
+        // report said "0 iterations observed" for a 60-step job.
+        if alike(&gaps) {
+            return (1, 0, Method::EvenSpacing);
+        }
         return (1, 0, Method::Undetermined);
     }
     let p = best.iter().find(|b| b.1 >= top - 0.05).map_or(1, |b| b.0);
@@ -588,6 +616,25 @@ mod tests {
         let mut c = IterationClock::new(IterationConfig::default());
         feed(&mut c, 1, 60, 0.05, 2);
         assert_eq!(c.period().unwrap().instances_per_iteration, 1);
+    }
+
+    #[test]
+    fn one_per_step_whose_length_changed_is_period_one() {
+        // 36 steps of 20 ms, then a slowdown: steps of 26 ms ± 15 %. The
+        // gaps' spread is over a tenth of their mean, and no pattern.
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut rng = Rng::new(11);
+        let mut t = 0i64;
+        for seq in 0..50u64 {
+            let (ms, jitter) = if seq < 36 { (20.0, 0.05) } else { (26.0, 0.15) };
+            t += (ms * 1e6 * (1.0 + jitter * rng.sym())) as i64;
+            c.observe(1, 4, seq, t, t + 500_000, Marks::default());
+        }
+        let p = c.period().expect("told after 48 instances");
+        assert_eq!(
+            (p.instances_per_iteration, p.method),
+            (1, Method::EvenSpacing)
+        );
     }
 
     #[test]
