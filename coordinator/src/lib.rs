@@ -34,6 +34,8 @@ pub mod resume;
 pub mod robust;
 pub mod serve;
 pub mod thresholds;
+#[cfg(test)]
+mod synthjob;
 
 pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics, Slowdown};
 pub use clock::{ClockSample, CoordNs};

@@ -566,33 +566,7 @@ mod tests {
     /// The report of a synthetic 8-rank job, `iterations` long, with rank
     /// 5 compute-slow from iteration 10 when `fault`.
     fn life(fault: bool, iterations: u64) -> Report {
-        use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
-        let a = crate::Analyzer::new(crate::AnalyzerConfig::default());
-        let mut spec = SynthSpec::dp(2, 4);
-        if fault {
-            spec.faults.push(Fault::persistent(
-                FaultKind::Compute {
-                    rank: 5,
-                    factor: 1.5,
-                },
-                10,
-            ));
-        }
-        let mut g = Generator::new(spec);
-        for (h, s) in g.initial_samples() {
-            a.add_clock_sample(&h, s).unwrap();
-        }
-        for _ in 0..iterations {
-            let out = g.next_iteration();
-            for (h, s) in &out.samples {
-                a.add_clock_sample(h, *s).unwrap();
-            }
-            for (recv, b) in &out.batches {
-                a.ingest(b, *recv);
-            }
-            a.tick(out.end_ns as i64 + 3_000_000);
-        }
-        a.report()
+        crate::synthjob::analyzed(fault.then_some(10), iterations).report()
     }
 
     fn earlier(prev: Report) -> Earlier {

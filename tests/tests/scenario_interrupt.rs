@@ -103,6 +103,16 @@ impl Launcher {
     }
 
     /// Waits until a process named `name` runs below the launcher.
+    /// A launcher whose ranks run, and every process under it then (its
+    /// services and ranks, once the ranks are up).
+    fn running(name: &str) -> (Launcher, BTreeSet<u32>) {
+        let mut l = Launcher::start(name);
+        l.wait_for("slowrank-traine");
+        std::thread::sleep(Duration::from_secs(1));
+        let seen = descendants(l.child.id());
+        (l, seen)
+    }
+
     fn wait_for(&mut self, name: &str) -> BTreeSet<u32> {
         let t0 = Instant::now();
         loop {
@@ -197,11 +207,7 @@ fn sigterm_while_ranks_run_stops_every_service() {
     if !faultkit::root_or_skip("sigterm_while_ranks_run_stops_every_service") {
         return;
     }
-    let mut l = Launcher::start("interrupt-ranks");
-    l.wait_for("slowrank-traine");
-    // Every service and rank, once the ranks are up.
-    std::thread::sleep(Duration::from_secs(1));
-    let seen = descendants(l.child.id());
+    let (mut l, seen) = Launcher::running("interrupt-ranks");
     l.signal_and_wait(libc::SIGTERM, Duration::from_secs(90));
     assert!(
         l.dir.join("truth.json").exists(),
@@ -215,10 +221,7 @@ fn sigkill_of_the_launcher_takes_its_services_down() {
     if !faultkit::root_or_skip("sigkill_of_the_launcher_takes_its_services_down") {
         return;
     }
-    let mut l = Launcher::start("interrupt-kill");
-    l.wait_for("slowrank-traine");
-    std::thread::sleep(Duration::from_secs(1));
-    let seen = descendants(l.child.id());
+    let (mut l, seen) = Launcher::running("interrupt-kill");
     l.signal_and_wait(libc::SIGKILL, Duration::from_secs(10));
     // Nothing flushes here: the kernel's parent-death signal does it all.
     assert_all_ended(&seen, Duration::from_secs(30));

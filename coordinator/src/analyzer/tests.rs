@@ -171,23 +171,12 @@ fn a_preamble_before_batch_zero_does_not_swallow_it() {
 /// only host node-1's, so that iteration straddles the restart. Returns
 /// the verdicts after `until` iterations.
 fn life_joining_at(from: u64, until: u64, resumed: bool) -> Vec<crate::verdict::Verdict> {
-    use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
     let a = Analyzer::new(AnalyzerConfig::default());
     if resumed {
         a.resumed_life();
     }
-    let mut spec = SynthSpec::dp(2, 4);
-    spec.faults.push(Fault::persistent(
-        FaultKind::Compute {
-            rank: 5,
-            factor: 1.5,
-        },
-        10,
-    ));
-    let mut g = Generator::new(spec);
-    for (h, s) in g.initial_samples() {
-        a.add_clock_sample(&h, s).unwrap();
-    }
+    let mut g = crate::synthjob::compute_fault(Some(10));
+    crate::synthjob::start(&a, &mut g);
     for it in 0..until {
         let out = g.next_iteration();
         for (h, s) in &out.samples {

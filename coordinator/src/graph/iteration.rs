@@ -36,6 +36,14 @@ pub struct IterationConfig {
     pub seal_lag: u64,
     /// Iteration ends remembered.
     pub history: usize,
+    /// Gaps between reference instances that show no pattern are one
+    /// instance per step when the median change from one gap to the next
+    /// is under this share of the median gap. The even-spacing rule
+    /// (standard deviation under a tenth of the mean) reads the whole run
+    /// at once, so a step whose length changed within it (a straggler's
+    /// onset, work imbalance) fails it; from one step to the next only the
+    /// onset itself jumps.
+    pub even_jump: f64,
 }
 
 impl Default for IterationConfig {
@@ -45,6 +53,7 @@ impl Default for IterationConfig {
             override_period: None,
             seal_lag: 2,
             history: 4096,
+            even_jump: 0.15,
         }
     }
 }
@@ -110,11 +119,6 @@ const REPEATING: u64 = 8;
 /// is taken even if a larger communicator never completes a join.
 const PATIENCE: usize = 8;
 
-/// Gaps whose interquartile range is under this share of their median are
-/// alike (one instance per step) when they show no pattern: the kernels'
-/// own jitter (up to 0.2 in the random specs) keeps the middle half of a
-/// step's lengths within about ±10 %.
-const EVEN_IQR: f64 = 0.25;
 
 #[derive(Debug)]
 pub struct IterationClock {
@@ -249,7 +253,8 @@ impl IterationClock {
                         return;
                     }
                 } else {
-                    let found = detect_by_marks(&run).unwrap_or_else(|| detect_period(&run));
+                    let found = detect_by_marks(&run)
+                        .unwrap_or_else(|| detect_period(&run, self.cfg.even_jump));
                     // A step longer than a third of what was collected
                     // cannot show yet (a tensor-parallel group carries a
                     // collective per layer and micro-batch: 24 a step in
@@ -508,21 +513,35 @@ fn most_common(values: impl Iterator<Item = u64>) -> Option<u64> {
         .map(|(v, _)| v)
 }
 
-/// Most gaps within a narrow band: the interquartile range under
-/// [`EVEN_IQR`] of the median gap.
-fn alike(gaps: &[(u64, f64)]) -> bool {
-    let mut g: Vec<f64> = gaps.iter().map(|x| x.1).collect();
-    if g.len() < 8 {
+/// Consecutive gaps alike: the median change from one gap to the next
+/// under `even_jump` of the median gap ([`IterationConfig::even_jump`]),
+/// and no gap more than [`STEP_CHANGE`] times longer or shorter than the
+/// median. The last keeps a per-layer communicator from passing for one
+/// instance per step before three of its steps show: its gaps inside a
+/// step are alike too, but the gap between steps (optimizer, data
+/// loading) is many of them.
+fn alike(gaps: &[(u64, f64)], even_jump: f64) -> bool {
+    if gaps.len() < 8 {
         return false;
     }
-    g.sort_by(f64::total_cmp);
-    let q = |f: f64| g[((g.len() - 1) as f64 * f).round() as usize];
-    let median = q(0.5);
-    median > 0.0 && q(0.75) - q(0.25) < EVEN_IQR * median
+    let mut g: Vec<f64> = gaps.iter().map(|x| x.1).collect();
+    let mut jumps: Vec<f64> = g.windows(2).map(|w| (w[1] - w[0]).abs()).collect();
+    let median = crate::robust::midpoint_median(&mut g);
+    let jump = crate::robust::midpoint_median(&mut jumps);
+    let (shortest, longest) = (g[0], g[g.len() - 1]);
+    median > 0.0
+        && jump < even_jump * median
+        && longest < STEP_CHANGE * median
+        && median < STEP_CHANGE * shortest
 }
 
+/// The largest change of step length [`alike`] takes for a straggler's
+/// onset rather than a step boundary (the random specs' slowest ranks are
+/// up to 3× slower).
+const STEP_CHANGE: f64 = 4.0;
+
 /// Returns `(period, phase, method)` from the gaps between instances.
-fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)]) -> (u64, u64, Method) {
+fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)], even_jump: f64) -> (u64, u64, Method) {
     let gaps: Vec<(u64, f64)> = run
         .windows(2)
         .map(|w| (w[1].0, w[1].1.saturating_sub(w[0].1) as f64))
@@ -562,13 +581,13 @@ fn detect_period(run: &[(u64, CoordNs, CoordNs, Marks)]) -> (u64, u64, Method) {
     }
     let top = best.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
     if top < 0.5 {
-        // No pattern, but most gaps alike: one instance per step whose
-        // length changed within the run (a straggler's onset, work
-        // imbalance), which inflates the spread the even-spacing rule
-        // above reads. Seen live on a random pp4×dp4 spec whose data-parallel
+        // No pattern, but each gap like the one before: one instance per
+        // step whose length changed within the run (a straggler's onset,
+        // work imbalance), which inflates the spread the even-spacing rule
+        // above reads. Seen live on random pp×dp specs whose data-parallel
         // all-reduce came once per step: the step was never told, and the
         // report said "0 iterations observed" for a 60-step job.
-        if alike(&gaps) {
+        if alike(&gaps, even_jump) {
             return (1, 0, Method::EvenSpacing);
         }
         return (1, 0, Method::Undetermined);
@@ -631,10 +650,42 @@ mod tests {
             c.observe(1, 4, seq, t, t + 500_000, Marks::default());
         }
         let p = c.period().expect("told after 48 instances");
-        assert_eq!(
-            (p.instances_per_iteration, p.method),
-            (1, Method::EvenSpacing)
-        );
+        assert_eq!((p.instances_per_iteration, p.method), (1, Method::EvenSpacing));
+    }
+
+    #[test]
+    fn a_per_layer_communicator_is_not_one_per_step_before_its_steps_show() {
+        // 24 alike instances a step (one per layer and micro-batch), then
+        // the optimizer and data loading: after 50 instances (two steps)
+        // the step cannot show yet, and must not be read as one instance.
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut rng = Rng::new(13);
+        let mut t = 0i64;
+        for seq in 0..50u64 {
+            t += if seq % 24 == 0 {
+                30_000_000
+            } else {
+                (300_000.0 * (1.0 + 0.05 * rng.sym())) as i64
+            };
+            c.observe(1, 8, seq, t, t + 100_000, Marks::default());
+        }
+        assert_eq!(c.period(), None);
+    }
+
+    #[test]
+    fn one_per_step_that_became_three_times_longer_is_period_one() {
+        // A 2.8x straggler from step 22: the gaps are two groups, and the
+        // middle half of them spans both.
+        let mut c = IterationClock::new(IterationConfig::default());
+        let mut rng = Rng::new(12);
+        let mut t = 0i64;
+        for seq in 0..50u64 {
+            let ms = if seq < 22 { 20.0 } else { 56.0 };
+            t += (ms * 1e6 * (1.0 + 0.05 * rng.sym())) as i64;
+            c.observe(1, 8, seq, t, t + 500_000, Marks::default());
+        }
+        let p = c.period().expect("told after 48 instances");
+        assert_eq!((p.instances_per_iteration, p.method), (1, Method::EvenSpacing));
     }
 
     #[test]

@@ -216,34 +216,10 @@ pub enum ReadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Analyzer, AnalyzerConfig};
-    use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
+    use crate::Analyzer;
 
     fn analyzer_with_verdict() -> Analyzer {
-        let a = Analyzer::new(AnalyzerConfig::default());
-        let mut spec = SynthSpec::dp(2, 4);
-        spec.faults.push(Fault::persistent(
-            FaultKind::Compute {
-                rank: 5,
-                factor: 1.5,
-            },
-            10,
-        ));
-        let mut g = Generator::new(spec);
-        for (h, s) in g.initial_samples() {
-            a.add_clock_sample(&h, s).unwrap();
-        }
-        for _ in 0..40 {
-            let out = g.next_iteration();
-            for (h, s) in &out.samples {
-                a.add_clock_sample(h, *s).unwrap();
-            }
-            for (recv, b) in &out.batches {
-                a.ingest(b, *recv);
-            }
-            a.tick(out.end_ns as i64 + 3_000_000);
-        }
-        a
+        crate::synthjob::analyzed(Some(10), 40)
     }
 
     #[test]

@@ -97,39 +97,43 @@ impl Job {
 
     /// Blocks until rank `rank` has finished `n` iterations.
     pub fn wait_iterations(&self, rank: u32, n: usize) {
-        let t0 = Instant::now();
-        while self.iterations_done(rank) < n {
-            assert!(
-                t0.elapsed() < Duration::from_secs(180),
-                "rank {rank} never reached iteration {n}; see {}",
-                self.dir.display()
-            );
-            assert!(
-                !self.handle.as_ref().is_some_and(|h| h.is_finished()),
-                "the job ended before rank {rank} reached iteration {n}; see {}",
-                self.dir.display()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_until(
+            Duration::from_secs(180),
+            &format!("rank {rank} never reached iteration {n}"),
+            &format!("rank {rank} reached iteration {n}"),
+            || self.iterations_done(rank) >= n,
+        );
     }
 
     /// Blocks until the coordinator has ingested a batch with collectives
     /// from `host`'s agent (its log has one "batch ingested" line per batch).
     pub fn wait_host_shipped(&self, host: &str) {
         let log = self.dir.join("logs").join("coordinator.log");
+        self.wait_until(
+            Duration::from_secs(120),
+            &format!("no batch with collectives from {host} reached the coordinator"),
+            &format!("{host} shipped a batch"),
+            || {
+                ingested_batches(&log)
+                    .iter()
+                    .any(|b| b.host == host && b.collectives > 0)
+            },
+        );
+    }
+
+    /// Polls `done` every 100 ms; fails with `timeout` after `limit`, or
+    /// when the job ends before "`what`".
+    fn wait_until(&self, limit: Duration, timeout: &str, what: &str, done: impl Fn() -> bool) {
         let t0 = Instant::now();
-        while !ingested_batches(&log)
-            .iter()
-            .any(|b| b.host == host && b.collectives > 0)
-        {
+        while !done() {
             assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "no batch with collectives from {host} reached the coordinator; see {}",
+                t0.elapsed() < limit,
+                "{timeout}; see {}",
                 self.dir.display()
             );
             assert!(
                 !self.handle.as_ref().is_some_and(|h| h.is_finished()),
-                "the job ended before {host} shipped a batch; see {}",
+                "the job ended before {what}; see {}",
                 self.dir.display()
             );
             std::thread::sleep(Duration::from_millis(100));

@@ -617,7 +617,6 @@ mod tests {
     use super::charts::{colour, level};
     use super::*;
     use crate::{Analyzer, AnalyzerConfig};
-    use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
 
     #[test]
     fn base64_matches_the_rfc_vectors() {
@@ -688,29 +687,7 @@ mod tests {
     /// escapes what agents control (host names).
     #[test]
     fn page_shows_the_verdict_heatmap_onset_and_escapes_hostile_text() {
-        let a = Analyzer::new(AnalyzerConfig::default());
-        let mut spec = SynthSpec::dp(2, 4);
-        spec.faults.push(Fault::persistent(
-            FaultKind::Compute {
-                rank: 5,
-                factor: 1.5,
-            },
-            30,
-        ));
-        let mut g = Generator::new(spec);
-        for (h, smp) in g.initial_samples() {
-            a.add_clock_sample(&h, smp).unwrap();
-        }
-        for _ in 0..80 {
-            let out = g.next_iteration();
-            for (h, smp) in &out.samples {
-                a.add_clock_sample(h, *smp).unwrap();
-            }
-            for (recv, b) in &out.batches {
-                a.ingest(b, *recv);
-            }
-            a.tick(out.end_ns as i64 + 3_000_000);
-        }
+        let a = crate::synthjob::analyzed(Some(30), 80);
         let mut report = a.report();
         let timeline = a.timeline();
         assert_eq!(report.verdicts.len(), 1, "{:?}", report.verdicts);

@@ -6,7 +6,9 @@
 //!   send their payload under `idx`; when the last arrives, every member gets
 //!   all payloads in `idx` order. NCCL bootstrap, communicator splits, QP
 //!   number exchange and every collective's "all members' GPUs arrived"
-//!   rendezvous are exchanges.
+//!   rendezvous are exchanges. The replies go out starting at a different
+//!   member each time: in a fixed order the last member of every collective
+//!   would be woken last, a straggler the harness made on a loaded machine.
 //! - **store**: a key-value store with blocking get, like torch's TCPStore,
 //!   used by the trainer to hand out `ncclUniqueId`s.
 //! - **report**: one-way events (steps, fault onsets) for the launcher.
