@@ -33,9 +33,9 @@ pub mod replay;
 pub mod resume;
 pub mod robust;
 pub mod serve;
-pub mod thresholds;
 #[cfg(test)]
 mod synthjob;
+pub mod thresholds;
 
 pub use analyzer::{Analyzer, AnalyzerConfig, IngestSummary, Metrics, Slowdown};
 pub use clock::{ClockSample, CoordNs};
