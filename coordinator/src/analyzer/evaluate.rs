@@ -488,10 +488,15 @@ impl Analyzer {
             .filter(|v| matches!(v.subject, Subject::Rank(_)))
             .map(|v| v.rank)
             .collect();
+        let step = core.iteration.step_ns().unwrap_or(f64::INFINITY);
         relay_blind_waits(
             obs,
-            |r| core.stats.blind_partners(r),
-            |r| compute_active.contains(&r),
+            &Blind {
+                partners: |r| core.stats.blind_partners(r),
+                incumbent: |r| compute_active.contains(&r),
+                gap: |r, q| core.stats.blind_gap(r, q),
+                clear_ns: (BLIND_DIRECTION * step).max(core.stats.config().min_late_ns),
+            },
         );
         crate::classify::hostwide::merge(obs, &self.live_ranks_by_host());
     }

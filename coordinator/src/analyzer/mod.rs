@@ -42,7 +42,7 @@ pub use crate::report::IngestCounters;
 use crate::report::{self, Report};
 use crate::verdict::victims::{
     cost_share, drop_passed_into_transfers, passed_along, rank_costs, relay_blind_waits,
-    relay_transfer_lateness,
+    relay_transfer_lateness, Blind, BLIND_DIRECTION,
 };
 use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
 

@@ -88,7 +88,14 @@ pub fn apply(
             // Costed where it was found (`structure`); not a rank to replay.
             continue;
         }
-        o.saved_ns = saving(it, *s, &o.ranks, o.classification.kind, o.saved_ns);
+        // A compute verdict's rank stays a GPU straggler on an iteration
+        // whose host-side evidence reads host-bound: host-side arrivals
+        // never time its GPU (they measured it 0 on a tp4 job's slow rank).
+        let kind = match active.iter().find(|(a, _, _)| a == s) {
+            Some((_, _, Kind::Compute)) => Kind::Compute,
+            _ => o.classification.kind,
+        };
+        o.saved_ns = saving(it, *s, &o.ranks, kind, o.saved_ns);
         all.push((*s, ranks_of(*s, &o.ranks), o.saved_ns));
     }
     let mut unobserved: Vec<Costed> = Vec::new();

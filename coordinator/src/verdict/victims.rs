@@ -133,32 +133,58 @@ pub(crate) fn relay_transfer_lateness<'a>(
 }
 
 /// How much later than a rank its one-host partner must be for the rank's
-/// own lateness to count as waiting for that partner.
+/// own lateness to count as waiting for that partner (when their shared
+/// communicator does not tell who waited, see [`BLIND_DIRECTION`]).
 const BLIND_WAIT_RATIO: f64 = 1.15;
 
 /// How much later than a partner with an active compute verdict a rank
 /// must be to take the finding from it, or to be named beside it.
 const INCUMBENT_RATIO: f64 = 1.5;
 
+/// Share of the step by which one partner must, on average, arrive after
+/// the other on the one-host communicator they share for that to tell who
+/// waits for whom. Each rank's lateness on its own reference communicator
+/// does not: a rank waiting over NVLink for its slow partner reaches a
+/// data-parallel all-reduce later than its slow partner reaches its own
+/// (random 2027-18, tp4 on one host: the victims 525 ms late per
+/// iteration, the slow rank 48 ms, and the finding went to a victim).
+pub(crate) const BLIND_DIRECTION: f64 = 0.01;
+
+/// What tells a rank's one-host partners apart: who they are, whether one
+/// has an active compute verdict, and how much later a partner arrives
+/// than the rank on the communicator they share (smoothed, ns; positive:
+/// the rank waits for it) — told only where it is at least `clear_ns`.
+pub(crate) struct Blind<P, I, G> {
+    pub partners: P,
+    pub incumbent: I,
+    pub gap: G,
+    pub clear_ns: f64,
+}
+
 /// Tensor-parallel partners inside one host synchronise over NVLink, where
 /// no GPU-side time exists: a rank that waited there for a slow partner
 /// reaches the next inter-host collective late and looks like a straggler
-/// of its own. Both are late by about as much, but the slow one is usually
-/// later (it also runs slow between the syncs). A named rank whose one-host
-/// partner is named too and clearly later (`BLIND_WAIT_RATIO`) is dropped,
-/// and the GPU time lost to it goes to that partner. A host slow as a
-/// whole keeps its ranks within the ratio of each other, so they stay for
-/// the host-wide merge.
+/// of its own. Who waited for whom shows on the communicator they share:
+/// the slow one arrives there after the others (it also runs slow between
+/// the syncs). A named rank whose partner clearly arrives after it there
+/// (`BLIND_DIRECTION`) is dropped, and the GPU time lost to it goes to
+/// that partner — named in its place if nothing else named it. A partner
+/// clearly arriving before it is never its cause.
 ///
-/// Where the two reach the next sync together, which of them is later is a
-/// coin toss, so a partner already named compute-slow by an active verdict
-/// keeps the finding unless the other is `INCUMBENT_RATIO` later.
-/// (`incumbent` says whether a rank has such a verdict.)
-pub(crate) fn relay_blind_waits<'a>(
+/// Where the shared communicator does not tell (the two within noise), a
+/// partner named too and later on its own reference communicator
+/// (`BLIND_WAIT_RATIO`) takes the finding; a host slow as a whole keeps its
+/// ranks within the ratio of each other, so they stay for the host-wide
+/// merge. A partner already named compute-slow by an active verdict keeps
+/// the finding unless the other is `INCUMBENT_RATIO` later.
+pub(crate) fn relay_blind_waits<'a, P, I, G>(
     obs: &mut BTreeMap<Subject, Observation>,
-    partners: impl Fn(u32) -> &'a [u32],
-    incumbent: impl Fn(u32) -> bool,
-) {
+    blind: &Blind<P, I, G>,
+) where
+    P: Fn(u32) -> &'a [u32],
+    I: Fn(u32) -> bool,
+    G: Fn(u32, u32) -> Option<f64>,
+{
     let late: HashMap<u32, f64> = obs
         .iter()
         .filter_map(|(k, o)| match *k {
@@ -166,40 +192,74 @@ pub(crate) fn relay_blind_waits<'a>(
             _ => None,
         })
         .collect();
+    let told = |r: u32, q: u32| (blind.gap)(r, q).filter(|g| g.abs() >= blind.clear_ns);
     let mut moved: Vec<(u32, u32, f64)> = Vec::new();
     for (k, o) in obs.iter() {
         let Subject::Rank(r) = *k else { continue };
         let compute = o.classification.kind == classify::Kind::Compute;
         let mine = o.late_ns.max(0.0);
-        let ratio = if compute && incumbent(r) {
+        let partners = (blind.partners)(r);
+        let waited_for = partners
+            .iter()
+            .filter_map(|q| told(r, *q).filter(|g| *g > 0.0).map(|g| (*q, g)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let ratio = if compute && (blind.incumbent)(r) {
             INCUMBENT_RATIO
         } else {
             BLIND_WAIT_RATIO
         };
-        let later = partners(r)
-            .iter()
-            .filter_map(|q| late.get(q).map(|l| (*q, *l)))
-            .filter(|(_, l)| *l > 0.0 && *l >= ratio * mine)
-            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let later = || {
+            partners
+                .iter()
+                .filter(|q| told(r, **q).is_none())
+                .filter_map(|q| late.get(q).map(|l| (*q, *l)))
+                .filter(|(_, l)| *l > 0.0 && *l >= ratio * mine)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        };
         let held = || {
-            if !compute || incumbent(r) {
+            if !compute || (blind.incumbent)(r) {
                 return None;
             }
-            partners(r)
-                .iter()
-                .copied()
-                .find(|q| incumbent(*q) && late.get(q).is_none_or(|l| mine < INCUMBENT_RATIO * l))
+            partners.iter().copied().find(|q| {
+                (blind.incumbent)(*q)
+                    && told(r, *q).is_none()
+                    && late.get(q).is_none_or(|l| mine < INCUMBENT_RATIO * l)
+            })
         };
-        if let Some(q) = later.map(|(q, _)| q).or_else(held) {
+        if let Some(q) = waited_for
+            .map(|(q, _)| q)
+            .or_else(|| later().map(|(q, _)| q))
+            .or_else(held)
+        {
             moved.push((r, q, o.lost_ns));
         }
     }
     // The latest of a group keeps its finding: it is later than each of the
     // others, so it is never moved itself.
     for (r, q, lost) in moved {
-        obs.remove(&Subject::Rank(r));
-        if let Some(t) = obs.get_mut(&Subject::Rank(q)) {
-            t.lost_ns += lost;
+        let Some(mut o) = obs.remove(&Subject::Rank(r)) else {
+            continue;
+        };
+        match obs.get_mut(&Subject::Rank(q)) {
+            Some(t) => t.lost_ns += lost,
+            None if told(r, q).is_some() => {
+                // The partner was not named on its own: its lateness on its
+                // reference communicator is its own tail only. It is named
+                // with the victim's evidence of what the wait cost.
+                let gap = told(r, q).unwrap_or(0.0);
+                o.classification.evidence.insert(
+                    0,
+                    format!(
+                        "its one-host partner rank {r} waits for it: rank {q} arrives {:.2} ms \
+                         after rank {r} on the communicator they share, and rank {r}'s lateness \
+                         elsewhere is this wait passed on",
+                        gap / 1e6
+                    ),
+                );
+                o.rank = q;
+                obs.insert(Subject::Rank(q), o);
+            }
+            None => {}
         }
     }
 }
@@ -317,7 +377,7 @@ mod tests {
                 _ => &[],
             }
         };
-        relay_blind_waits(&mut obs, partners, |_| false);
+        relay_blind_waits(&mut obs, &untold(partners, |_| false));
         let keys: Vec<Subject> = obs.keys().copied().collect();
         assert_eq!(keys, vec![Subject::Rank(3), Subject::Rank(9)]);
         let nine = &obs[&Subject::Rank(9)];
@@ -328,24 +388,105 @@ mod tests {
         );
         // A host slow as a whole: partners within the ratio both stay.
         let mut obs = BTreeMap::from([late(8, 150.0, 0.2), late(9, 160.0, 0.2)]);
-        relay_blind_waits(&mut obs, partners, |_| false);
+        relay_blind_waits(&mut obs, &untold(partners, |_| false));
         assert_eq!(obs.len(), 2);
         // Rank 9 already has an active compute verdict; later on its partner
         // reaches the sync later by chance (139 vs 101 ms, seen in
         // tp2-pp2-dp4): it stays the relay.
         let mut obs = BTreeMap::from([late(8, 139.0, 0.15), late(9, 101.0, 0.25)]);
-        relay_blind_waits(&mut obs, partners, |r| r == 9);
+        relay_blind_waits(&mut obs, &untold(partners, |r| r == 9));
         let keys: Vec<Subject> = obs.keys().copied().collect();
         assert_eq!(keys, vec![Subject::Rank(9)]);
         // Named alone while the incumbent is quiet this iteration: still held.
         let mut obs = BTreeMap::from([late(8, 110.0, 0.15)]);
-        relay_blind_waits(&mut obs, partners, |r| r == 9);
+        relay_blind_waits(&mut obs, &untold(partners, |r| r == 9));
         assert!(obs.is_empty());
         // Far later than the incumbent: the finding moves.
         let mut obs = BTreeMap::from([late(8, 160.0, 0.15), late(9, 101.0, 0.25)]);
-        relay_blind_waits(&mut obs, partners, |r| r == 9);
+        relay_blind_waits(&mut obs, &untold(partners, |r| r == 9));
         assert_eq!(obs.len(), 1);
         assert!(obs.contains_key(&Subject::Rank(8)));
+    }
+
+    type Untold = fn(u32, u32) -> Option<f64>;
+
+    /// Partners whose shared communicator tells nothing of who waits.
+    fn untold<P, I>(partners: P, incumbent: I) -> Blind<P, I, Untold> {
+        Blind {
+            partners,
+            incumbent,
+            gap: |_, _| None,
+            clear_ns: 1e6,
+        }
+    }
+
+    #[test]
+    fn the_partner_a_rank_waits_for_on_their_shared_communicator_is_its_cause() {
+        use classify::Kind::Compute;
+        let late = |rank: u32, late_ms: f64, cost: f64| {
+            let mut o = observation(Compute, rank, cost);
+            o.late_ns = late_ms * 1e6;
+            (Subject::Rank(rank), o)
+        };
+        // tp4 on one host (random 2027-18): rank 2's GPU is slow; ranks 0,
+        // 1 and 3 wait for it in every tensor-parallel all-reduce, reach
+        // their data-parallel all-reduces 525 ms late, while rank 2 is 48 ms
+        // late on its own reference communicator, 24 ms after the others on
+        // the shared one.
+        let group: &'static [u32] = &[0, 1, 2, 3];
+        let partners = |r: u32| -> &'static [u32] {
+            match r {
+                0..=3 => group,
+                _ => &[],
+            }
+        };
+        let arrives = |r: u32| if r == 2 { 24e6 } else { 0.5e6 * f64::from(r) };
+        let blind = |incumbent: fn(u32) -> bool| Blind {
+            partners,
+            incumbent,
+            gap: move |r: u32, q: u32| (r != q && r < 4 && q < 4).then(|| arrives(q) - arrives(r)),
+            clear_ns: 6.5e6,
+        };
+        let mut obs = BTreeMap::from([
+            late(0, 525.0, 0.10),
+            late(1, 520.0, 0.10),
+            late(3, 521.0, 0.10),
+            late(2, 48.0, 0.02),
+        ]);
+        relay_blind_waits(&mut obs, &blind(|_| false));
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(2)]);
+        assert!((cost_share(&obs[&Subject::Rank(2)]) - 0.32).abs() < 1e-9);
+        // Not named on its own: named in the victims' place, with why.
+        let mut obs = BTreeMap::from([late(0, 525.0, 0.10), late(3, 521.0, 0.10)]);
+        relay_blind_waits(&mut obs, &blind(|_| false));
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(2)]);
+        let two = &obs[&Subject::Rank(2)];
+        assert_eq!(two.rank, 2);
+        assert!((cost_share(two) - 0.20).abs() < 1e-9);
+        assert!(two.classification.evidence[0].contains("waits for it"));
+        // A victim with an active verdict does not hold the finding either:
+        // the shared communicator says who waited.
+        let mut obs = BTreeMap::from([late(0, 525.0, 0.10), late(2, 48.0, 0.02)]);
+        relay_blind_waits(&mut obs, &blind(|r| r == 0));
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(2)]);
+        // Within the noise (0.5 ms apart, told from 6.5 ms): the late ratio
+        // decides, as before, and ranks 0 and 1 both stay.
+        let near = Blind {
+            partners,
+            incumbent: |_| false,
+            gap: |r: u32, q: u32| Some(0.5e6 * (f64::from(q) - f64::from(r))),
+            clear_ns: 6.5e6,
+        };
+        let mut obs = BTreeMap::from([late(0, 150.0, 0.2), late(1, 160.0, 0.2)]);
+        relay_blind_waits(&mut obs, &near);
+        assert_eq!(obs.len(), 2);
+        let mut obs = BTreeMap::from([late(0, 150.0, 0.2), late(1, 200.0, 0.2)]);
+        relay_blind_waits(&mut obs, &near);
+        let keys: Vec<Subject> = obs.keys().copied().collect();
+        assert_eq!(keys, vec![Subject::Rank(1)]);
     }
 
     #[test]

@@ -145,6 +145,9 @@ pub struct Stats {
     /// host (tensor parallel over NVLink): waits there have no GPU-side
     /// times, so they never explain its lateness.
     blind_partners: HashMap<u32, Vec<u32>>,
+    /// rank → (one-host communicator, EWMA of the rank's host-side
+    /// lateness there, ns): which of two partners waited for the other.
+    blind_gauge: HashMap<u32, Vec<(u64, f64)>>,
     /// Ranks in some instance spanning hosts: the deep set can time them.
     crosses_hosts: std::collections::HashSet<u32>,
     /// Collective communicators whose instances span hosts.
@@ -168,6 +171,7 @@ impl Stats {
             recent: HashMap::new(),
             p2p_peers: HashMap::new(),
             blind_partners: HashMap::new(),
+            blind_gauge: HashMap::new(),
             crosses_hosts: std::collections::HashSet::new(),
             spanning_comms: std::collections::HashSet::new(),
             gpu_timed: HashMap::new(),
@@ -213,6 +217,19 @@ impl Stats {
     /// Ranks sharing a one-host collective communicator with `rank`.
     pub fn blind_partners(&self, rank: u32) -> &[u32] {
         self.blind_partners.get(&rank).map_or(&[], |v| v.as_slice())
+    }
+
+    /// How much later `q` arrives than `r` on the one-host communicators
+    /// they share (smoothed host-side lateness, ns; the largest gap over
+    /// shared communicators by magnitude), or `None` if they share none.
+    /// Positive: `r` waits for `q` there.
+    pub fn blind_gap(&self, r: u32, q: u32) -> Option<f64> {
+        let theirs = self.blind_gauge.get(&q)?;
+        self.blind_gauge
+            .get(&r)?
+            .iter()
+            .filter_map(|(c, lr)| theirs.iter().find(|(d, _)| d == c).map(|(_, lq)| lq - lr))
+            .max_by(|a, b| a.abs().total_cmp(&b.abs()))
     }
 
     /// Members of the rank's reference communicator (itself included).
@@ -276,6 +293,14 @@ impl Stats {
             }
         }
         if !p2p && one_host && inst.basis == Basis::Host {
+            for (a, late) in inst.members.iter().zip(&inst.lateness) {
+                let v = self.blind_gauge.entry(a.rank).or_default();
+                if let Some((_, g)) = v.iter_mut().find(|(c, _)| *c == inst.comm_id) {
+                    *g += self.cfg.ewma_alpha * (late - *g);
+                } else if v.len() < MAX_P2P_PEERS {
+                    v.push((inst.comm_id, *late));
+                }
+            }
             for a in &inst.members {
                 for b in inst.members.iter().filter(|b| b.rank != a.rank) {
                     let v = self.blind_partners.entry(a.rank).or_default();
