@@ -97,7 +97,16 @@ impl Analyzer {
         if it.from != CoordNs::MIN && it.to != CoordNs::MAX {
             self.transfer_observations(core, &it, bucket, model.as_ref(), &mut obs);
         }
+        let named: Vec<Subject> = obs.keys().copied().collect();
         self.pass_waits_to_their_cause(core, &mut obs);
+        if !named.is_empty() {
+            tracing::debug!(
+                iteration = k,
+                observed = ?named,
+                kept = ?obs.keys().collect::<Vec<_>>(),
+                "observations before and after passing waits to their cause"
+            );
+        }
         if let Some(m) = model.as_ref().filter(|_| warm) {
             // Own work is GPU work only on GPU-side times: on host-side
             // ones a host that ran ahead, or waited, looks like work (and
@@ -489,10 +498,17 @@ impl Analyzer {
             .map(|v| v.rank)
             .collect();
         let step = core.iteration.step_ns().unwrap_or(f64::INFINITY);
+        let elsewhere: HashMap<u32, Vec<u32>> = obs
+            .keys()
+            .filter_map(|k| match *k {
+                Subject::Rank(r) => Some((r, core.stats.blind_partners_elsewhere(r))),
+                _ => None,
+            })
+            .collect();
         relay_blind_waits(
             obs,
             &Blind {
-                partners: |r| core.stats.blind_partners(r),
+                partners: |r| elsewhere.get(&r).map_or(&[][..], |v| v.as_slice()),
                 incumbent: |r| compute_active.contains(&r),
                 gap: |r, q| core.stats.blind_gap(r, q),
                 clear_ns: (BLIND_DIRECTION * step).max(core.stats.config().min_late_ns),

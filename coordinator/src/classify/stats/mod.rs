@@ -219,6 +219,21 @@ impl Stats {
         self.blind_partners.get(&rank).map_or(&[], |v| v.as_slice())
     }
 
+    /// The rank's one-host partners outside its reference communicator:
+    /// the ones whose waits its reference lateness can hide. A partner on
+    /// the reference communicator itself is compared with it there
+    /// directly, each late or not on its own (a data-parallel group inside
+    /// one host with two slow ranks: the finding went back and forth
+    /// between them).
+    pub fn blind_partners_elsewhere(&self, rank: u32) -> Vec<u32> {
+        let own = self.peers(rank);
+        self.blind_partners(rank)
+            .iter()
+            .copied()
+            .filter(|q| !own.contains(q))
+            .collect()
+    }
+
     /// How much later `q` arrives than `r` on the one-host communicators
     /// they share (smoothed host-side lateness, ns; the largest gap over
     /// shared communicators by magnitude), or `None` if they share none.

@@ -195,3 +195,35 @@ fn spearman_extremes() {
     assert!((spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]) - 1.0).abs() < 1e-9);
     assert!((spearman(&[1.0, 2.0, 3.0], &[30.0, 20.0, 10.0]) + 1.0).abs() < 1e-9);
 }
+
+/// tp2 × dp2 inside one host: rank 1 arrives 5 ms after rank 0 on their
+/// tensor-parallel communicator; the data-parallel ones (the reference
+/// communicators, by comm id) are compared directly.
+#[test]
+fn one_host_partners_are_told_apart_on_the_communicator_they_share() {
+    let mut s = Stats::new(StatsConfig::default());
+    let on = |comm: u64, ranks: [(u32, u64); 2]| {
+        let mut i = inst(&[
+            (ranks[0].0, "a", ranks[0].1, 0),
+            (ranks[1].0, "a", ranks[1].1, 0),
+        ]);
+        i.comm_id = comm;
+        align(&i, &|_, t| (t as i64, 0.0))
+    };
+    for k in 0..10 {
+        let t = 1_000_000_000 * k;
+        // Data parallel: {0, 2} and {1, 3}, comm ids 1 and 2.
+        s.add(&on(1, [(0, t + 40_000_000), (2, t)]), k);
+        s.add(&on(2, [(1, t + 45_000_000), (3, t)]), k);
+        // Tensor parallel: {0, 1} and {2, 3}, comm ids 7 and 8.
+        s.add(&on(7, [(0, t), (1, t + 5_000_000)]), k);
+        s.add(&on(8, [(2, t), (3, t)]), k);
+    }
+    assert_eq!(s.peers(0), &[0, 2]);
+    assert_eq!(s.blind_partners_elsewhere(0), vec![1]);
+    assert_eq!(s.blind_partners_elsewhere(2), vec![3]);
+    let gap = s.blind_gap(0, 1).expect("they share comm 7");
+    assert!((gap - 5e6).abs() < 1.0, "{gap}");
+    assert_eq!(s.blind_gap(1, 0), Some(-gap));
+    assert_eq!(s.blind_gap(0, 3), None);
+}
