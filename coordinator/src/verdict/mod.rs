@@ -37,13 +37,22 @@ use crate::join::HangCandidate;
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LifecycleConfig {
+    /// Iterations the opening rule looks back over.
     pub open_window: usize,
+    /// Of those, how many must have observed the subject for a verdict to
+    /// open (6 of 8: on a loaded machine a rank's host is descheduled for a
+    /// few iterations at a time, which 4 of 5 mistook for a fault). The
+    /// sequential test's alarm and `fast_open_min` open sooner.
     pub open_min: usize,
     /// Suspicious iterations in a row that open a verdict whose every
     /// observation is GPU-side and costs at least `fast_open_cost`.
     pub fast_open_min: usize,
     /// Share of the job's GPU time each of those iterations must lose.
     pub fast_open_cost: f64,
+    /// Iterations in a row without an observation after which an active
+    /// verdict closes: a straggler that keeps pace for a step or two
+    /// mid-fault stays named (and a rank whose sequential evidence still
+    /// stands keeps being observed).
     pub close_after: u64,
     /// Iterations at the start of a job that never open a verdict.
     pub warmup_iterations: u64,
@@ -54,8 +63,6 @@ pub struct LifecycleConfig {
 impl Default for LifecycleConfig {
     fn default() -> Self {
         Self {
-            // 6 of 8: on a loaded machine a rank's host is descheduled for
-            // a few iterations at a time, which 4 of 5 mistook for a fault.
             open_window: 8,
             open_min: 6,
             fast_open_min: 3,
