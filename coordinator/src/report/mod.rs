@@ -361,6 +361,14 @@ fn human_slowdown(s: &mut String, r: &Report) {
         // most of it (rise is against the baseline; cost against the
         // slower step: convert).
         let needed = sd.rise / (1.0 + sd.rise);
+        // A verdict whose cost the what-if could not measure (a GPU with no
+        // GPU-side times) is not evidence that something else is wrong.
+        let unmeasured: Vec<u32> = r
+            .verdicts
+            .iter()
+            .filter(|v| v.active && v.cost_iterations == 0)
+            .map(|v| v.rank)
+            .collect();
         if explained < 0.5 * needed {
             let _ = writeln!(
                 s,
@@ -369,10 +377,14 @@ fn human_slowdown(s: &mut String, r: &Report) {
                 sd.baseline_step_ms,
                 100.0 * sd.rise,
                 sd.since_iteration,
-                if r.verdicts.iter().any(|v| v.active) {
-                    "more than the verdicts below explain"
-                } else {
-                    "and no rank is named"
+                match (unmeasured.is_empty(), r.verdicts.iter().any(|v| v.active)) {
+                    (false, _) => format!(
+                        "which {} named below may explain: {} cost is not measured (no GPU-side times to replay)",
+                        fmt_ranks(&unmeasured),
+                        if unmeasured.len() == 1 { "its" } else { "their" }
+                    ),
+                    (true, true) => "more than the verdicts below explain".to_string(),
+                    (true, false) => "and no rank is named".to_string(),
                 }
             );
             for c in &sd.candidates {

@@ -78,3 +78,41 @@ fn a_report_over_its_bound_cuts_the_least_important_lists_and_says_so() {
     let back: Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back.truncated, Some(t));
 }
+
+/// A slowdown beside a verdict the what-if could not cost (a GPU with no
+/// GPU-side times) says so, instead of "more than the verdicts explain".
+#[test]
+fn a_slowdown_beside_an_uncosted_verdict_says_the_verdict_may_explain_it() {
+    let mut r = crate::synthjob::analyzed(Some(30), 80).report();
+    let v = r
+        .verdicts
+        .iter_mut()
+        .find(|v| v.active)
+        .expect("the fault is named");
+    let rank = v.rank;
+    v.cost_iterations = 0;
+    v.cost_fraction = 0.0;
+    r.slowdown = Some(crate::classify::pace::Slowing {
+        baseline_step_ms: 400.0,
+        recent_step_ms: 600.0,
+        rise: 0.5,
+        since_iteration: 30,
+        candidates: Vec::new(),
+    });
+    let text = render_human(&r);
+    assert!(
+        text.contains(&format!(
+            "which rank {rank} named below may explain: its cost is not measured"
+        )),
+        "{text}"
+    );
+    // Costed, and explaining most of it: no slowdown line at all.
+    let v = r.verdicts.iter_mut().find(|v| v.active).unwrap();
+    v.cost_iterations = 10;
+    v.cost_fraction = 0.3;
+    assert!(!render_human(&r).contains("SLOWDOWN"));
+    // Costed, and far short of it: more than the verdicts explain.
+    let v = r.verdicts.iter_mut().find(|v| v.active).unwrap();
+    v.cost_fraction = 0.05;
+    assert!(render_human(&r).contains("more than the verdicts below explain"));
+}
