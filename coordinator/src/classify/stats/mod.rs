@@ -270,7 +270,8 @@ impl Stats {
         &self.lateness_gauge
     }
 
-    /// Adds one aligned instance to iteration `it`.
+    /// Adds one aligned instance to iteration `it`: what it tells of the
+    /// job's layout, then its members' accumulators.
     pub fn add(&mut self, inst: &AlignedInstance, it: u64) {
         if self.sealed_through.is_some_and(|s| it <= s) {
             self.dropped_late += 1;
@@ -281,6 +282,15 @@ impl Stats {
             return;
         }
         let p2p = matches!(inst.key, InstanceKey::P2p { .. });
+        self.learn_layout(inst, it, p2p);
+        self.accumulate(inst, it, p2p);
+    }
+
+    /// Who talks to whom, over what: pipeline peers, ranks that cross
+    /// hosts or were GPU-timed, one-host partners and their lateness there,
+    /// communicator members, each rank's reference communicator, and the
+    /// persistence of the lateness order.
+    fn learn_layout(&mut self, inst: &AlignedInstance, it: u64, p2p: bool) {
         if p2p {
             for a in &inst.members {
                 for b in inst.members.iter().filter(|b| b.rank != a.rank) {
@@ -350,6 +360,11 @@ impl Stats {
                 entry.0 = cur;
             }
         }
+    }
+
+    /// The instance's share of each member's accumulators for iteration
+    /// `it`, and the waits between them.
+    fn accumulate(&mut self, inst: &AlignedInstance, it: u64, p2p: bool) {
         let n = inst.members.len();
         let bucket = self.buckets.entry(it).or_default();
         bucket.instances += 1;
