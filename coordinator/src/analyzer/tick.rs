@@ -248,6 +248,16 @@ impl Analyzer {
         now: CoordNs,
         progress: Vec<(u64, crate::join::InstanceKey, bool)>,
     ) -> Vec<VerdictEvent> {
+        let mut events = Self::resolved_hangs(core, progress);
+        self.new_hangs(core, now, &mut events);
+        events
+    }
+
+    /// Active hangs whose instance every member has now reached.
+    fn resolved_hangs(
+        core: &mut Core,
+        progress: Vec<(u64, crate::join::InstanceKey, bool)>,
+    ) -> Vec<VerdictEvent> {
         let mut events = Vec::new();
         for (comm, key, resolved) in progress {
             if !resolved {
@@ -272,6 +282,12 @@ impl Analyzer {
                 });
             }
         }
+        events
+    }
+
+    /// Instances the joiner expired as hangs, one finding per communicator
+    /// and missing set.
+    fn new_hangs(&self, core: &mut Core, now: CoordNs, events: &mut Vec<VerdictEvent>) {
         let clock = |h: &str, t: u64| self.to_coord(h, t).0;
         // A member's agent is current past `deadline` only on a probed
         // clock, and by more than its error bound: before the first probe
@@ -326,42 +342,7 @@ impl Analyzer {
                 })
                 .map(|m| m.rank)
                 .collect();
-            let missing: Vec<String> = c
-                .missing
-                .iter()
-                .take(crate::join::HANG_LIST_MAX)
-                .map(|m| {
-                    if m.rank == crate::join::UNKNOWN_RANK {
-                        return format!("position {} (no agent announced it)", m.rank_in_comm);
-                    }
-                    format!(
-                        "rank {} on {} (last completed instance {})",
-                        m.rank,
-                        if m.host.is_empty() { "?" } else { &m.host },
-                        m.last_completed_seq
-                            .map_or_else(|| "none".into(), |s| s.to_string())
-                    )
-                })
-                .collect();
-            // A hang of thousands: the count and ranges, then the first few.
-            let (absent, missing) = match &c.summary {
-                Some(sm) => (
-                    sm.count as usize,
-                    format!("{}; the first: {}", sm.describe(), missing.join(", ")),
-                ),
-                None => (c.missing.len(), missing.join(", ")),
-            };
-            let line = format!(
-                "HANG on communicator {:#x} {} instance {}: {} of {} members entered {} ago; missing {}{}",
-                c.comm_id,
-                crate::join::op_name(c.op),
-                c.key.display_seq(),
-                c.present_ranks.len(),
-                c.present_ranks.len() + absent,
-                classify::fmt_ns(now.saturating_sub(c.entered_at) as f64),
-                missing,
-                if exited.is_empty() { String::new() } else { format!(" — exited: {exited:?}") }
-            );
+            let line = hang_line(&c, now, &exited);
             let st = HangState {
                 wall: self.wall(c.entered_at),
                 candidate: c.clone(),
@@ -382,6 +363,50 @@ impl Analyzer {
                 line,
             });
         }
-        events
     }
+}
+
+/// "HANG on communicator … missing rank 3 on host-1 (last completed
+/// instance 41)": who entered, who did not, and for how long.
+fn hang_line(c: &crate::join::HangCandidate, now: CoordNs, exited: &[u32]) -> String {
+    let missing: Vec<String> = c
+        .missing
+        .iter()
+        .take(crate::join::HANG_LIST_MAX)
+        .map(|m| {
+            if m.rank == crate::join::UNKNOWN_RANK {
+                return format!("position {} (no agent announced it)", m.rank_in_comm);
+            }
+            format!(
+                "rank {} on {} (last completed instance {})",
+                m.rank,
+                if m.host.is_empty() { "?" } else { &m.host },
+                m.last_completed_seq
+                    .map_or_else(|| "none".into(), |s| s.to_string())
+            )
+        })
+        .collect();
+    // A hang of thousands: the count and ranges, then the first few.
+    let (absent, missing) = match &c.summary {
+        Some(sm) => (
+            sm.count as usize,
+            format!("{}; the first: {}", sm.describe(), missing.join(", ")),
+        ),
+        None => (c.missing.len(), missing.join(", ")),
+    };
+    format!(
+        "HANG on communicator {:#x} {} instance {}: {} of {} members entered {} ago; missing {}{}",
+        c.comm_id,
+        crate::join::op_name(c.op),
+        c.key.display_seq(),
+        c.present_ranks.len(),
+        c.present_ranks.len() + absent,
+        classify::fmt_ns(now.saturating_sub(c.entered_at) as f64),
+        missing,
+        if exited.is_empty() {
+            String::new()
+        } else {
+            format!(" — exited: {exited:?}")
+        }
+    )
 }
