@@ -267,14 +267,13 @@ impl Analyzer {
         scores: &[RankScore],
         why: &Why<'_>,
     ) -> BTreeMap<Subject, Observation> {
-        let (k, step, from, to) = (it.k, it.step, it.from, it.to);
+        let (k, step, from) = (it.k, it.step, it.from);
         let Why {
             blame,
             alarms,
             by_what_if,
             shares,
         } = *why;
-        let min_frac = core.stats.config().min_step_fraction;
         let mut obs: BTreeMap<Subject, Observation> = BTreeMap::new();
         for s in scores {
             let hist = core.score_hist.entry(s.rank).or_default();
@@ -290,32 +289,12 @@ impl Analyzer {
                 continue;
             }
             let window: Vec<RankScore> = hist.iter().cloned().collect();
-            let peers = core.stats.peers(s.rank).to_vec();
-            let first_it = window.first().map_or(k, |w| w.iteration);
-            let cpu_from = core
-                .iteration
-                .end_of(first_it.saturating_sub(1))
-                .unwrap_or(from);
-            let cpu = core.intervals.evidence(s.rank, &peers, cpu_from, to);
-            let persistence = core
-                .stats
-                .reference_comm(s.rank)
-                .and_then(|c| core.stats.order_persistence(c));
-            let mut c = classify::classify_straggler(&window, cpu.as_ref(), persistence, min_frac);
+            let (mut c, cpu) = Self::classify_suspect(core, s.rank, &window, it);
             // Said first where it is what named the rank: the lateness
             // lines below then read as "barely late", which is the point.
             if by_what_if.contains(&s.rank) {
                 if let Some(x) = shares.get(&s.rank) {
-                    c.evidence.insert(
-                        0,
-                        format!(
-                            "the what-if replay: at its peers' speed this step would have been {:.0}% ({}) shorter, and every one of the last {} steps at least {:.0}% shorter",
-                            x * 100.0,
-                            classify::fmt_ns(x * step),
-                            core.sequential.config().decisive_run,
-                            core.sequential.config().decisive_share * 100.0
-                        ),
-                    );
+                    c.evidence.insert(0, Self::what_if_named(core, *x, step));
                 }
             }
             // Host-side times say only that this rank's GPU work ran long:
@@ -370,6 +349,44 @@ impl Analyzer {
         }
         core.score_hist.retain(|_, h| !h.is_empty());
         obs
+    }
+
+    /// A suspect's class over its last suspicious iterations (`window`),
+    /// with the CPU evidence of its host since the window began.
+    fn classify_suspect(
+        core: &Core,
+        rank: u32,
+        window: &[RankScore],
+        it: &IterCtx,
+    ) -> (
+        classify::Classification,
+        Option<classify::intervals::CpuEvidence>,
+    ) {
+        let peers = core.stats.peers(rank).to_vec();
+        let first_it = window.first().map_or(it.k, |w| w.iteration);
+        let cpu_from = core
+            .iteration
+            .end_of(first_it.saturating_sub(1))
+            .unwrap_or(it.from);
+        let cpu = core.intervals.evidence(rank, &peers, cpu_from, it.to);
+        let persistence = core
+            .stats
+            .reference_comm(rank)
+            .and_then(|c| core.stats.order_persistence(c));
+        let min_frac = core.stats.config().min_step_fraction;
+        let c = classify::classify_straggler(window, cpu.as_ref(), persistence, min_frac);
+        (c, cpu)
+    }
+
+    /// The evidence line of a rank named by a decisive what-if.
+    fn what_if_named(core: &Core, share: f64, step: f64) -> String {
+        format!(
+            "the what-if replay: at its peers' speed this step would have been {:.0}% ({}) shorter, and every one of the last {} steps at least {:.0}% shorter",
+            share * 100.0,
+            classify::fmt_ns(share * step),
+            core.sequential.config().decisive_run,
+            core.sequential.config().decisive_share * 100.0
+        )
     }
 
     /// Communication: slow NICs and links judged over the iteration's
