@@ -210,6 +210,9 @@ impl SpanMedians {
     }
 }
 
+/// Per pair of ranks (lower first).
+type Pairs<T> = HashMap<(u32, u32), T>;
+
 /// A pair judged over its recent intervals: the medians of their latencies,
 /// of their moments' baselines and of the ratios between the two, and
 /// whether [`SLOW_RECENT`] of them were slow.
@@ -343,102 +346,13 @@ impl LinkStats {
         host_of: impl Fn(u32) -> String,
     ) -> LinkFindings {
         let lats = self.latencies(from, to, 2_000_000_000);
-        let mut all: Vec<f64> = lats.values().map(|v| v.latency_ns).collect();
-        let Some(med) = median(&mut all) else {
+        let Some((med, judged)) = self.judge(&lats) else {
             return LinkFindings::default();
         };
-        // Per size class, its median when it has enough links.
-        let class_of = size_classes(&lats);
-        let mut classes: HashMap<usize, Vec<f64>> = HashMap::new();
-        for (k, p) in &lats {
-            classes.entry(class_of[k]).or_default().push(p.latency_ns);
-        }
-        let class_med: HashMap<usize, f64> = classes
-            .into_iter()
-            .filter(|(_, v)| v.len() >= self.cfg.min_class_links)
-            .filter_map(|(k, mut v)| median(&mut v).map(|m| (k, m)))
-            .collect();
-        let baseline = |k: &(u32, u32)| class_med.get(&class_of[k]).copied().unwrap_or(med);
-        let spans = SpanMedians::new(&lats, &class_of, self.cfg.min_class_links);
-        let judged: HashMap<(u32, u32), Judged> = lats
-            .iter()
-            .map(|(k, p)| {
-                let now = baseline(k);
-                let at = |r: &Recent| spans.at(class_of[k], r).unwrap_or(now);
-                let mut l: Vec<f64> = p.recent.iter().map(|r| r.latency_ns).collect();
-                let mut b: Vec<f64> = p.recent.iter().map(at).collect();
-                let mut q: Vec<f64> = l.iter().zip(&b).map(|(l, b)| l / b.max(1.0)).collect();
-                // The SLOW_RECENT-th largest ratio: that many intervals reached it.
-                q.sort_by(|x, y| y.total_cmp(x));
-                let reached = q.get(SLOW_RECENT - 1).copied().unwrap_or(0.0);
-                let j = match (median(&mut l), median(&mut b), median(&mut q)) {
-                    (Some(l), Some(b), Some(q)) if p.recent.len() >= SLOW_RECENT => Judged {
-                        latency_ns: l,
-                        baseline_ns: b,
-                        ratio: q,
-                        slow: reached >= self.cfg.slow_ratio && l - b >= self.cfg.min_excess_ns,
-                    },
-                    _ => Judged {
-                        latency_ns: p.latency_ns,
-                        baseline_ns: now,
-                        ratio: p.latency_ns / now.max(1.0),
-                        slow: false,
-                    },
-                };
-                (*k, j)
-            })
-            .collect();
         let is_slow = |k: &(u32, u32)| judged[k].slow;
-        let mut peers: HashMap<u32, Vec<(u32, Judged)>> = HashMap::new();
-        for (k, j) in &judged {
-            let (a, b) = *k;
-            peers.entry(a).or_default().push((b, *j));
-            peers.entry(b).or_default().push((a, *j));
-        }
-        let mut nics = Vec::new();
-        for (&r, ps) in &peers {
-            let slow: Vec<&(u32, Judged)> = ps.iter().filter(|p| p.1.slow).collect();
-            if slow.len() >= 2 && slow.len() as f64 >= self.cfg.rank_share * ps.len() as f64 {
-                let mid = |f: fn(&Judged) -> f64| {
-                    let mut v: Vec<f64> = slow.iter().map(|p| f(&p.1)).collect();
-                    median(&mut v).unwrap_or(0.0)
-                };
-                let mut sp: Vec<u32> = slow.iter().map(|p| p.0).collect();
-                sp.sort_unstable();
-                nics.push(SlowNic {
-                    rank: r,
-                    slow_peers: sp,
-                    peers: ps.len(),
-                    latency_ns: mid(|j| j.latency_ns),
-                    baseline_ns: mid(|j| j.baseline_ns),
-                    ratio: mid(|j| j.ratio),
-                });
-            }
-        }
-        nics.sort_by_key(|n| n.rank);
+        let nics = self.slow_nics(&judged);
         let nic_ranks: Vec<u32> = nics.iter().map(|n| n.rank).collect();
-        // Per measuring host: links it measured, and how many were slow.
-        let mut by_host: HashMap<String, (usize, usize)> = HashMap::new();
-        for (k, p) in &lats {
-            let mut hosts: Vec<String> = p.measured_by.iter().map(|&r| host_of(r)).collect();
-            hosts.sort_unstable();
-            hosts.dedup();
-            for h in hosts {
-                let e = by_host.entry(h).or_default();
-                e.0 += 1;
-                e.1 += usize::from(is_slow(k));
-            }
-        }
-        let mut common_mode: Vec<CommonModeHost> = by_host
-            .into_iter()
-            .filter(|(_, (n, slow))| *slow >= 2 && *slow as f64 >= self.cfg.rank_share * *n as f64)
-            .map(|(host, (n, slow))| CommonModeHost {
-                host,
-                slow_links: slow,
-                measured_links: n,
-            })
-            .collect();
-        common_mode.sort_by(|a, b| a.host.cmp(&b.host));
+        let common_mode = self.common_mode_hosts(&lats, &judged, &host_of);
         let on_common_host = |p: &PairLatency| {
             p.measured_by
                 .iter()
@@ -472,6 +386,122 @@ impl LinkStats {
             links,
             common_mode,
         }
+    }
+
+    /// Every measured link against the links of its size class (their
+    /// median, over the same spans): the median latency of all, and each
+    /// link's verdict. `None` with nothing measured.
+    fn judge(&self, lats: &HashMap<(u32, u32), PairLatency>) -> Option<(f64, Pairs<Judged>)> {
+        let mut all: Vec<f64> = lats.values().map(|v| v.latency_ns).collect();
+        let med = median(&mut all)?;
+        // Per size class, its median when it has enough links.
+        let class_of = size_classes(lats);
+        let mut classes: HashMap<usize, Vec<f64>> = HashMap::new();
+        for (k, p) in lats {
+            classes.entry(class_of[k]).or_default().push(p.latency_ns);
+        }
+        let class_med: HashMap<usize, f64> = classes
+            .into_iter()
+            .filter(|(_, v)| v.len() >= self.cfg.min_class_links)
+            .filter_map(|(k, mut v)| median(&mut v).map(|m| (k, m)))
+            .collect();
+        let baseline = |k: &(u32, u32)| class_med.get(&class_of[k]).copied().unwrap_or(med);
+        let spans = SpanMedians::new(lats, &class_of, self.cfg.min_class_links);
+        let judged = lats
+            .iter()
+            .map(|(k, p)| {
+                let now = baseline(k);
+                let at = |r: &Recent| spans.at(class_of[k], r).unwrap_or(now);
+                let mut l: Vec<f64> = p.recent.iter().map(|r| r.latency_ns).collect();
+                let mut b: Vec<f64> = p.recent.iter().map(at).collect();
+                let mut q: Vec<f64> = l.iter().zip(&b).map(|(l, b)| l / b.max(1.0)).collect();
+                // The SLOW_RECENT-th largest ratio: that many intervals reached it.
+                q.sort_by(|x, y| y.total_cmp(x));
+                let reached = q.get(SLOW_RECENT - 1).copied().unwrap_or(0.0);
+                let j = match (median(&mut l), median(&mut b), median(&mut q)) {
+                    (Some(l), Some(b), Some(q)) if p.recent.len() >= SLOW_RECENT => Judged {
+                        latency_ns: l,
+                        baseline_ns: b,
+                        ratio: q,
+                        slow: reached >= self.cfg.slow_ratio && l - b >= self.cfg.min_excess_ns,
+                    },
+                    _ => Judged {
+                        latency_ns: p.latency_ns,
+                        baseline_ns: now,
+                        ratio: p.latency_ns / now.max(1.0),
+                        slow: false,
+                    },
+                };
+                (*k, j)
+            })
+            .collect();
+        Some((med, judged))
+    }
+
+    /// A rank with at least two slow links, and slow on `rank_share` of
+    /// its links: its NIC, not each pair, is the finding.
+    fn slow_nics(&self, judged: &HashMap<(u32, u32), Judged>) -> Vec<SlowNic> {
+        let mut peers: HashMap<u32, Vec<(u32, Judged)>> = HashMap::new();
+        for (k, j) in judged {
+            let (a, b) = *k;
+            peers.entry(a).or_default().push((b, *j));
+            peers.entry(b).or_default().push((a, *j));
+        }
+        let mut nics = Vec::new();
+        for (&r, ps) in &peers {
+            let slow: Vec<&(u32, Judged)> = ps.iter().filter(|p| p.1.slow).collect();
+            if slow.len() >= 2 && slow.len() as f64 >= self.cfg.rank_share * ps.len() as f64 {
+                let mid = |f: fn(&Judged) -> f64| {
+                    let mut v: Vec<f64> = slow.iter().map(|p| f(&p.1)).collect();
+                    median(&mut v).unwrap_or(0.0)
+                };
+                let mut sp: Vec<u32> = slow.iter().map(|p| p.0).collect();
+                sp.sort_unstable();
+                nics.push(SlowNic {
+                    rank: r,
+                    slow_peers: sp,
+                    peers: ps.len(),
+                    latency_ns: mid(|j| j.latency_ns),
+                    baseline_ns: mid(|j| j.baseline_ns),
+                    ratio: mid(|j| j.ratio),
+                });
+            }
+        }
+        nics.sort_by_key(|n| n.rank);
+        nics
+    }
+
+    /// Hosts on which most links they measure are slow: a host-side cause
+    /// (its agent or its CPUs), no pair to name.
+    fn common_mode_hosts(
+        &self,
+        lats: &HashMap<(u32, u32), PairLatency>,
+        judged: &HashMap<(u32, u32), Judged>,
+        host_of: &impl Fn(u32) -> String,
+    ) -> Vec<CommonModeHost> {
+        // Per measuring host: links it measured, and how many were slow.
+        let mut by_host: HashMap<String, (usize, usize)> = HashMap::new();
+        for (k, p) in lats {
+            let mut hosts: Vec<String> = p.measured_by.iter().map(|&r| host_of(r)).collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            for h in hosts {
+                let e = by_host.entry(h).or_default();
+                e.0 += 1;
+                e.1 += usize::from(judged[k].slow);
+            }
+        }
+        let mut common_mode: Vec<CommonModeHost> = by_host
+            .into_iter()
+            .filter(|(_, (n, slow))| *slow >= 2 && *slow as f64 >= self.cfg.rank_share * *n as f64)
+            .map(|(host, (n, slow))| CommonModeHost {
+                host,
+                slow_links: slow,
+                measured_links: n,
+            })
+            .collect();
+        common_mode.sort_by(|a, b| a.host.cmp(&b.host));
+        common_mode
     }
 }
 
