@@ -539,31 +539,9 @@ impl Stats {
                 continue;
             };
             let peers = self.peers(rank);
-            let c = *peer_cache.entry(comm).or_insert_with(|| {
-                let accs: Vec<&RankIter> =
-                    peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
-                let mut w: Vec<f64> = accs.iter().map(|a| a.wait_nonref).collect();
-                let mut s: Vec<f64> = accs.iter().map(|a| a.sync_wait).collect();
-                let mut x: Vec<f64> = accs.iter().map(|a| a.xfer_ns).collect();
-                let wm = median(&mut w).unwrap_or(0.0);
-                let xm = median(&mut x).unwrap_or(0.0);
-                let u: Vec<f64> = accs
-                    .iter()
-                    .map(|a| a.late_sum - (a.wait_nonref - wm).max(0.0) - (a.xfer_ns - xm).max(0.0))
-                    .collect();
-                let h: Vec<f64> = accs.iter().map(|a| a.host_late_sum).collect();
-                let (um, umad) = center_spread(&u);
-                let (hm, hmad) = center_spread(&h);
-                PeerCenter {
-                    wait_med: wm,
-                    xfer_med: xm,
-                    sync_med: median(&mut s).unwrap_or(0.0),
-                    unexpl_med: um,
-                    unexpl_mad: umad,
-                    host_med: hm,
-                    host_mad: hmad,
-                }
-            });
+            let c = *peer_cache
+                .entry(comm)
+                .or_insert_with(|| PeerCenter::of(peers, bucket));
             let (wait_med, sync_med, unexpl_med, unexpl_mad) =
                 (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
             let excess_wait = acc.wait_nonref - wait_med;
@@ -712,6 +690,35 @@ struct PeerCenter {
     unexpl_mad: f64,
     host_med: f64,
     host_mad: f64,
+}
+
+impl PeerCenter {
+    /// The medians (and spreads) of a reference communicator's members in
+    /// one iteration: each rank is judged against them.
+    fn of(peers: &[u32], bucket: &IterBucket) -> Self {
+        let accs: Vec<&RankIter> = peers.iter().filter_map(|p| bucket.ranks.get(p)).collect();
+        let mut w: Vec<f64> = accs.iter().map(|a| a.wait_nonref).collect();
+        let mut s: Vec<f64> = accs.iter().map(|a| a.sync_wait).collect();
+        let mut x: Vec<f64> = accs.iter().map(|a| a.xfer_ns).collect();
+        let wm = median(&mut w).unwrap_or(0.0);
+        let xm = median(&mut x).unwrap_or(0.0);
+        let u: Vec<f64> = accs
+            .iter()
+            .map(|a| a.late_sum - (a.wait_nonref - wm).max(0.0) - (a.xfer_ns - xm).max(0.0))
+            .collect();
+        let h: Vec<f64> = accs.iter().map(|a| a.host_late_sum).collect();
+        let (um, umad) = center_spread(&u);
+        let (hm, hmad) = center_spread(&h);
+        PeerCenter {
+            wait_med: wm,
+            xfer_med: xm,
+            sync_med: median(&mut s).unwrap_or(0.0),
+            unexpl_med: um,
+            unexpl_mad: umad,
+            host_med: hm,
+            host_mad: hmad,
+        }
+    }
 }
 
 /// Centre and spread of a peer group's values. With fewer than four peers a
