@@ -553,32 +553,8 @@ impl Analyzer {
             for r in &ranks {
                 obs.remove(&Subject::Rank(*r));
             }
-            obs.insert(
-                subject,
-                Observation {
-                    classification: classify::Classification {
-                        kind: classify::Kind::Structural,
-                        confidence: 0.9,
-                        evidence,
-                        gpu_side: false,
-                    },
-                    rank: ranks.first().copied().unwrap_or(0),
-                    host: String::new(),
-                    link: None,
-                    ranks,
-                    clock_error_ns: self.max_error_ns(),
-                    late_ns: 0.0,
-                    lost_ns: 0.0,
-                    exposure_ns: 0.0,
-                    saved_ns: Some(saved),
-                    step_ns: step,
-                    once_fixed: None,
-                    alarm: false,
-                    structural: Some(st),
-                    at,
-                    wall: self.wall(at),
-                },
-            );
+            let o = self.structural_observation(ranks, saved, evidence, st, step, at);
+            obs.insert(subject, o);
         };
         let stage = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure);
         if let Some(f) = stage {
@@ -634,6 +610,42 @@ impl Analyzer {
                     },
                 );
             }
+        }
+    }
+
+    /// A structural finding's observation: costed where it was found
+    /// (`saved`), never replayed as one rank.
+    fn structural_observation(
+        &self,
+        ranks: Vec<u32>,
+        saved: f64,
+        evidence: Vec<String>,
+        st: crate::verdict::Structural,
+        step: f64,
+        at: CoordNs,
+    ) -> Observation {
+        Observation {
+            classification: classify::Classification {
+                kind: classify::Kind::Structural,
+                confidence: 0.9,
+                evidence,
+                gpu_side: false,
+            },
+            rank: ranks.first().copied().unwrap_or(0),
+            host: String::new(),
+            link: None,
+            ranks,
+            clock_error_ns: self.max_error_ns(),
+            late_ns: 0.0,
+            lost_ns: 0.0,
+            exposure_ns: 0.0,
+            saved_ns: Some(saved),
+            step_ns: step,
+            once_fixed: None,
+            alarm: false,
+            structural: Some(st),
+            at,
+            wall: self.wall(at),
         }
     }
 
