@@ -161,6 +161,58 @@ pub(crate) struct Blind<P, I, G> {
     pub clear_ns: f64,
 }
 
+impl<'a, P, I, G> Blind<P, I, G>
+where
+    P: Fn(u32) -> &'a [u32],
+    I: Fn(u32) -> bool,
+    G: Fn(u32, u32) -> Option<f64>,
+{
+    /// How much later `q` arrives than `r` where they meet, when that is
+    /// clear (at least `clear_ns` either way).
+    fn told(&self, r: u32, q: u32) -> Option<f64> {
+        (self.gap)(r, q).filter(|g| g.abs() >= self.clear_ns)
+    }
+
+    /// The partner named rank `r` (observed as `o`) waited for, if any:
+    /// the one it clearly arrives before where they meet; else, where that
+    /// is not clear, one named later on its own; else an incumbent compute
+    /// verdict's rank. `late` holds each named rank's lateness.
+    fn cause_of(&self, r: u32, o: &Observation, late: &HashMap<u32, f64>) -> Option<u32> {
+        let compute = o.classification.kind == classify::Kind::Compute;
+        let mine = o.late_ns.max(0.0);
+        let partners = (self.partners)(r);
+        let waited_for = partners
+            .iter()
+            .filter_map(|q| self.told(r, *q).filter(|g| *g > 0.0).map(|g| (*q, g)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((q, _)) = waited_for {
+            return Some(q);
+        }
+        let ratio = if compute && (self.incumbent)(r) {
+            INCUMBENT_RATIO
+        } else {
+            BLIND_WAIT_RATIO
+        };
+        let later = partners
+            .iter()
+            .filter(|q| self.told(r, **q).is_none())
+            .filter_map(|q| late.get(q).map(|l| (*q, *l)))
+            .filter(|(_, l)| *l > 0.0 && *l >= ratio * mine)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((q, _)) = later {
+            return Some(q);
+        }
+        if !compute || (self.incumbent)(r) {
+            return None;
+        }
+        partners.iter().copied().find(|q| {
+            (self.incumbent)(*q)
+                && self.told(r, *q).is_none()
+                && late.get(q).is_none_or(|l| mine < INCUMBENT_RATIO * l)
+        })
+    }
+}
+
 /// Tensor-parallel partners inside one host synchronise over NVLink, where
 /// no GPU-side time exists: a rank that waited there for a slow partner
 /// reaches the next inter-host collective late and looks like a straggler
@@ -192,45 +244,10 @@ pub(crate) fn relay_blind_waits<'a, P, I, G>(
             _ => None,
         })
         .collect();
-    let told = |r: u32, q: u32| (blind.gap)(r, q).filter(|g| g.abs() >= blind.clear_ns);
     let mut moved: Vec<(u32, u32, f64)> = Vec::new();
     for (k, o) in obs.iter() {
         let Subject::Rank(r) = *k else { continue };
-        let compute = o.classification.kind == classify::Kind::Compute;
-        let mine = o.late_ns.max(0.0);
-        let partners = (blind.partners)(r);
-        let waited_for = partners
-            .iter()
-            .filter_map(|q| told(r, *q).filter(|g| *g > 0.0).map(|g| (*q, g)))
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        let ratio = if compute && (blind.incumbent)(r) {
-            INCUMBENT_RATIO
-        } else {
-            BLIND_WAIT_RATIO
-        };
-        let later = || {
-            partners
-                .iter()
-                .filter(|q| told(r, **q).is_none())
-                .filter_map(|q| late.get(q).map(|l| (*q, *l)))
-                .filter(|(_, l)| *l > 0.0 && *l >= ratio * mine)
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-        };
-        let held = || {
-            if !compute || (blind.incumbent)(r) {
-                return None;
-            }
-            partners.iter().copied().find(|q| {
-                (blind.incumbent)(*q)
-                    && told(r, *q).is_none()
-                    && late.get(q).is_none_or(|l| mine < INCUMBENT_RATIO * l)
-            })
-        };
-        if let Some(q) = waited_for
-            .map(|(q, _)| q)
-            .or_else(|| later().map(|(q, _)| q))
-            .or_else(held)
-        {
+        if let Some(q) = blind.cause_of(r, o, &late) {
             moved.push((r, q, o.lost_ns));
         }
     }
@@ -242,11 +259,13 @@ pub(crate) fn relay_blind_waits<'a, P, I, G>(
         };
         match obs.get_mut(&Subject::Rank(q)) {
             Some(t) => t.lost_ns += lost,
-            None if told(r, q).is_some() => {
-                // The partner was not named on its own: its lateness on its
-                // reference communicator is its own tail only. It is named
-                // with the victim's evidence of what the wait cost.
-                let gap = told(r, q).unwrap_or(0.0);
+            // The partner was not named on its own: its lateness on its
+            // reference communicator is its own tail only. It is named with
+            // the victim's evidence of what the wait cost.
+            None => {
+                let Some(gap) = blind.told(r, q) else {
+                    continue;
+                };
                 o.classification.evidence.insert(
                     0,
                     format!(
@@ -259,7 +278,6 @@ pub(crate) fn relay_blind_waits<'a, P, I, G>(
                 o.rank = q;
                 obs.insert(Subject::Rank(q), o);
             }
-            None => {}
         }
     }
 }
