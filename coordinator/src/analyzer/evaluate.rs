@@ -668,11 +668,7 @@ impl Analyzer {
             .filter(|(it, _)| *it == k)
             .map(|(_, a)| a)
             .collect();
-        let gpu_ranks = instances
-            .iter()
-            .filter(|a| a.basis == crate::classify::stats::Basis::Gpu)
-            .flat_map(|a| a.members.iter().map(|m| m.rank))
-            .collect();
+        let gpu_ranks = crate::classify::align::gpu_timed_ranks(&instances);
         let model = crate::graph::whatif::WhatIf::new(&crate::graph::itergraph::build(
             from,
             instances.into_iter(),

@@ -227,3 +227,27 @@ fn one_host_partners_are_told_apart_on_the_communicator_they_share() {
     assert_eq!(s.blind_gap(1, 0), Some(-gap));
     assert_eq!(s.blind_gap(0, 3), None);
 }
+
+/// A rank is GPU-timed in an iteration only if all its instances were:
+/// its tensor-parallel all-reduce inside one host has host-side times.
+#[test]
+fn a_rank_with_one_host_side_instance_is_not_gpu_timed() {
+    let clock = |_: &str, t: u64| (t as i64, 0.0);
+    // Data parallel across hosts, every member GPU-timed.
+    let dp = align(&inst(&[(0, "a", 100, 150), (2, "b", 100, 160)]), &clock);
+    let dp2 = align(&inst(&[(1, "a", 100, 150), (3, "b", 100, 160)]), &clock);
+    // Tensor parallel {0, 1} inside host a: host-side only.
+    let tp = align(&inst(&[(0, "a", 100, 0), (1, "a", 100, 0)]), &clock);
+    assert_eq!(dp.basis, Basis::Gpu);
+    assert_eq!(tp.basis, Basis::Host);
+    let mut timed: Vec<u32> = super::super::align::gpu_timed_ranks(&[&dp, &dp2, &tp])
+        .into_iter()
+        .collect();
+    timed.sort_unstable();
+    assert_eq!(timed, vec![2, 3]);
+    let mut timed: Vec<u32> = super::super::align::gpu_timed_ranks(&[&dp, &dp2])
+        .into_iter()
+        .collect();
+    timed.sort_unstable();
+    assert_eq!(timed, vec![0, 1, 2, 3]);
+}
