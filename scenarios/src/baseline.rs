@@ -80,6 +80,7 @@ fn flag(seq: impl Iterator<Item = (u64, u32)>, window: usize, need: usize) -> Re
                 first_opened_iteration: Some(it),
                 cost_fraction: None,
                 cost_iterations: None,
+                cost_estimate: None,
                 closed_iteration: None,
                 structural: None,
             })

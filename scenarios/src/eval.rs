@@ -1771,6 +1771,13 @@ mod tests {
         }]);
         let e = &agg.cost_error["compute"];
         assert_eq!((e.abs.n, e.not_costed), (0, 1));
+        // Estimated from the job's pace instead: the estimate is the claim.
+        let mut est = v.clone();
+        est["cost_estimate"] = json!({"fraction": 0.18});
+        let m = method_run(&t, &report(vec![est], json!([])), &tl);
+        assert_eq!(m.costs.len(), 1);
+        assert_eq!(m.costs[0].reported, 0.18);
+        assert!(m.not_costed.is_empty());
         // Measured in one iteration, the same 0 is a claim and is scored.
         v["cost_iterations"] = json!(1);
         let m = method_run(&t, &report(vec![v], json!([])), &tl);

@@ -98,12 +98,22 @@ pub struct VerdictView {
     /// carries no cost (its `cost_fraction` 0 is a placeholder, not a claim).
     #[serde(default)]
     pub cost_iterations: Option<u64>,
+    /// Where the what-if could not cost it: the job's rise since it began,
+    /// as an estimate (`{"fraction": …}`).
+    #[serde(default)]
+    pub cost_estimate: Option<CostEstimateView>,
     /// When an inactive verdict was closed.
     #[serde(default)]
     pub closed_iteration: Option<u64>,
     /// Structural verdicts (`kind: "structural"`): their cause.
     #[serde(default)]
     pub structural: Option<StructuralView>,
+}
+
+/// A verdict's estimated cost (`cost_estimate` in `report.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CostEstimateView {
+    pub fraction: f64,
 }
 
 /// `{"cause": "stage_imbalance", "stage": 3}` / `{"cause": "work_imbalance"}`.
@@ -209,7 +219,12 @@ fn verdict_costs(truth: &Truth, report: &ReportView, faults: &[FaultScore]) -> V
                 None => Some(0.0),
             };
             let v = &report.verdicts[i];
-            let reported = v.cost_fraction.filter(|_| v.cost_iterations != Some(0));
+            // An estimate from the job's pace stands where the what-if
+            // measured nothing: it is what the report says the rank costs.
+            let reported = v
+                .cost_fraction
+                .filter(|_| v.cost_iterations != Some(0))
+                .or(v.cost_estimate.as_ref().map(|e| e.fraction));
             VerdictCost {
                 verdict: i,
                 fault: fault.map(|f| f.index),

@@ -99,6 +99,10 @@ impl Analyzer {
                 .cmp(&a.active)
                 .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
         });
+        let slowdown = core.pace.slowing();
+        if let Some(sd) = &slowdown {
+            put_rise_on_its_verdict(sd, &mut verdicts);
+        }
         let counters = self.ingest_counters();
         let join = self.joiner.counters();
         let (roots, blocked) = split_hangs(&core.hangs);
@@ -166,7 +170,7 @@ impl Analyzer {
                 agents_forgotten: 0,
             },
             agents: Vec::new(),
-            slowdown: core.pace.slowing(),
+            slowdown,
             overhead: lock(&self.overhead).report(),
             resumed: None,
             truncated: None,
@@ -277,5 +281,28 @@ impl Analyzer {
                 .map(crate::report::metrics_text::VerdictRow::of)
                 .collect(),
         }
+    }
+}
+
+/// The job slowed and the what-if could not cost the verdict that began
+/// with it: that verdict carries the rise as its estimated cost
+/// ([`crate::classify::pace::rise_owner`]).
+fn put_rise_on_its_verdict(
+    sd: &crate::classify::pace::Slowing,
+    verdicts: &mut [crate::verdict::Verdict],
+) {
+    use crate::classify::pace::{rise_owner, Costing};
+    let active: Vec<usize> = (0..verdicts.len())
+        .filter(|i| verdicts[*i].active)
+        .collect();
+    let costing: Vec<Costing> = active
+        .iter()
+        .map(|i| Costing {
+            first_seen_iteration: verdicts[*i].first_seen_iteration,
+            measured: (verdicts[*i].cost_iterations > 0).then_some(verdicts[*i].cost_fraction),
+        })
+        .collect();
+    if let Some((j, e)) = rise_owner(sd, &costing) {
+        verdicts[active[j]].cost_estimate = Some(e);
     }
 }

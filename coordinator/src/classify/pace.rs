@@ -174,6 +174,65 @@ impl Pace {
     }
 }
 
+/// How near the slowdown's onset must be to a verdict's first sighting
+/// (iterations) for the rise to be read as that verdict's: the pace's
+/// onset is the first step past halfway up, a verdict opens on evidence
+/// that takes a few steps to gather, and 10 spans both on 60-step runs.
+pub const ONSET_MATCH: u64 = 10;
+
+/// A verdict's cost read from the job's pace instead of the what-if.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RiseEstimate {
+    /// The rise as a share of the slower step, less what costed verdicts
+    /// explain.
+    pub fraction: f64,
+    pub baseline_step_ms: f64,
+    pub recent_step_ms: f64,
+    pub since_iteration: u64,
+}
+
+/// An active verdict as [`rise_owner`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Costing {
+    pub first_seen_iteration: u64,
+    /// Its what-if cost (share of the step), `None` where never measured.
+    pub measured: Option<f64>,
+}
+
+/// The one active verdict the job's slowdown can be put on when the
+/// what-if cannot cost it: the only uncosted one, first seen within
+/// [`ONSET_MATCH`] of the slowdown's onset, while the costed ones explain
+/// less than half of the rise. Its estimate is the rise (as a share of the
+/// slower step) less what the costed ones explain. Two uncosted verdicts,
+/// or one that began far from the onset, get none: the rise is not theirs
+/// to split or to claim. Returns (its index in `active`, the estimate).
+pub fn rise_owner(slowing: &Slowing, active: &[Costing]) -> Option<(usize, RiseEstimate)> {
+    let needed = slowing.rise / (1.0 + slowing.rise);
+    let explained: f64 = active.iter().filter_map(|c| c.measured).sum();
+    if explained >= 0.5 * needed {
+        return None;
+    }
+    let mut uncosted = active
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.measured.is_none());
+    let (i, c) = uncosted.next()?;
+    if uncosted.next().is_some()
+        || c.first_seen_iteration.abs_diff(slowing.since_iteration) > ONSET_MATCH
+    {
+        return None;
+    }
+    Some((
+        i,
+        RiseEstimate {
+            fraction: needed - explained,
+            baseline_step_ms: slowing.baseline_step_ms,
+            recent_step_ms: slowing.recent_step_ms,
+            since_iteration: slowing.since_iteration,
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +310,32 @@ mod tests {
             p.observe(k, noisy(k), &BTreeMap::new());
         }
         assert!(p.slowing().is_none());
+    }
+
+    #[test]
+    fn the_rise_is_put_on_the_one_uncosted_verdict_that_began_with_it() {
+        let slowing = Slowing {
+            baseline_step_ms: 400.0,
+            recent_step_ms: 600.0,
+            rise: 0.5,
+            since_iteration: 36,
+            candidates: Vec::new(),
+        };
+        let at = |first: u64, measured: Option<f64>| Costing {
+            first_seen_iteration: first,
+            measured,
+        };
+        // One uncosted verdict from iteration 40: the rise is a third of
+        // the slower step, less the 5% a costed verdict explains.
+        let (i, e) = rise_owner(&slowing, &[at(20, Some(0.05)), at(40, None)]).unwrap();
+        assert_eq!(i, 1);
+        assert!((e.fraction - (1.0 / 3.0 - 0.05)).abs() < 1e-9, "{e:?}");
+        assert_eq!((e.baseline_step_ms, e.since_iteration), (400.0, 36));
+        // Began far from the onset, or two to split it: no estimate.
+        assert!(rise_owner(&slowing, &[at(60, None)]).is_none());
+        assert!(rise_owner(&slowing, &[at(36, None), at(38, None)]).is_none());
+        // Costed verdicts explain most of it: nothing left to put.
+        assert!(rise_owner(&slowing, &[at(36, None), at(30, Some(0.2))]).is_none());
+        assert!(rise_owner(&slowing, &[]).is_none());
     }
 }

@@ -355,7 +355,11 @@ fn human_slowdown(s: &mut String, r: &Report) {
             .verdicts
             .iter()
             .filter(|v| v.active)
-            .map(|v| v.cost_fraction)
+            .map(|v| {
+                v.cost_estimate
+                    .as_ref()
+                    .map_or(v.cost_fraction, |e| e.fraction)
+            })
             .sum();
         // The verdicts explain the slowdown when their costs add up to
         // most of it (rise is against the baseline; cost against the
@@ -366,7 +370,7 @@ fn human_slowdown(s: &mut String, r: &Report) {
         let unmeasured: Vec<u32> = r
             .verdicts
             .iter()
-            .filter(|v| v.active && v.cost_iterations == 0)
+            .filter(|v| v.active && v.cost_iterations == 0 && v.cost_estimate.is_none())
             .map(|v| v.rank)
             .collect();
         if explained < 0.5 * needed {
@@ -486,11 +490,7 @@ fn human_verdict_table(s: &mut String, r: &Report) {
         "rank", "host", "kind", "conf", "since iter", "active", "cost", "lost GPU-s"
     );
     for v in &r.verdicts {
-        let cost = if v.cost_iterations == 0 {
-            "?".to_string()
-        } else {
-            format!("{:.1}%", 100.0 * v.cost_fraction)
-        };
+        let cost = v.cost_cell();
         let _ = writeln!(
             s,
             "{:<6} {:<12} {:<14} {:>5.2} {:>10} {:>8} {:>7} {:>10.2}  {}",

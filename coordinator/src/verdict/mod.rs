@@ -116,6 +116,12 @@ pub struct Verdict {
     /// Set while its cost is hidden behind a bigger straggler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_once_fixed: Option<OnceFixed>,
+    /// Where the what-if could not cost this verdict (no GPU-side times
+    /// of its rank) but the job's step rose from about when it was first
+    /// seen, and no costed verdict explains the rise: the rise, as an
+    /// estimate ([`crate::classify::pace::rise_owner`]). Set in reports only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_estimate: Option<crate::classify::pace::RiseEstimate>,
     /// Set on a structural verdict (`kind: "structural"`): not a slow rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structural: Option<Structural>,
@@ -147,6 +153,16 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// Its cost in a table cell: "12.3%" measured, "≈46%" estimated from
+    /// the job's pace, "?" not measured.
+    pub fn cost_cell(&self) -> String {
+        match (self.cost_iterations, &self.cost_estimate) {
+            (0, Some(e)) => format!("≈{:.0}%", 100.0 * e.fraction),
+            (0, None) => "?".to_string(),
+            _ => format!("{:.1}%", 100.0 * self.cost_fraction),
+        }
+    }
+
     /// "rank 37 on node-5 is compute-slow, costing 11% of the job".
     pub fn headline(&self) -> String {
         if let Some(st) = &self.structural {
@@ -172,7 +188,16 @@ impl Verdict {
         };
         let class = self.kind.as_str();
         if self.cost_iterations == 0 {
-            return format!("{who} is {class}-slow (its cost to the job is not measured yet)");
+            return match &self.cost_estimate {
+                Some(e) => format!(
+                    "{who} is {class}-slow, costing ≈{:.0}% of the job (estimated: the step rose from {:.1} to {:.1} ms from iteration {}, when it was first seen; its GPU has no GPU-side times to replay)",
+                    100.0 * e.fraction,
+                    e.baseline_step_ms,
+                    e.recent_step_ms,
+                    e.since_iteration
+                ),
+                None => format!("{who} is {class}-slow (its cost to the job is not measured yet)"),
+            };
         }
         if self.cost_fraction < OFF_CRITICAL_PATH {
             return match &self.cost_once_fixed {
@@ -454,6 +479,7 @@ fn new_verdict(
         cost_fraction: 0.0,
         cost_iterations: 0,
         cost_once_fixed: None,
+        cost_estimate: None,
         structural: latest.structural.clone(),
         clock_error_us: latest.clock_error_ns / 1e3,
         first_seen: first.wall,

@@ -298,7 +298,7 @@ fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
             s,
             "<tr class=\"verdict {}\" id=\"verdict-{}\" data-rank=\"{}\"><td><span class=\"tag {}\">{}</span></td>\
              <td><b>{}</b></td><td>{}-slow</td><td class=\"num\">{:.2}</td><td class=\"num\">{}</td>\
-             <td class=\"num\">{:.2}</td><td class=\"num\">{:.1}%</td><td class=\"num\">{:.0} µs</td></tr>",
+             <td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{:.0} µs</td></tr>",
             if v.active { "active" } else { "closed" },
             v.id,
             v.rank,
@@ -309,7 +309,7 @@ fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
             v.confidence,
             since,
             v.lost_gpu_seconds,
-            100.0 * v.cost_fraction,
+            esc(&v.cost_cell()),
             v.clock_error_us
         );
         let _ = write!(
