@@ -47,6 +47,13 @@ impl Metrics {
     /// The analyzer's families.
     pub fn exposition(&self) -> Exposition {
         let mut e = Exposition::new();
+        self.findings_and_pace(&mut e);
+        self.ingest_families(&mut e);
+        e
+    }
+
+    /// Verdicts, hangs, the step, probe overhead, lateness and clocks.
+    fn findings_and_pace(&self, e: &mut Exposition) {
         let g = Type::Gauge;
         let c = Type::Counter;
         let f = e.family(
@@ -160,6 +167,13 @@ impl Metrics {
             f.sample(&[("host", h), ("path", "udp")], *udp as f64);
             f.sample(&[("host", h), ("path", "quic")], *quic as f64);
         }
+    }
+
+    /// What came in and what was lost: instances, batches, records,
+    /// parking.
+    fn ingest_families(&self, e: &mut Exposition) {
+        let g = Type::Gauge;
+        let c = Type::Counter;
         e.single(
             "slowrank_open_instances",
             g,
@@ -223,7 +237,6 @@ impl Metrics {
         for (k, v) in &self.ingest.batches_rejected {
             f.sample(&[("reason", k)], *v as f64);
         }
-        e
     }
 }
 
