@@ -98,6 +98,44 @@ fn dead_zone(x: f64, err: f64) -> f64 {
     }
 }
 
+/// Each member's error bound against the median arrival.
+///
+/// Two hosts each off by their bound can disagree by the sum. Member i is
+/// compared with the median arrival: its error is its own host's bound plus
+/// how far the median can be off. Members whose hosts have worse bounds
+/// than the 87.5th percentile are too few to move the median far, so that
+/// percentile bounds it: with a few hosts it is the worst host's bound (as
+/// strict as it gets), and one host with a bad bound in a 512-host job (a
+/// loaded agent's noisy probes) does not blind the comparisons of the 4,088
+/// ranks elsewhere. On one host the clocks are the same clock: no error.
+fn member_errors(own_err: &[f64], one_host: bool) -> Vec<f64> {
+    if one_host {
+        return vec![0.0; own_err.len()];
+    }
+    let median_err = upper_quantile(own_err, MEDIAN_ERR_QUANTILE);
+    own_err.iter().map(|e| e + median_err).collect()
+}
+
+/// Each member's wait for the last arrival (member `last`). A wait compares
+/// two members: both hosts' bounds.
+fn waits(arrival: &[CoordNs], own_err: &[f64], one_host: bool, last: usize) -> Vec<f64> {
+    let last_arrival = arrival.get(last).copied().unwrap_or(0);
+    let last_own = if one_host {
+        0.0
+    } else {
+        own_err.get(last).copied().unwrap_or(0.0)
+    };
+    arrival
+        .iter()
+        .zip(own_err)
+        // In f64: garbage times aligned to opposite ends of i64 would overflow.
+        .map(|(a, e)| {
+            let err = if one_host { 0.0 } else { e + last_own };
+            dead_zone(last_arrival as f64 - *a as f64, err)
+        })
+        .collect()
+}
+
 /// Aligns an instance; `clock(host, agent_ns)` gives `(coordinator ns, error bound ns)`.
 pub fn align(
     inst: &JoinedInstance,
@@ -127,21 +165,7 @@ pub fn align(
             }
         })
         .collect();
-    // Two hosts each off by their bound can disagree by the sum.
-    // Member i is compared with the median arrival: its error is its own
-    // host's bound plus how far the median can be off. Members whose hosts
-    // have worse bounds than the 87.5th percentile are too few to move the
-    // median far, so that percentile bounds it: with a few hosts it is the
-    // worst host's bound (as strict as it gets), and one host with a bad
-    // bound in a 512-host job (a loaded agent's noisy probes) does not
-    // blind the comparisons of the 4,088 ranks elsewhere. On one host the
-    // clocks are the same clock: no error.
-    let member_err: Vec<f64> = if one_host {
-        vec![0.0; own_err.len()]
-    } else {
-        let median_err = upper_quantile(&own_err, MEDIAN_ERR_QUANTILE);
-        own_err.iter().map(|e| e + median_err).collect()
-    };
+    let member_err = member_errors(&own_err, one_host);
     let err_ns = member_err.iter().copied().fold(0.0, f64::max);
     let all_gpu = members.iter().all(|m| m.gpu_arrive.is_some());
     let basis = if all_gpu { Basis::Gpu } else { Basis::Host };
@@ -177,17 +201,7 @@ pub fn align(
             _ => None,
         })
         .collect();
-    // A wait compares two members: both hosts' bounds.
-    let last_own = if one_host { 0.0 } else { own_err[last] };
-    let wait = arrival
-        .iter()
-        .zip(&own_err)
-        // In f64: garbage times aligned to opposite ends of i64 would overflow.
-        .map(|(a, e)| {
-            let err = if one_host { 0.0 } else { e + last_own };
-            dead_zone(last_arrival as f64 - *a as f64, err)
-        })
-        .collect();
+    let wait = waits(&arrival, &own_err, one_host, last);
     let dones: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_done).collect();
     let (end, transfer_ns) = if dones.len() == members.len() && basis == Basis::Gpu {
         let d = med_i(&dones);
