@@ -1,0 +1,121 @@
+use super::*;
+use crate::classify::Classification;
+
+fn obs(kind: Kind) -> Observation {
+    Observation {
+        classification: Classification {
+            kind,
+            confidence: 0.9,
+            evidence: vec!["x".into()],
+            gpu_side: false,
+        },
+        rank: 5,
+        host: "node-1".into(),
+        link: None,
+        ranks: Vec::new(),
+        clock_error_ns: 1e4,
+        late_ns: 1e8,
+        lost_ns: 1e9,
+        exposure_ns: 1e10,
+        saved_ns: Some(1e8),
+        step_ns: 1e9,
+        once_fixed: None,
+        alarm: false,
+        structural: None,
+        at: 0,
+        wall: None,
+    }
+}
+
+/// `x` a host-side observation, `g` a GPU-side one costing 10%, `c`
+/// a GPU-side one costing 5%, anything else clean.
+fn run(l: &mut Lifecycle, pattern: &str, start: u64) -> Vec<(u64, EventKind)> {
+    let mut ev = Vec::new();
+    for (i, c) in pattern.chars().enumerate() {
+        let it = start + i as u64;
+        let mut m = BTreeMap::new();
+        let mut o = obs(Kind::Compute);
+        o.classification.gpu_side = matches!(c, 'g' | 'c');
+        if c == 'c' {
+            o.lost_ns /= 2.0;
+            o.saved_ns = o.saved_ns.map(|x| x / 2.0);
+        }
+        if matches!(c, 'x' | 'g' | 'c') {
+            m.insert(Subject::Rank(5), o);
+        }
+        ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event)));
+    }
+    ev
+}
+
+#[test]
+fn opens_on_six_of_eight_with_first_seen_at_onset() {
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    // Four of five (a host descheduled for a few iterations) is not enough.
+    assert!(run(&mut l, "xxxx.....", 100).is_empty());
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let ev = run(&mut l, "....x.xxx.xx....", 100);
+    assert_eq!(ev, vec![(111, EventKind::Opened)]);
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.first_seen_iteration, 104);
+    assert!((v.cost_fraction - 0.1).abs() < 1e-9);
+    assert!(v
+        .headline()
+        .contains("rank 5 on node-1 is compute-slow, costing 10% of the job"));
+}
+
+#[test]
+fn a_costly_gpu_side_straggler_opens_after_three_in_a_row() {
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    assert_eq!(run(&mut l, "..ggg", 100), vec![(104, EventKind::Opened)]);
+    assert_eq!(l.verdicts().next().unwrap().first_seen_iteration, 102);
+    // Not in a row, cheap, or host-side in between: the 6-of-8 rule.
+    for pattern in ["gg.gg.", "ccccc", "ggxgg", "xxxxx"] {
+        let mut l = Lifecycle::new(LifecycleConfig::default());
+        assert!(run(&mut l, pattern, 100).is_empty(), "{pattern}");
+    }
+}
+
+#[test]
+fn no_flapping_on_borderline_noise() {
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    // Suspicious every other iteration: never six of eight.
+    assert!(run(&mut l, "x.x.x.x.x.x.x.x.x.x.", 100).is_empty());
+    // Open, then short gaps never close it.
+    let ev = run(&mut l, "xxxxxxx...x...xx.....x", 120);
+    assert_eq!(ev.iter().filter(|e| e.1 == EventKind::Opened).count(), 1);
+    assert!(ev.iter().all(|e| e.1 != EventKind::Closed));
+}
+
+#[test]
+fn closes_after_clean_streak_and_reopens_same_verdict() {
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let ev = run(&mut l, "xxxxxx........xxxxxx", 100);
+    assert_eq!(
+        ev,
+        vec![
+            (105, EventKind::Opened),
+            (113, EventKind::Closed),
+            (119, EventKind::Reopened)
+        ]
+    );
+    assert_eq!(l.verdicts().count(), 1);
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.episodes, 2);
+    // Detection latency counts from the first raising, not the reopening.
+    assert_eq!((v.first_opened_iteration, v.opened_iteration), (105, 119));
+}
+
+#[test]
+fn warmup_iterations_never_open_a_verdict() {
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    // Slow through the whole warm-up (0..20), then healthy: nothing.
+    let pattern = "x".repeat(20) + &".".repeat(10);
+    assert!(run(&mut l, &pattern, 0).is_empty());
+    // A fault that starts during the warm-up and lasts is raised once the
+    // warm-up is over, first seen at its end.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let ev = run(&mut l, &"x".repeat(30), 0);
+    assert_eq!(ev, vec![(25, EventKind::Opened)]);
+    assert_eq!(l.verdicts().next().unwrap().first_seen_iteration, 20);
+}
