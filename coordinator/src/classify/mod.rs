@@ -234,6 +234,11 @@ fn lateness_lines(m: &WindowMeans, persistence: Option<f64>) -> Vec<String> {
 
 /// Compute or host, with how clearly (0–1) and whether GPU-side times
 /// decided it; pushes the lines that say why.
+///
+/// Long on purpose: five rules tried in order, the first that holds
+/// decides, each with its evidence lines beside it. Split apart, the order
+/// that makes them correct (GPU-side before host-side, drained before CPU)
+/// would be spread over functions that each look complete alone.
 fn decide_kind(
     m: &WindowMeans,
     window: &[RankScore],
