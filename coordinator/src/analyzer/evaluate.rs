@@ -668,7 +668,9 @@ impl Analyzer {
             .filter(|(it, _)| *it == k)
             .map(|(_, a)| a)
             .collect();
-        let gpu_ranks = crate::classify::align::gpu_timed_ranks(&instances);
+        let gpu_ranks = crate::classify::align::gpu_timed_ranks(&instances, |r| {
+            !core.stats.blind_partners(r).is_empty()
+        });
         let model = crate::graph::whatif::WhatIf::new(&crate::graph::itergraph::build(
             from,
             instances.into_iter(),

@@ -235,8 +235,15 @@ pub fn align(
 /// of which had GPU-side arrivals. A tensor-parallel all-reduce over
 /// NVLink has host-side times only, and the replay then saw a slow GPU in
 /// a tp4 group as a few percent of a step it doubled (random 3119-0: 2.8%
-/// reported, 53% measured).
-pub fn gpu_timed_ranks(instances: &[&AlignedInstance]) -> std::collections::HashSet<u32> {
+/// reported, 53% measured). A rank with one-host partners (`blind`) is
+/// never GPU-timed: it waits for them, and they for it, over NVLink, where
+/// nothing is; an iteration whose tensor-parallel instances fell outside
+/// it looked fully timed, and the replay put a 28% straggler of a tp2
+/// group at 0 (random 3119-2).
+pub fn gpu_timed_ranks(
+    instances: &[&AlignedInstance],
+    blind: impl Fn(u32) -> bool,
+) -> std::collections::HashSet<u32> {
     let mut host_side: std::collections::HashSet<u32> = Default::default();
     let mut gpu_side: std::collections::HashSet<u32> = Default::default();
     for a in instances {
@@ -247,5 +254,9 @@ pub fn gpu_timed_ranks(instances: &[&AlignedInstance]) -> std::collections::Hash
         };
         set.extend(a.members.iter().map(|m| m.rank));
     }
-    gpu_side.difference(&host_side).copied().collect()
+    gpu_side
+        .difference(&host_side)
+        .copied()
+        .filter(|r| !blind(*r))
+        .collect()
 }
