@@ -87,6 +87,7 @@ fn flag(seq: impl Iterator<Item = (u64, u32)>, window: usize, need: usize) -> Re
             .collect(),
         hangs: Vec::new(),
         job: None,
+        slow_stretches: Vec::new(),
     }
 }
 

@@ -118,6 +118,10 @@ pub struct MethodRun {
     pub below_resolution: u64,
     /// Matching verdicts closed while their fault was still active.
     pub cleared_while_active: u64,
+    /// Missed faults, and those of them active during a stretch the report
+    /// told as slower than the job's pace: not named, but not hidden.
+    pub missed: u64,
+    pub missed_told_slower: u64,
 }
 
 /// A scored fault: its class, measured cost and time to name.
@@ -220,6 +224,12 @@ pub fn method_run(truth: &Truth, report: &ReportView, tl: &Timeline) -> MethodRu
             }
         }
         if !f.matched {
+            out.missed += 1;
+            let told = report.slow_stretches.iter().any(|st| {
+                (tl.to_truth(st.from_iteration)..=tl.to_truth(st.to_iteration))
+                    .any(|it| active_in_truth(ft, it, truth))
+            });
+            out.missed_told_slower += u64::from(told);
             out.named.push(named);
             continue;
         }
@@ -394,6 +404,9 @@ pub struct Metrics {
     pub below_resolution: u64,
     /// Matching verdicts closed while their fault was still active.
     pub cleared_while_active: u64,
+    /// Missed faults; those of them the report told as a slower stretch.
+    pub missed: u64,
+    pub missed_told_slower: u64,
 }
 
 /// Cost error of one class: distributions of `|reported − measured|` (as
@@ -453,6 +466,8 @@ pub fn aggregate(runs: &[RunInput]) -> Metrics {
     for r in runs {
         m.below_resolution += r.m.below_resolution;
         m.cleared_while_active += r.m.cleared_while_active;
+        m.missed += r.m.missed;
+        m.missed_told_slower += r.m.missed_told_slower;
         for c in &r.m.not_costed {
             *not_costed.entry(c.clone()).or_default() += 1;
             cost_abs.entry(c.clone()).or_default();
@@ -1373,6 +1388,11 @@ pub fn render(r: &EvalResult) -> String {
             "faults below the harness's resolution (not scored): {}; matching verdicts closed while their fault was active: {}",
             m.below_resolution, m.cleared_while_active
         );
+        let _ = writeln!(
+            o,
+            "missed faults the report told as a SLOWER stretch (no rank named, not hidden): {} of {}",
+            m.missed_told_slower, m.missed
+        );
         if !m.cost_error.is_empty() {
             let _ = writeln!(
                 o,
@@ -1679,6 +1699,32 @@ mod tests {
             "step_without_ms": 100.0 * (1.0 - fraction), "difference_ms": 100.0 * fraction,
             "fraction": fraction, "resolution": 0.02});
         f
+    }
+
+    /// A missed fault counts as told when a slow stretch of the report
+    /// overlaps it; a stretch elsewhere does not.
+    #[test]
+    fn a_missed_fault_in_a_slower_stretch_is_counted_as_told() {
+        let t = truth(json!([
+            with_cost(fault(0, "compute", &[5], 10), 0.2),
+            with_cost(fault(1, "compute", &[3], 40), 0.2)
+        ]));
+        let mut r = report(vec![], json!([]));
+        r.slow_stretches = vec![crate::score::StretchView {
+            from_iteration: 12,
+            to_iteration: 20,
+        }];
+        let tl = Timeline {
+            offset: 0,
+            scale: 1.0,
+            steps: None,
+        };
+        let m = method_run(&t, &r, &tl);
+        assert_eq!((m.missed, m.missed_told_slower), (2, 1));
+        r.slow_stretches[0].to_iteration = 8;
+        r.slow_stretches[0].from_iteration = 2;
+        let m = method_run(&t, &r, &tl);
+        assert_eq!((m.missed, m.missed_told_slower), (2, 0));
     }
 
     #[test]

@@ -50,6 +50,16 @@ pub struct ReportView {
     pub hangs: Vec<HangView>,
     #[serde(default)]
     pub job: Option<JobView>,
+    /// Stretches the report says the job ran slower than its own pace.
+    #[serde(default)]
+    pub slow_stretches: Vec<StretchView>,
+}
+
+/// A slow stretch of the report (its iteration numbering).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StretchView {
+    pub from_iteration: u64,
+    pub to_iteration: u64,
 }
 
 /// The report's `job` section, as far as evaluation needs it.

@@ -171,6 +171,7 @@ impl Analyzer {
             },
             agents: Vec::new(),
             slowdown,
+            slow_stretches: core.pace.stretches(),
             overhead: lock(&self.overhead).report(),
             resumed: None,
             truncated: None,

@@ -25,6 +25,7 @@ pub mod links;
 pub mod pace;
 pub mod sequential;
 pub mod stats;
+pub mod stretches;
 
 use crate::classify::intervals::CpuEvidence;
 use crate::classify::links::{SlowLink, SlowNic};

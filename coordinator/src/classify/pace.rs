@@ -56,7 +56,14 @@ pub struct Pace {
     recent: VecDeque<(u64, f64)>,
     shares: VecDeque<BTreeMap<u32, f64>>,
     since: Option<u64>,
+    /// Every post-warm-up step, for [`crate::classify::stretches`] (the
+    /// last [`HISTORY_STEPS`]).
+    history: VecDeque<(u64, f64)>,
 }
+
+/// Steps kept for the slow stretches: 16 bytes each, 1.6 MB; at a step a
+/// second, the last 28 hours of the job.
+pub const HISTORY_STEPS: usize = 100_000;
 
 /// Median and robust standard deviation (MAD × [`MAD_TO_SIGMA`]).
 fn center_sigma(v: &[f64]) -> (f64, f64) {
@@ -90,6 +97,10 @@ impl Pace {
         }
         self.recent.push_back((k, step_ns));
         self.shares.push_back(shares.clone());
+        if self.history.len() == HISTORY_STEPS {
+            self.history.pop_front();
+        }
+        self.history.push_back((k, step_ns));
         // The oldest recent steps move into the baseline until it is full,
         // then leave.
         while self.recent.len() > self.recent_len(self.baseline.len() + self.recent.len()) {
@@ -162,6 +173,13 @@ impl Pace {
             since_iteration: self.since.unwrap_or(0),
             candidates,
         })
+    }
+
+    /// Stretches of the run slower than the job's own best pace, ended ones
+    /// included ([`crate::classify::stretches`]).
+    pub fn stretches(&self) -> Vec<crate::classify::stretches::Stretch> {
+        let v: Vec<(u64, f64)> = self.history.iter().copied().collect();
+        crate::classify::stretches::find(&v)
     }
 
     /// The baseline step (ms), once known: without it nothing can be said

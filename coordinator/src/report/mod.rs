@@ -55,6 +55,12 @@ pub struct Report {
     /// verdict explains it; null while it keeps its pace.
     #[serde(default)]
     pub slowdown: Option<crate::classify::pace::Slowing>,
+    /// Stretches of the run whose step was slower than the job's own best
+    /// pace, ended ones included ([`crate::classify::stretches`]): a
+    /// slowdown over before the report, or under way before a baseline
+    /// could be learned, is told here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slow_stretches: Vec<crate::classify::stretches::Stretch>,
     /// What slowrank's own probes cost the job, per rank and host, from the
     /// agents' measured trap cost and hit counts (absent: no interval yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,6 +298,7 @@ pub fn render_human(r: &Report) -> String {
     let mut s = String::new();
     human_headline(&mut s, r);
     human_slowdown(&mut s, r);
+    human_stretches(&mut s, r);
     human_findings(&mut s, r);
     if !r.verdicts.is_empty() {
         human_verdict_table(&mut s, r);
@@ -327,6 +334,13 @@ fn human_headline(s: &mut String, r: &Report) {
         );
     } else if r.verdicts.is_empty() && r.hangs.is_empty() && r.slowdown.is_none() {
         match r.job.baseline_step_ms {
+            // Not "kept its pace": it did not, for a while (SLOWER below).
+            _ if !r.slow_stretches.is_empty() => {
+                let _ = writeln!(
+                    s,
+                    "No slow rank found, but the job ran slower than its own pace for a while (SLOWER below)."
+                );
+            }
             Some(b) => {
                 let _ = writeln!(
                     s,
@@ -401,6 +415,58 @@ fn human_slowdown(s: &mut String, r: &Report) {
             }
         }
     }
+}
+
+/// The stretches of the run slower than the job's own pace, and what was
+/// named meanwhile: an ongoing one the slowdown above already tells is
+/// not repeated.
+fn human_stretches(s: &mut String, r: &Report) {
+    use std::fmt::Write;
+    for line in stretch_lines(r) {
+        let _ = writeln!(s, "SLOWER {line}");
+    }
+}
+
+/// One line per slow stretch (text and page), without its tag.
+pub fn stretch_lines(r: &Report) -> Vec<String> {
+    r.slow_stretches
+        .iter()
+        .filter(|st| !(st.ongoing && r.slowdown.is_some()))
+        .map(|st| {
+            let during: Vec<String> = r
+                .verdicts
+                .iter()
+                .filter(|v| {
+                    v.first_seen_iteration <= st.to_iteration
+                        && v.closed_iteration.is_none_or(|c| c >= st.from_iteration)
+                })
+                .map(|v| match &v.structural {
+                    Some(x) => match x.stage {
+                        Some(stage) => format!("stage {stage} ({})", x.cause),
+                        None => x.cause.clone(),
+                    },
+                    None => format!("rank {} ({})", v.rank, v.kind.as_str()),
+                })
+                .collect();
+            let why = if !during.is_empty() {
+                format!("named meanwhile: {}", during.join(", "))
+            } else if r.job.hosts == 1 {
+                "no rank was named: on one host every collective runs over NVLink or shared memory, which gives slowrank no GPU-side times, so a slower GPU, pipeline stage or uneven work there is not told apart".to_string()
+            } else {
+                "no rank was named".to_string()
+            };
+            format!(
+                "iterations {}–{}{}{}: step {:.1} ms against the job's best pace of {:.1} ms (+{:.0}%); {why}.",
+                st.from_iteration,
+                st.to_iteration,
+                if st.from_first_step { " (slow already when warm-up ended)" } else { "" },
+                if st.ongoing { " (to the last step seen)" } else { "" },
+                st.step_ms,
+                st.pace_ms,
+                100.0 * st.rise
+            )
+        })
+        .collect()
 }
 
 /// One line per finding: agents gone, exits, a cut report, hangs,

@@ -116,3 +116,51 @@ fn a_slowdown_beside_an_uncosted_verdict_says_the_verdict_may_explain_it() {
     v.cost_fraction = 0.05;
     assert!(render_human(&r).contains("more than the verdicts below explain"));
 }
+
+/// A job that slowed for a while and came back is not said to have kept
+/// its pace; a stretch overlapping a verdict names it; an ongoing stretch
+/// is left to the slowdown line.
+#[test]
+fn a_past_slow_stretch_is_told_and_never_called_kept_pace() {
+    let mut r = crate::synthjob::analyzed(None, 80).report();
+    assert!(r.verdicts.is_empty() && r.slowdown.is_none(), "healthy");
+    assert!(r.slow_stretches.is_empty(), "{:?}", r.slow_stretches);
+    r.job.hosts = 1;
+    r.slow_stretches = vec![crate::classify::stretches::Stretch {
+        from_iteration: 20,
+        from_first_step: true,
+        to_iteration: 41,
+        ongoing: false,
+        step_ms: 447.0,
+        pace_ms: 313.0,
+        rise: 0.43,
+    }];
+    let text = render_human(&r);
+    assert!(!text.contains("kept its pace"), "{text}");
+    assert!(
+        text.contains("SLOWER iterations 20–41 (slow already when warm-up ended): step 447.0 ms against the job's best pace of 313.0 ms (+43%); no rank was named: on one host"),
+        "{text}"
+    );
+    let timeline = crate::report::timeline::Timeline::default();
+    let page = crate::report::html::render(&crate::report::html::Page {
+        report: &r,
+        timeline: &timeline,
+        flames: Vec::new(),
+        refresh_s: None,
+    });
+    assert!(page.contains("SLOWER: iterations 20–41"), "page");
+    let mut named = crate::synthjob::analyzed(Some(30), 80).report();
+    named.slow_stretches = r.slow_stretches.clone();
+    let rank = named.verdicts[0].rank;
+    named.slow_stretches[0].from_iteration = 35;
+    assert!(render_human(&named).contains(&format!("named meanwhile: rank {rank} (")));
+    named.slow_stretches[0].ongoing = true;
+    named.slowdown = Some(crate::classify::pace::Slowing {
+        baseline_step_ms: 313.0,
+        recent_step_ms: 447.0,
+        rise: 0.43,
+        since_iteration: 35,
+        candidates: Vec::new(),
+    });
+    assert!(!render_human(&named).contains("SLOWER"));
+}

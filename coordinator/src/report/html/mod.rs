@@ -255,9 +255,15 @@ fn banner(s: &mut String, r: &Report) {
             v.first_seen_iteration
         );
     }
+    let stretches = crate::report::stretch_lines(r);
+    for line in &stretches {
+        let _ = write!(s, "<div>SLOWER: {}</div>", esc(line));
+    }
     if !bad {
         let line = if r.job.ranks_seen == 0 {
             "No rank observed yet: no agent has reported a rank process."
+        } else if r.verdicts.is_empty() && !stretches.is_empty() {
+            "No slow rank found, but the job ran slower than its own pace for a while."
         } else if r.verdicts.is_empty() {
             "No slow rank found: every rank kept pace within noise."
         } else {
