@@ -76,28 +76,19 @@ mod tests {
     use crate::classify::{Classification, Kind};
 
     fn o(rank: u32, host: &str, lost_ms: f64) -> Observation {
+        let plain = Observation::of(Kind::Host, rank);
         Observation {
             classification: Classification {
-                kind: Kind::Host,
-                confidence: 0.9,
                 evidence: vec![format!("rank {rank}")],
                 gpu_side: true,
+                ..plain.classification
             },
-            rank,
             host: host.into(),
-            link: None,
-            ranks: Vec::new(),
             clock_error_ns: 1e5,
             lost_ns: lost_ms * 1e6,
             late_ns: lost_ms * 1e5,
             exposure_ns: 1e9,
-            saved_ns: None,
-            step_ns: 0.0,
-            once_fixed: None,
-            alarm: false,
-            structural: None,
-            at: 0,
-            wall: None,
+            ..plain
         }
     }
 

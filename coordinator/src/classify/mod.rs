@@ -522,6 +522,37 @@ pub struct Observation {
     pub wall: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+#[cfg(test)]
+impl Observation {
+    /// A plain observation for tests: `kind` on `rank` of host `h`, every
+    /// figure 0; tests set what they check with `..Observation::of(..)`.
+    pub fn of(kind: Kind, rank: u32) -> Self {
+        Observation {
+            classification: Classification {
+                kind,
+                confidence: 0.9,
+                evidence: Vec::new(),
+                gpu_side: false,
+            },
+            rank,
+            host: "h".into(),
+            link: None,
+            ranks: Vec::new(),
+            clock_error_ns: 0.0,
+            late_ns: 0.0,
+            lost_ns: 0.0,
+            exposure_ns: 0.0,
+            saved_ns: None,
+            step_ns: 0.0,
+            once_fixed: None,
+            alarm: false,
+            structural: None,
+            at: 0,
+            wall: None,
+        }
+    }
+}
+
 /// What a structural verdict is (`structural` in `report.json`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Structural {

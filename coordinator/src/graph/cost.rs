@@ -174,26 +174,10 @@ mod tests {
     fn obs(rank: u32, kind: Kind) -> Observation {
         Observation {
             classification: Classification {
-                kind,
                 confidence: 1.0,
-                evidence: Vec::new(),
-                gpu_side: false,
+                ..Observation::of(kind, rank).classification
             },
-            rank,
-            host: "h".into(),
-            link: None,
-            ranks: Vec::new(),
-            clock_error_ns: 0.0,
-            late_ns: 0.0,
-            lost_ns: 0.0,
-            exposure_ns: 0.0,
-            saved_ns: None,
-            step_ns: 0.0,
-            once_fixed: None,
-            alarm: false,
-            structural: None,
-            at: 0,
-            wall: None,
+            ..Observation::of(kind, rank)
         }
     }
 

@@ -2,28 +2,20 @@ use super::*;
 use crate::classify::Classification;
 
 fn obs(kind: Kind) -> Observation {
+    let plain = Observation::of(kind, 5);
     Observation {
         classification: Classification {
-            kind,
-            confidence: 0.9,
             evidence: vec!["x".into()],
-            gpu_side: false,
+            ..plain.classification
         },
-        rank: 5,
         host: "node-1".into(),
-        link: None,
-        ranks: Vec::new(),
         clock_error_ns: 1e4,
         late_ns: 1e8,
         lost_ns: 1e9,
         exposure_ns: 1e10,
         saved_ns: Some(1e8),
         step_ns: 1e9,
-        once_fixed: None,
-        alarm: false,
-        structural: None,
-        at: 0,
-        wall: None,
+        ..plain
     }
 }
 

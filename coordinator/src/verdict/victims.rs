@@ -288,27 +288,9 @@ mod tests {
 
     fn observation(kind: classify::Kind, rank: u32, cost: f64) -> Observation {
         Observation {
-            classification: classify::Classification {
-                kind,
-                confidence: 0.9,
-                evidence: Vec::new(),
-                gpu_side: false,
-            },
-            rank,
-            host: "h".into(),
-            link: None,
-            ranks: Vec::new(),
-            clock_error_ns: 0.0,
-            late_ns: 0.0,
             lost_ns: cost * 1e9,
             exposure_ns: 1e9,
-            saved_ns: None,
-            step_ns: 0.0,
-            once_fixed: None,
-            alarm: false,
-            structural: None,
-            at: 0,
-            wall: None,
+            ..Observation::of(kind, rank)
         }
     }
 
