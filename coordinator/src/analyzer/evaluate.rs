@@ -80,7 +80,7 @@ impl Analyzer {
             to: core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
             exposure: if step.is_finite() { world * step } else { 0.0 },
         };
-        let (model, gpu_ranks) = Self::iteration_model(core, k, it.from);
+        let (model, gpu) = Self::iteration_model(core, k, it.from);
         let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
         self.record_group_shares(core, k, model.as_ref(), step);
         if warm {
@@ -128,7 +128,7 @@ impl Analyzer {
                 self.structural(core, m, step, it.from, &mut obs);
             }
         }
-        let unobserved = Self::what_if(core, model.as_ref(), &gpu_ranks, step, &mut obs);
+        let unobserved = Self::what_if(core, model.as_ref(), &gpu, step, &mut obs);
         let events = core.lifecycle.step(k, obs);
         for c in unobserved {
             core.lifecycle
@@ -656,17 +656,14 @@ impl Analyzer {
     }
 
     /// Iteration `k` (which began at `from`) as a replayable what-if model,
-    /// and the ranks that had GPU-side arrivals in it.
+    /// and what its GPU-side arrivals time.
     pub(super) fn iteration_model(
         core: &Core,
         k: u64,
         from: CoordNs,
-    ) -> (
-        Option<crate::graph::whatif::WhatIf>,
-        std::collections::HashSet<u32>,
-    ) {
+    ) -> (Option<crate::graph::whatif::WhatIf>, GpuTiming) {
         if from == CoordNs::MIN {
-            return (None, Default::default());
+            return (None, GpuTiming::default());
         }
         let instances: Vec<&AlignedInstance> = core
             .recent
@@ -674,9 +671,12 @@ impl Analyzer {
             .filter(|(it, _)| *it == k)
             .map(|(_, a)| a)
             .collect();
-        let gpu_ranks = crate::classify::align::gpu_timed_ranks(&instances, |r| {
-            !core.stats.blind_partners(r).is_empty()
-        });
+        let gpu = GpuTiming {
+            ranks: crate::classify::align::gpu_timed_ranks(&instances, |r| {
+                !core.stats.blind_partners(r).is_empty()
+            }),
+            leads: crate::classify::align::gpu_leads(&instances),
+        };
         let model = crate::graph::whatif::WhatIf::new(&crate::graph::itergraph::build(
             from,
             instances.into_iter(),
@@ -684,7 +684,7 @@ impl Analyzer {
         if model.is_none() {
             tracing::debug!(iteration = k, "no what-if model for the iteration");
         }
-        (model, gpu_ranks)
+        (model, gpu)
     }
 
     /// Feeds the iteration's what-if savings to the per-rank sequential
@@ -715,7 +715,7 @@ impl Analyzer {
     pub(super) fn what_if(
         core: &Core,
         model: Option<&crate::graph::whatif::WhatIf>,
-        gpu_ranks: &std::collections::HashSet<u32>,
+        gpu: &GpuTiming,
         step: f64,
         obs: &mut BTreeMap<Subject, Observation>,
     ) -> Vec<crate::graph::cost::Costed> {
@@ -737,7 +737,8 @@ impl Analyzer {
         }
         let it = crate::graph::cost::Iteration {
             model,
-            gpu_ranks,
+            gpu_ranks: &gpu.ranks,
+            gpu_leads: &gpu.leads,
             step_ns: step,
         };
         crate::graph::cost::apply(&it, obs, &active)
@@ -794,4 +795,13 @@ fn what_if_shares(m: &crate::graph::whatif::WhatIf, step: f64) -> BTreeMap<u32, 
         }
     }
     shares
+}
+
+/// What an iteration's GPU-side arrivals time: the ranks the replay times
+/// ([`crate::classify::align::gpu_timed_ranks`]) and each rank's largest
+/// lead where it arrived last ([`crate::classify::align::gpu_leads`]).
+#[derive(Debug, Default)]
+pub(super) struct GpuTiming {
+    ranks: std::collections::HashSet<u32>,
+    leads: BTreeMap<u32, f64>,
 }

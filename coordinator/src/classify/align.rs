@@ -231,6 +231,40 @@ pub fn align(
     }
 }
 
+/// Per rank, its largest lead over the next-to-last arriver (less the
+/// comparison's clock error bound) at the GPU-side instances of an
+/// iteration it arrived last at (ns): the what-if of that one collective,
+/// had the rank arrived with the others. It costs a rank the replay
+/// cannot time ([`gpu_timed_ranks`]): a slow GPU of a tensor-parallel
+/// group whose data-parallel or pipeline collectives cross hosts. On
+/// random 3119-12 (tp2 pp2 dp4 on 8 hosts, rank 2's GPU 2.25× slower) it
+/// was 42–46% of the step each iteration against 46% measured; the sum
+/// over the iteration's instances was 125% (each microbatch's transfer
+/// waits on the same delay again).
+pub fn gpu_leads(instances: &[&AlignedInstance]) -> std::collections::BTreeMap<u32, f64> {
+    let mut out: std::collections::BTreeMap<u32, f64> = Default::default();
+    for a in instances
+        .iter()
+        .filter(|a| a.basis == Basis::Gpu && a.members.len() >= 2)
+    {
+        let Some(last) = a.arrival.get(a.last) else {
+            continue;
+        };
+        let next = a
+            .arrival
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != a.last)
+            .map(|(_, t)| *t)
+            .max();
+        let Some(next) = next else { continue };
+        let lead = ((*last as i128 - next as i128) as f64 - a.err_ns).max(0.0);
+        let e = out.entry(a.members[a.last].rank).or_insert(0.0);
+        *e = e.max(lead);
+    }
+    out
+}
+
 /// The ranks whose GPU an iteration's instances time: those every instance
 /// of which had GPU-side arrivals. A tensor-parallel all-reduce over
 /// NVLink has host-side times only, and the replay then saw a slow GPU in

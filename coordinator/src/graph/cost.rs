@@ -11,8 +11,13 @@
 //! - a rank (host- or compute-slow): its own work replaced by its peers'
 //!   median. A compute-slow rank's GPU runs behind while its host enqueues
 //!   on time, so host-side arrivals do not show it: its cost is only
-//!   measured in iterations where its arrivals are GPU-side (deep set);
-//!   elsewhere it is unmeasured, never 0;
+//!   measured in iterations where its arrivals are GPU-side (deep set).
+//!   A rank with tensor-parallel partners on its host waits for them, and
+//!   they for it, over NVLink, where nothing is timed: the replay cannot
+//!   tell its work from theirs, and its cost is its largest lead at the
+//!   GPU-side collectives it arrived last at (the what-if of that one
+//!   collective; [`crate::classify::align::gpu_leads`]). Without any, it
+//!   is unmeasured, never 0;
 //! - a host-wide finding: every rank of the host replaced at once;
 //! - a slow NIC or link: the replay with its instances' transfers at its
 //!   peers' rate ([`WhatIf::transfer_cost`]), which the finder measures
@@ -37,8 +42,11 @@ pub struct Costed {
 /// The iteration's evidence for costing.
 pub struct Iteration<'a> {
     pub model: Option<&'a WhatIf>,
-    /// Ranks that had a GPU-side arrival in the iteration.
+    /// Ranks the replay times on the GPU ([`crate::classify::align::gpu_timed_ranks`]).
     pub gpu_ranks: &'a HashSet<u32>,
+    /// Per rank, its largest lead at the GPU-side instances it arrived
+    /// last at ([`crate::classify::align::gpu_leads`], ns).
+    pub gpu_leads: &'a BTreeMap<u32, f64>,
     /// The iteration's duration (ns).
     pub step_ns: f64,
 }
@@ -66,7 +74,12 @@ fn saving(
             let model = it.model?;
             let fixed = ranks_of(subject, ranks);
             if kind == Kind::Compute && !fixed.iter().any(|r| it.gpu_ranks.contains(r)) {
-                return None;
+                // The replay cannot time this GPU; the one collective
+                // that waited for it at a GPU-side arrival can.
+                return match subject {
+                    Subject::Rank(r) => it.gpu_leads.get(&r).copied(),
+                    _ => None,
+                };
             }
             Some((model.length() - model.length_with(&fixed)?).max(0.0))
         }
@@ -188,6 +201,7 @@ mod tests {
         let it = Iteration {
             model: Some(&model),
             gpu_ranks: &gpu,
+            gpu_leads: &BTreeMap::new(),
             step_ns: 17.0 * MS,
         };
         let mut o = BTreeMap::new();
@@ -211,6 +225,7 @@ mod tests {
         let it = Iteration {
             model: Some(&model),
             gpu_ranks: &none,
+            gpu_leads: &BTreeMap::new(),
             step_ns: 12.0 * MS,
         };
         let mut o = BTreeMap::new();
@@ -222,6 +237,7 @@ mod tests {
         let gpu: HashSet<u32> = [3].into();
         let it = Iteration {
             gpu_ranks: &gpu,
+            gpu_leads: &BTreeMap::new(),
             ..it
         };
         apply(&it, &mut o, &[]);
@@ -238,6 +254,7 @@ mod tests {
         let it = Iteration {
             model: Some(&model),
             gpu_ranks: &gpu,
+            gpu_leads: &BTreeMap::new(),
             step_ns: 30.0 * MS,
         };
         let mut nic = obs(6, Kind::Communication);

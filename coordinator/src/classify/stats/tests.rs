@@ -253,3 +253,34 @@ fn a_rank_with_one_host_side_instance_is_not_gpu_timed() {
     // they have one-host partners: still not timed.
     assert_eq!(timed(&[&dp, &dp2], &[0, 1]), vec![2, 3]);
 }
+
+/// A rank's lead is read at the GPU-side instances it arrived last at:
+/// the largest one, over the next-to-last arriver; host-side ones and
+/// instances it was not last at say nothing.
+#[test]
+fn a_ranks_gpu_lead_is_its_largest_over_the_next_to_last() {
+    let clock = |_: &str, t: u64| (t as i64, 0.0);
+    let dp = align(
+        &inst(&[(0, "a", 100, 150), (2, "b", 100, 190), (4, "c", 100, 160)]),
+        &clock,
+    );
+    let dp2 = align(
+        &inst(&[(0, "a", 100, 440), (2, "b", 100, 420), (4, "c", 100, 300)]),
+        &clock,
+    );
+    let dp3 = align(
+        &inst(&[(0, "a", 100, 500), (2, "b", 100, 510), (4, "c", 100, 480)]),
+        &clock,
+    );
+    // Rank 1 arrives 800 ns after rank 0, host-side.
+    let tp = align(&inst(&[(0, "a", 100, 0), (1, "a", 900, 0)]), &clock);
+    assert_eq!(tp.basis, Basis::Host);
+    let leads = super::super::align::gpu_leads(&[&dp, &dp2, &dp3, &tp]);
+    assert_eq!(
+        leads.keys().copied().collect::<Vec<_>>(),
+        vec![0, 2],
+        "{leads:?}"
+    );
+    assert!((leads[&2] - 30.0).abs() < 1e-9, "{leads:?}");
+    assert!((leads[&0] - 20.0).abs() < 1e-9, "{leads:?}");
+}
