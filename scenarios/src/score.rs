@@ -230,11 +230,14 @@ fn verdict_costs(truth: &Truth, report: &ReportView, faults: &[FaultScore]) -> V
             };
             let v = &report.verdicts[i];
             // An estimate from the job's pace stands where the what-if
-            // measured nothing: it is what the report says the rank costs.
+            // measured nothing, or put the rank off the critical path
+            // while the step rose with it: it is what the report says the
+            // rank costs.
             let reported = v
-                .cost_fraction
-                .filter(|_| v.cost_iterations != Some(0))
-                .or(v.cost_estimate.as_ref().map(|e| e.fraction));
+                .cost_estimate
+                .as_ref()
+                .map(|e| e.fraction)
+                .or(v.cost_fraction.filter(|_| v.cost_iterations != Some(0)));
             VerdictCost {
                 verdict: i,
                 fault: fault.map(|f| f.index),

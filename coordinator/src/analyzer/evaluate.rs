@@ -86,6 +86,18 @@ impl Analyzer {
         if warm {
             core.pace.observe(k, step, &shares);
         }
+        // A resumed life's first iterations are partial: the stretches
+        // read from its own FIRST_STEP on.
+        let first = core
+            .warm_from
+            .saturating_sub(self.cfg.lifecycle.warmup_iterations);
+        if let Some(d) = core
+            .iteration
+            .duration_of(k)
+            .filter(|_| k >= first + crate::classify::stretches::FIRST_STEP)
+        {
+            core.pace.record_step(k, d);
+        }
         let (alarms, by_what_if) = Self::mark_suspects(core, k, &mut scores, &alarms);
         let why = Why {
             blame: &blame,
@@ -551,6 +563,16 @@ impl Analyzer {
         at: CoordNs,
         obs: &mut BTreeMap<Subject, Observation>,
     ) {
+        let named = |r: u32| {
+            obs.get(&Subject::Rank(r))
+                .is_some_and(|o| o.structural.is_none())
+                || core
+                    .lifecycle
+                    .verdicts()
+                    .any(|v| v.active && v.structural.is_none() && v.subject == Subject::Rank(r))
+        };
+        let stage = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure)
+            .filter(|f| !crate::graph::structure::stragglers_explain(&f.ranks, named));
         let mut add = |subject: Subject,
                        ranks: Vec<u32>,
                        saved: f64,
@@ -562,7 +584,6 @@ impl Analyzer {
             let o = self.structural_observation(ranks, saved, evidence, st, step, at);
             obs.insert(subject, o);
         };
-        let stage = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure);
         if let Some(f) = stage {
             add(
                 Subject::Stage(f.stage),

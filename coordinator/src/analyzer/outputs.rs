@@ -100,7 +100,17 @@ impl Analyzer {
                 .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
         });
         let slowdown = core.pace.slowing();
-        if let Some(sd) = &slowdown {
+        let slow_stretches = core.pace.stretches();
+        // The rise to put on a verdict: the slowdown against the baseline,
+        // or, where the baseline itself was slow (a fault from the first
+        // steps), the stretch the run is in against its best pace.
+        let rise = slowdown.clone().or_else(|| {
+            slow_stretches
+                .iter()
+                .find(|st| st.ongoing)
+                .map(crate::classify::pace::Slowing::of_stretch)
+        });
+        if let Some(sd) = &rise {
             put_rise_on_its_verdict(sd, &mut verdicts);
         }
         let counters = self.ingest_counters();
@@ -171,7 +181,7 @@ impl Analyzer {
             },
             agents: Vec::new(),
             slowdown,
-            slow_stretches: core.pace.stretches(),
+            slow_stretches,
             overhead: lock(&self.overhead).report(),
             resumed: None,
             truncated: None,
@@ -300,10 +310,59 @@ fn put_rise_on_its_verdict(
         .iter()
         .map(|i| Costing {
             first_seen_iteration: verdicts[*i].first_seen_iteration,
-            measured: (verdicts[*i].cost_iterations > 0).then_some(verdicts[*i].cost_fraction),
+            // A rank the replay put off the critical path explains none of
+            // the rise; if the rise began with it, the replay missed it.
+            measured: (verdicts[*i].cost_iterations > 0
+                && verdicts[*i].cost_fraction >= crate::classify::OFF_CRITICAL_PATH)
+                .then_some(verdicts[*i].cost_fraction),
         })
         .collect();
     if let Some((j, e)) = rise_owner(sd, &costing) {
         verdicts[active[j]].cost_estimate = Some(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A verdict the replay put off the critical path, first seen when the
+    /// step rose, carries the rise; one costed above the floor keeps its
+    /// measured cost and says it.
+    #[test]
+    fn a_rise_goes_to_the_verdict_the_replay_put_off_the_critical_path() {
+        let report = crate::synthjob::analyzed(Some(30), 80).report();
+        let mut verdicts = report.verdicts.clone();
+        let v = verdicts.iter_mut().find(|v| v.active).expect("named");
+        v.cost_iterations = 10;
+        v.cost_fraction = 0.0;
+        let first = v.first_seen_iteration;
+        let st = crate::classify::stretches::Stretch {
+            from_iteration: first,
+            from_first_step: false,
+            to_iteration: 79,
+            ongoing: true,
+            step_ms: 537.4,
+            pace_ms: 391.8,
+            rise: 537.4 / 391.8 - 1.0,
+        };
+        let sd = crate::classify::pace::Slowing::of_stretch(&st);
+        put_rise_on_its_verdict(&sd, &mut verdicts);
+        let v = verdicts.iter().find(|v| v.active).unwrap();
+        let e = v.cost_estimate.as_ref().expect("estimated");
+        assert!((e.fraction - (537.4 - 391.8) / 537.4).abs() < 1e-9, "{e:?}");
+        assert_eq!(v.cost_cell(), "≈27%");
+        assert!(
+            v.headline()
+                .contains("the replay put it off the critical path, which the rise contradicts"),
+            "{}",
+            v.headline()
+        );
+        let mut costed = report.verdicts.clone();
+        let v = costed.iter_mut().find(|v| v.active).unwrap();
+        v.cost_iterations = 10;
+        v.cost_fraction = 0.25;
+        put_rise_on_its_verdict(&sd, &mut costed);
+        assert!(costed.iter().all(|v| v.cost_estimate.is_none()));
     }
 }

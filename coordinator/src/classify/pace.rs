@@ -43,6 +43,20 @@ pub struct Slowing {
     pub candidates: Vec<Candidate>,
 }
 
+impl Slowing {
+    /// An ongoing slow stretch read as a slowdown against the job's best
+    /// pace (no candidates: the stretch does not keep the shares).
+    pub fn of_stretch(st: &crate::classify::stretches::Stretch) -> Self {
+        Slowing {
+            baseline_step_ms: st.pace_ms,
+            recent_step_ms: st.step_ms,
+            rise: st.rise,
+            since_iteration: st.from_iteration,
+            candidates: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Candidate {
     pub rank: u32,
@@ -56,8 +70,8 @@ pub struct Pace {
     recent: VecDeque<(u64, f64)>,
     shares: VecDeque<BTreeMap<u32, f64>>,
     since: Option<u64>,
-    /// Every post-warm-up step, for [`crate::classify::stretches`] (the
-    /// last [`HISTORY_STEPS`]).
+    /// Every step from [`crate::classify::stretches::FIRST_STEP`], for
+    /// [`crate::classify::stretches`] (the last [`HISTORY_STEPS`]).
     history: VecDeque<(u64, f64)>,
 }
 
@@ -97,10 +111,6 @@ impl Pace {
         }
         self.recent.push_back((k, step_ns));
         self.shares.push_back(shares.clone());
-        if self.history.len() == HISTORY_STEPS {
-            self.history.pop_front();
-        }
-        self.history.push_back((k, step_ns));
         // The oldest recent steps move into the baseline until it is full,
         // then leave.
         while self.recent.len() > self.recent_len(self.baseline.len() + self.recent.len()) {
@@ -173,6 +183,20 @@ impl Pace {
             since_iteration: self.since.unwrap_or(0),
             candidates,
         })
+    }
+
+    /// One sealed iteration's step for the slow stretches: every one from
+    /// [`crate::classify::stretches::FIRST_STEP`] on, warm-up included (a
+    /// fault from iteration 11 of a job whose warm-up is 20 steps would
+    /// otherwise be its pace).
+    pub fn record_step(&mut self, k: u64, step_ns: f64) {
+        if k < crate::classify::stretches::FIRST_STEP || !step_ns.is_finite() || step_ns <= 0.0 {
+            return;
+        }
+        if self.history.len() == HISTORY_STEPS {
+            self.history.pop_front();
+        }
+        self.history.push_back((k, step_ns));
     }
 
     /// Stretches of the run slower than the job's own best pace, ended ones

@@ -15,6 +15,13 @@
 
 use crate::robust::{midpoint_median as median, MAD_TO_SIGMA};
 
+/// The first iteration the stretches read. The verdicts' warm-up (20
+/// steps) keeps allocator and autotuning steps out of the baseline, but a
+/// stretch needs 6 steps in a row 10% above the best pace, which those
+/// do not make after the first few; and a fault that began within the
+/// warm-up would otherwise be the job's pace (random 3119-19: a GPU 1.61×
+/// slower from iteration 20 of 60 was the whole history).
+pub const FIRST_STEP: u64 = 5;
 /// Steps in the centred running median that smooths the step: one odd
 /// step (a checkpoint, a collection) never makes or breaks a stretch.
 pub const SMOOTH_STEPS: usize = 5;
@@ -47,8 +54,8 @@ pub const MIN_STEPS: usize = 3 * MIN_STRETCH;
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Stretch {
     pub from_iteration: u64,
-    /// Already slow at the first step after warm-up: it began then or
-    /// earlier.
+    /// Already slow at the first step read ([`FIRST_STEP`]): it began
+    /// then or earlier.
     pub from_first_step: bool,
     /// The last slow iteration.
     pub to_iteration: u64,

@@ -459,7 +459,7 @@ pub fn stretch_lines(r: &Report) -> Vec<String> {
                 "iterations {}–{}{}{}: step {:.1} ms against the job's best pace of {:.1} ms (+{:.0}%); {why}.",
                 st.from_iteration,
                 st.to_iteration,
-                if st.from_first_step { " (slow already when warm-up ended)" } else { "" },
+                if st.from_first_step { " (slow already at the first step read)" } else { "" },
                 if st.ongoing { " (to the last step seen)" } else { "" },
                 st.step_ms,
                 st.pace_ms,

@@ -157,7 +157,7 @@ impl Verdict {
     /// the job's pace, "?" not measured.
     pub fn cost_cell(&self) -> String {
         match (self.cost_iterations, &self.cost_estimate) {
-            (0, Some(e)) => format!("≈{:.0}%", 100.0 * e.fraction),
+            (_, Some(e)) => format!("≈{:.0}%", 100.0 * e.fraction),
             (0, None) => "?".to_string(),
             _ => format!("{:.1}%", 100.0 * self.cost_fraction),
         }
@@ -198,6 +198,15 @@ impl Verdict {
                 ),
                 None => format!("{who} is {class}-slow (its cost to the job is not measured yet)"),
             };
+        }
+        if let (true, Some(e)) = (self.cost_fraction < OFF_CRITICAL_PATH, &self.cost_estimate) {
+            return format!(
+                "{who} is {class}-slow, costing ≈{:.0}% of the job (estimated: the step rose from {:.1} to {:.1} ms from iteration {}, when it was first seen; the replay put it off the critical path, which the rise contradicts)",
+                100.0 * e.fraction,
+                e.baseline_step_ms,
+                e.recent_step_ms,
+                e.since_iteration
+            );
         }
         if self.cost_fraction < OFF_CRITICAL_PATH {
             return match &self.cost_once_fixed {
