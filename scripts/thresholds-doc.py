@@ -13,12 +13,13 @@ SECTIONS = {
     "": ("AnalyzerConfig", "coordinator/src/analyzer/mod.rs"),
     "clock": ("ClockConfig", "coordinator/src/clock/mod.rs"),
     "join": ("JoinConfig", "coordinator/src/join/mod.rs"),
-    "iteration": ("IterationConfig", "coordinator/src/graph/iteration.rs"),
+    "iteration": ("IterationConfig", "coordinator/src/graph/iteration/mod.rs"),
     "stats": ("StatsConfig", "coordinator/src/classify/stats/mod.rs"),
     "links": ("LinkConfig", "coordinator/src/classify/links.rs"),
     "lifecycle": ("LifecycleConfig", "coordinator/src/verdict/mod.rs"),
     "sequential": ("SequentialConfig", "coordinator/src/classify/sequential.rs"),
     "structure": ("StructureConfig", "coordinator/src/graph/structure.rs"),
+    "victims": ("VictimsConfig", "coordinator/src/verdict/victims.rs"),
     "limits": ("Limits", "coordinator/src/analyzer/mod.rs"),
 }
 

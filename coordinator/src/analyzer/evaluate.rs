@@ -546,7 +546,9 @@ impl Analyzer {
                 partners: |r| elsewhere.get(&r).map_or(&[][..], |v| v.as_slice()),
                 incumbent: |r| compute_active.contains(&r),
                 gap: |r, q| core.stats.blind_gap(r, q),
-                clear_ns: (BLIND_DIRECTION * step).max(core.stats.config().min_late_ns),
+                clear_ns: (self.cfg.victims.blind_direction * step)
+                    .max(core.stats.config().min_late_ns),
+                cfg: self.cfg.victims,
             },
         );
         crate::classify::hostwide::merge(obs, &self.live_ranks_by_host());

@@ -42,7 +42,7 @@ pub use crate::report::IngestCounters;
 use crate::report::{self, Report};
 use crate::verdict::victims::{
     cost_share, drop_passed_into_transfers, passed_along, rank_costs, relay_blind_waits,
-    relay_transfer_lateness, Blind, BLIND_DIRECTION,
+    relay_transfer_lateness, Blind,
 };
 use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
 
@@ -74,6 +74,8 @@ pub struct AnalyzerConfig {
     pub work_imbalance: bool,
     /// Stage and work imbalance ([`crate::graph::structure`]).
     pub structure: crate::graph::structure::StructureConfig,
+    /// Telling one-host partners' waits apart ([`crate::verdict::victims`]).
+    pub victims: crate::verdict::victims::VictimsConfig,
     pub limits: Limits,
     /// Named groups of ranks to cost as one, each iteration (fixed
     /// together at their peers' median): a recorded source's own layout

@@ -132,23 +132,41 @@ pub(crate) fn relay_transfer_lateness<'a>(
     }
 }
 
-/// How much later than a rank its one-host partner must be for the rank's
-/// own lateness to count as waiting for that partner (when their shared
-/// communicator does not tell who waited, see [`BLIND_DIRECTION`]).
-const BLIND_WAIT_RATIO: f64 = 1.15;
+/// How one-host partners' waits are told apart (the `[victims]` table of a
+/// thresholds file; see [`relay_blind_waits`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VictimsConfig {
+    /// Share of the step by which one partner must, on average, arrive
+    /// after the other on the one-host communicator they share for that to
+    /// tell who waits for whom. Each rank's lateness on its own reference
+    /// communicator does not: a rank waiting over NVLink for its slow
+    /// partner reaches a data-parallel all-reduce later than its slow
+    /// partner reaches its own (random 2027-18, tp4 on one host: the
+    /// victims 525 ms late per iteration, the slow rank 48 ms, and the
+    /// finding went to a victim).
+    pub blind_direction: f64,
+    /// Where the shared communicator does not tell: how much later than a
+    /// rank (on their own reference communicators) its one-host partner
+    /// must be for the rank's own lateness to count as waiting for that
+    /// partner. A host slow as a whole keeps its ranks within it of each
+    /// other, so they stay for the host-wide merge.
+    pub blind_wait_ratio: f64,
+    /// How much later than a partner with an active compute verdict a rank
+    /// must be to take the finding from it, or to be named beside it: a
+    /// named straggler keeps its finding against a victim's noise.
+    pub incumbent_ratio: f64,
+}
 
-/// How much later than a partner with an active compute verdict a rank
-/// must be to take the finding from it, or to be named beside it.
-const INCUMBENT_RATIO: f64 = 1.5;
-
-/// Share of the step by which one partner must, on average, arrive after
-/// the other on the one-host communicator they share for that to tell who
-/// waits for whom. Each rank's lateness on its own reference communicator
-/// does not: a rank waiting over NVLink for its slow partner reaches a
-/// data-parallel all-reduce later than its slow partner reaches its own
-/// (random 2027-18, tp4 on one host: the victims 525 ms late per
-/// iteration, the slow rank 48 ms, and the finding went to a victim).
-pub(crate) const BLIND_DIRECTION: f64 = 0.01;
+impl Default for VictimsConfig {
+    fn default() -> Self {
+        Self {
+            blind_direction: 0.01,
+            blind_wait_ratio: 1.15,
+            incumbent_ratio: 1.5,
+        }
+    }
+}
 
 /// What tells a rank's one-host partners apart: who they are, whether one
 /// has an active compute verdict, and how much later a partner arrives
@@ -159,6 +177,7 @@ pub(crate) struct Blind<P, I, G> {
     pub incumbent: I,
     pub gap: G,
     pub clear_ns: f64,
+    pub cfg: VictimsConfig,
 }
 
 impl<'a, P, I, G> Blind<P, I, G>
@@ -189,9 +208,9 @@ where
             return Some(q);
         }
         let ratio = if compute && (self.incumbent)(r) {
-            INCUMBENT_RATIO
+            self.cfg.incumbent_ratio
         } else {
-            BLIND_WAIT_RATIO
+            self.cfg.blind_wait_ratio
         };
         let later = partners
             .iter()
@@ -208,7 +227,9 @@ where
         partners.iter().copied().find(|q| {
             (self.incumbent)(*q)
                 && self.told(r, *q).is_none()
-                && late.get(q).is_none_or(|l| mine < INCUMBENT_RATIO * l)
+                && late
+                    .get(q)
+                    .is_none_or(|l| mine < self.cfg.incumbent_ratio * l)
         })
     }
 }
@@ -219,16 +240,16 @@ where
 /// of its own. Who waited for whom shows on the communicator they share:
 /// the slow one arrives there after the others (it also runs slow between
 /// the syncs). A named rank whose partner clearly arrives after it there
-/// (`BLIND_DIRECTION`) is dropped, and the GPU time lost to it goes to
+/// (`blind_direction`) is dropped, and the GPU time lost to it goes to
 /// that partner — named in its place if nothing else named it. A partner
 /// clearly arriving before it is never its cause.
 ///
 /// Where the shared communicator does not tell (the two within noise), a
 /// partner named too and later on its own reference communicator
-/// (`BLIND_WAIT_RATIO`) takes the finding; a host slow as a whole keeps its
+/// (`blind_wait_ratio`) takes the finding; a host slow as a whole keeps its
 /// ranks within the ratio of each other, so they stay for the host-wide
 /// merge. A partner already named compute-slow by an active verdict keeps
-/// the finding unless the other is `INCUMBENT_RATIO` later.
+/// the finding unless the other is `incumbent_ratio` later.
 pub(crate) fn relay_blind_waits<'a, P, I, G>(
     obs: &mut BTreeMap<Subject, Observation>,
     blind: &Blind<P, I, G>,
@@ -417,6 +438,7 @@ mod tests {
             incumbent,
             gap: |_, _| None,
             clear_ns: 1e6,
+            cfg: VictimsConfig::default(),
         }
     }
 
@@ -446,6 +468,7 @@ mod tests {
             incumbent,
             gap: move |r: u32, q: u32| (r != q && r < 4 && q < 4).then(|| arrives(q) - arrives(r)),
             clear_ns: 6.5e6,
+            cfg: VictimsConfig::default(),
         };
         let mut obs = BTreeMap::from([
             late(0, 525.0, 0.10),
@@ -479,6 +502,7 @@ mod tests {
             incumbent: |_| false,
             gap: |r: u32, q: u32| Some(0.5e6 * (f64::from(q) - f64::from(r))),
             clear_ns: 6.5e6,
+            cfg: VictimsConfig::default(),
         };
         let mut obs = BTreeMap::from([late(0, 150.0, 0.2), late(1, 160.0, 0.2)]);
         relay_blind_waits(&mut obs, &near);
