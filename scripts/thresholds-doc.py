@@ -19,6 +19,8 @@ SECTIONS = {
     "lifecycle": ("LifecycleConfig", "coordinator/src/verdict/mod.rs"),
     "sequential": ("SequentialConfig", "coordinator/src/classify/sequential.rs"),
     "structure": ("StructureConfig", "coordinator/src/graph/structure.rs"),
+    "pace": ("PaceConfig", "coordinator/src/classify/pace.rs"),
+    "stretches": ("StretchConfig", "coordinator/src/classify/stretches.rs"),
     "victims": ("VictimsConfig", "coordinator/src/verdict/victims.rs"),
     "limits": ("Limits", "coordinator/src/analyzer/mod.rs"),
 }

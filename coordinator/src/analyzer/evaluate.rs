@@ -87,14 +87,14 @@ impl Analyzer {
             core.pace.observe(k, step, &shares);
         }
         // A resumed life's first iterations are partial: the stretches
-        // read from its own FIRST_STEP on.
+        // read from its own `first_step` on.
         let first = core
             .warm_from
             .saturating_sub(self.cfg.lifecycle.warmup_iterations);
         if let Some(d) = core
             .iteration
             .duration_of(k)
-            .filter(|_| k >= first + crate::classify::stretches::FIRST_STEP)
+            .filter(|_| k >= first + self.cfg.stretches.first_step)
         {
             core.pace.record_step(k, d);
         }

@@ -74,6 +74,10 @@ pub struct AnalyzerConfig {
     pub work_imbalance: bool,
     /// Stage and work imbalance ([`crate::graph::structure`]).
     pub structure: crate::graph::structure::StructureConfig,
+    /// The job's pace against its baseline ([`crate::classify::pace`]).
+    pub pace: crate::classify::pace::PaceConfig,
+    /// Stretches slower than the job's best pace ([`crate::classify::stretches`]).
+    pub stretches: crate::classify::stretches::StretchConfig,
     /// Telling one-host partners' waits apart ([`crate::verdict::victims`]).
     pub victims: crate::verdict::victims::VictimsConfig,
     pub limits: Limits,
@@ -320,7 +324,7 @@ impl Analyzer {
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
             sequential: crate::classify::sequential::Sequential::new(cfg.sequential.clone()),
             group_shares: vec![Vec::new(); cfg.whatif_groups.len()],
-            pace: crate::classify::pace::Pace::new(),
+            pace: crate::classify::pace::Pace::with_config(cfg.pace.clone(), cfg.stretches.clone()),
             imbalance: crate::graph::structure::Imbalance::with_config(cfg.structure.clone()),
             pending: VecDeque::new(),
             pending_dropped: 0,

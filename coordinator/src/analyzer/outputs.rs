@@ -111,7 +111,7 @@ impl Analyzer {
                 .map(crate::classify::pace::Slowing::of_stretch)
         });
         if let Some(sd) = &rise {
-            put_rise_on_its_verdict(sd, &mut verdicts);
+            put_rise_on_its_verdict(sd, core.pace.config().onset_match, &mut verdicts);
         }
         let counters = self.ingest_counters();
         let join = self.joiner.counters();
@@ -300,6 +300,7 @@ impl Analyzer {
 /// ([`crate::classify::pace::rise_owner`]).
 fn put_rise_on_its_verdict(
     sd: &crate::classify::pace::Slowing,
+    onset_match: u64,
     verdicts: &mut [crate::verdict::Verdict],
 ) {
     use crate::classify::pace::{rise_owner, Costing};
@@ -317,7 +318,7 @@ fn put_rise_on_its_verdict(
                 .then_some(verdicts[*i].cost_fraction),
         })
         .collect();
-    if let Some((j, e)) = rise_owner(sd, &costing) {
+    if let Some((j, e)) = rise_owner(sd, onset_match, &costing) {
         verdicts[active[j]].cost_estimate = Some(e);
     }
 }
@@ -347,7 +348,7 @@ mod tests {
             rise: 537.4 / 391.8 - 1.0,
         };
         let sd = crate::classify::pace::Slowing::of_stretch(&st);
-        put_rise_on_its_verdict(&sd, &mut verdicts);
+        put_rise_on_its_verdict(&sd, 10, &mut verdicts);
         let v = verdicts.iter().find(|v| v.active).unwrap();
         let e = v.cost_estimate.as_ref().expect("estimated");
         assert!((e.fraction - (537.4 - 391.8) / 537.4).abs() < 1e-9, "{e:?}");
@@ -362,7 +363,7 @@ mod tests {
         let v = costed.iter_mut().find(|v| v.active).unwrap();
         v.cost_iterations = 10;
         v.cost_fraction = 0.25;
-        put_rise_on_its_verdict(&sd, &mut costed);
+        put_rise_on_its_verdict(&sd, 10, &mut costed);
         assert!(costed.iter().all(|v| v.cost_estimate.is_none()));
     }
 }

@@ -10,24 +10,54 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::robust::{midpoint_median as median, MAD_TO_SIGMA};
 
-/// Steps whose median is the baseline (after warm-up), once the job has
-/// run that long: the first ones, so a slow stretch never becomes the norm.
+/// The job's pace rules (the `[pace]` table of a thresholds file).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PaceConfig {
+    /// Steps whose median is the baseline (after warm-up), once the job has
+    /// run that long: the first ones, so a slow stretch never becomes the
+    /// norm.
+    pub baseline_steps: usize,
+    /// Steps whose median is compared with the baseline, once the job has
+    /// run long enough.
+    pub recent_steps: usize,
+    /// Before `baseline_steps + recent_steps` steps, the steps seen so far
+    /// are split two to one (the last third is "recent"), as long as the
+    /// baseline holds at least this many: a short job (a 60-step run, a job
+    /// watched since its start) is told whether it slowed instead of
+    /// nothing. The wider standard error of the smaller medians keeps the
+    /// noise test honest.
+    pub min_baseline_steps: usize,
+    /// Smallest rise reported, as a share of the baseline: below it a job's
+    /// pace drifts with load on shared hosts and nobody would act on it.
+    pub min_rise: f64,
+    /// How many standard errors of the difference of the two medians a rise
+    /// must exceed (the medians of 20 and 40 noisy steps).
+    pub noise_sigmas: f64,
+    /// How near the slowdown's onset must be to a verdict's first sighting
+    /// (iterations) for the rise to be read as that verdict's: the pace's
+    /// onset is the first step past halfway up, a verdict opens on evidence
+    /// that takes a few steps to gather, and 10 spans both on 60-step runs.
+    pub onset_match: u64,
+}
+
+/// Defaults of [`PaceConfig`] the tests and the report's wording use.
 pub const BASELINE_STEPS: usize = 40;
-/// Steps whose median is compared with the baseline, once the job has run
-/// long enough.
 pub const RECENT_STEPS: usize = 20;
-/// Before `BASELINE_STEPS + RECENT_STEPS` steps, the steps seen so far are
-/// split two to one (the last third is "recent"), as long as the baseline
-/// holds at least this many: a short job (a 60-step run, a job watched
-/// since its start) is told whether it slowed instead of nothing. The
-/// wider standard error of the smaller medians keeps the noise test honest.
 pub const MIN_BASELINE_STEPS: usize = 16;
-/// Smallest rise reported, as a share of the baseline: below it a job's
-/// pace drifts with load on shared hosts and nobody would act on it.
-pub const MIN_RISE: f64 = 0.03;
-/// How many standard errors of the difference of the two medians a rise
-/// must exceed (the medians of 20 and 40 noisy steps).
-pub const NOISE_SIGMAS: f64 = 4.0;
+
+impl Default for PaceConfig {
+    fn default() -> Self {
+        Self {
+            baseline_steps: BASELINE_STEPS,
+            recent_steps: RECENT_STEPS,
+            min_baseline_steps: MIN_BASELINE_STEPS,
+            min_rise: 0.03,
+            noise_sigmas: 4.0,
+            onset_match: 10,
+        }
+    }
+}
 
 /// A slowdown of the job's step.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -66,11 +96,13 @@ pub struct Candidate {
 
 #[derive(Debug, Clone, Default)]
 pub struct Pace {
+    cfg: PaceConfig,
+    stretch: crate::classify::stretches::StretchConfig,
     baseline: Vec<f64>,
     recent: VecDeque<(u64, f64)>,
     shares: VecDeque<BTreeMap<u32, f64>>,
     since: Option<u64>,
-    /// Every step from [`crate::classify::stretches::FIRST_STEP`], for
+    /// Every step from the stretches' `first_step`, for
     /// [`crate::classify::stretches`] (the last [`HISTORY_STEPS`]).
     history: VecDeque<(u64, f64)>,
 }
@@ -92,14 +124,29 @@ impl Pace {
         Self::default()
     }
 
+    pub fn with_config(
+        cfg: PaceConfig,
+        stretch: crate::classify::stretches::StretchConfig,
+    ) -> Self {
+        Self {
+            cfg,
+            stretch,
+            ..Self::default()
+        }
+    }
+
+    pub fn config(&self) -> &PaceConfig {
+        &self.cfg
+    }
+
     /// How many of `n` steps seen form the recent window: a third until
     /// the baseline is full, then [`RECENT_STEPS`] (continuous at
     /// `n = BASELINE_STEPS + RECENT_STEPS`).
     fn recent_len(&self, n: usize) -> usize {
-        if self.baseline.len() >= BASELINE_STEPS {
-            RECENT_STEPS
+        if self.baseline.len() >= self.cfg.baseline_steps {
+            self.cfg.recent_steps
         } else {
-            (n / 3).min(RECENT_STEPS)
+            (n / 3).min(self.cfg.recent_steps)
         }
     }
 
@@ -118,7 +165,7 @@ impl Pace {
                 break;
             };
             self.shares.pop_front();
-            if self.baseline.len() < BASELINE_STEPS {
+            if self.baseline.len() < self.cfg.baseline_steps {
                 self.baseline.push(old);
             }
         }
@@ -141,7 +188,7 @@ impl Pace {
     }
 
     fn slowing_now(&self) -> Option<(f64, f64)> {
-        if self.baseline.len() < MIN_BASELINE_STEPS {
+        if self.baseline.len() < self.cfg.min_baseline_steps {
             return None;
         }
         let (b, sb) = center_sigma(&self.baseline);
@@ -153,7 +200,8 @@ impl Pace {
         let se =
             1.25 * ((sb * sb) / self.baseline.len() as f64 + (sr * sr) / r.len() as f64).sqrt();
         let rise = m - b;
-        (b > 0.0 && rise > MIN_RISE * b && rise > NOISE_SIGMAS * se).then_some((b, m))
+        (b > 0.0 && rise > self.cfg.min_rise * b && rise > self.cfg.noise_sigmas * se)
+            .then_some((b, m))
     }
 
     /// The slowdown now, if the job's step rose beyond its noise.
@@ -186,11 +234,11 @@ impl Pace {
     }
 
     /// One sealed iteration's step for the slow stretches: every one from
-    /// [`crate::classify::stretches::FIRST_STEP`] on, warm-up included (a
+    /// the stretches' `first_step` on, warm-up included (a
     /// fault from iteration 11 of a job whose warm-up is 20 steps would
     /// otherwise be its pace).
     pub fn record_step(&mut self, k: u64, step_ns: f64) {
-        if k < crate::classify::stretches::FIRST_STEP || !step_ns.is_finite() || step_ns <= 0.0 {
+        if k < self.stretch.first_step || !step_ns.is_finite() || step_ns <= 0.0 {
             return;
         }
         if self.history.len() == HISTORY_STEPS {
@@ -203,24 +251,18 @@ impl Pace {
     /// included ([`crate::classify::stretches`]).
     pub fn stretches(&self) -> Vec<crate::classify::stretches::Stretch> {
         let v: Vec<(u64, f64)> = self.history.iter().copied().collect();
-        crate::classify::stretches::find(&v)
+        crate::classify::stretches::find(&v, &self.stretch)
     }
 
     /// The baseline step (ms), once known: without it nothing can be said
     /// of the job's pace.
     pub fn baseline_ms(&self) -> Option<f64> {
-        (self.baseline.len() >= MIN_BASELINE_STEPS).then(|| {
+        (self.baseline.len() >= self.cfg.min_baseline_steps).then(|| {
             let mut b = self.baseline.clone();
             median(&mut b) / 1e6
         })
     }
 }
-
-/// How near the slowdown's onset must be to a verdict's first sighting
-/// (iterations) for the rise to be read as that verdict's: the pace's
-/// onset is the first step past halfway up, a verdict opens on evidence
-/// that takes a few steps to gather, and 10 spans both on 60-step runs.
-pub const ONSET_MATCH: u64 = 10;
 
 /// A verdict's cost read from the job's pace instead of the what-if.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -243,12 +285,16 @@ pub struct Costing {
 
 /// The one active verdict the job's slowdown can be put on when the
 /// what-if cannot cost it: the only uncosted one, first seen within
-/// [`ONSET_MATCH`] of the slowdown's onset, while the costed ones explain
+/// `onset_match` of the slowdown's onset, while the costed ones explain
 /// less than half of the rise. Its estimate is the rise (as a share of the
 /// slower step) less what the costed ones explain. Two uncosted verdicts,
 /// or one that began far from the onset, get none: the rise is not theirs
 /// to split or to claim. Returns (its index in `active`, the estimate).
-pub fn rise_owner(slowing: &Slowing, active: &[Costing]) -> Option<(usize, RiseEstimate)> {
+pub fn rise_owner(
+    slowing: &Slowing,
+    onset_match: u64,
+    active: &[Costing],
+) -> Option<(usize, RiseEstimate)> {
     let needed = slowing.rise / (1.0 + slowing.rise);
     let explained: f64 = active.iter().filter_map(|c| c.measured).sum();
     if explained >= 0.5 * needed {
@@ -260,7 +306,7 @@ pub fn rise_owner(slowing: &Slowing, active: &[Costing]) -> Option<(usize, RiseE
         .filter(|(_, c)| c.measured.is_none());
     let (i, c) = uncosted.next()?;
     if uncosted.next().is_some()
-        || c.first_seen_iteration.abs_diff(slowing.since_iteration) > ONSET_MATCH
+        || c.first_seen_iteration.abs_diff(slowing.since_iteration) > onset_match
     {
         return None;
     }
@@ -369,15 +415,15 @@ mod tests {
         };
         // One uncosted verdict from iteration 40: the rise is a third of
         // the slower step, less the 5% a costed verdict explains.
-        let (i, e) = rise_owner(&slowing, &[at(20, Some(0.05)), at(40, None)]).unwrap();
+        let (i, e) = rise_owner(&slowing, 10, &[at(20, Some(0.05)), at(40, None)]).unwrap();
         assert_eq!(i, 1);
         assert!((e.fraction - (1.0 / 3.0 - 0.05)).abs() < 1e-9, "{e:?}");
         assert_eq!((e.baseline_step_ms, e.since_iteration), (400.0, 36));
         // Began far from the onset, or two to split it: no estimate.
-        assert!(rise_owner(&slowing, &[at(60, None)]).is_none());
-        assert!(rise_owner(&slowing, &[at(36, None), at(38, None)]).is_none());
+        assert!(rise_owner(&slowing, 10, &[at(60, None)]).is_none());
+        assert!(rise_owner(&slowing, 10, &[at(36, None), at(38, None)]).is_none());
         // Costed verdicts explain most of it: nothing left to put.
-        assert!(rise_owner(&slowing, &[at(36, None), at(30, Some(0.2))]).is_none());
-        assert!(rise_owner(&slowing, &[]).is_none());
+        assert!(rise_owner(&slowing, 10, &[at(36, None), at(30, Some(0.2))]).is_none());
+        assert!(rise_owner(&slowing, 10, &[]).is_none());
     }
 }

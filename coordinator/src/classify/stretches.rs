@@ -15,47 +15,68 @@
 
 use crate::robust::{midpoint_median as median, MAD_TO_SIGMA};
 
-/// The first iteration the stretches read. The verdicts' warm-up (20
-/// steps) keeps allocator and autotuning steps out of the baseline, but a
-/// stretch needs 6 steps in a row 10% above the best pace, which those
-/// do not make after the first few; and a fault that began within the
-/// warm-up would otherwise be the job's pace (random 3119-19: a GPU 1.61×
-/// slower from iteration 20 of 60 was the whole history).
-pub const FIRST_STEP: u64 = 5;
-/// Steps in the centred running median that smooths the step: one odd
-/// step (a checkpoint, a collection) never makes or breaks a stretch.
-pub const SMOOTH_STEPS: usize = 5;
-/// Shortest stretch reported (iterations): a few slow steps in a row are
-/// an evaluation pass or a checkpoint, not a slowdown anyone acts on.
-pub const MIN_STRETCH: usize = 6;
-/// Gaps of at most this many steps back at pace do not split a stretch (a
-/// fault that slows some steps more than others dips under the line).
-pub const MAX_GAP: usize = 2;
-/// The job's pace is this quantile of its smoothed steps: its best
-/// sustained level, as long as it ran at pace for at least this share of
-/// the history (below it, the whole run is "the pace" and nothing is
-/// told, as before any baseline).
-pub const PACE_QUANTILE: f64 = 0.2;
-/// Smallest rise reported, as a share of the pace. Higher than the live
-/// test's [`crate::classify::pace::MIN_RISE`]: the pace here is the job's
-/// best stretch, so a shared host's load drifting up and down reads as a
-/// rise. Healthy runs of the random evaluation (143, seeds 1127, 2027 and
-/// 3119, a 2-core VM) drifted up to 7% above their best pace for ten steps;
-/// at 10% none is told.
-pub const MIN_RISE: f64 = 0.10;
-/// How many standard errors of a smoothed step above the pace a step must
-/// be to be slow (σ from the steps' own scatter around the smoothed line).
-pub const NOISE_SIGMAS: f64 = crate::classify::pace::NOISE_SIGMAS;
-/// Fewer steps than this tell nothing (the smoothed line needs room to
-/// show a pace and a stretch beside it).
-pub const MIN_STEPS: usize = 3 * MIN_STRETCH;
+/// The slow stretches' rules (the `[stretches]` table of a thresholds
+/// file).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StretchConfig {
+    /// The first iteration the stretches read. The verdicts' warm-up (20
+    /// steps) keeps allocator and autotuning steps out of the baseline, but
+    /// a stretch needs `min_stretch` steps in a row `min_rise` above the
+    /// best pace, which those do not make after the first few; and a fault
+    /// that began within the warm-up would otherwise be the job's pace
+    /// (random 3119-19: a GPU 1.61× slower from iteration 20 of 60 was the
+    /// whole history).
+    pub first_step: u64,
+    /// Steps in the centred running median that smooths the step: one odd
+    /// step (a checkpoint, a collection) never makes or breaks a stretch.
+    pub smooth_steps: usize,
+    /// Shortest stretch reported (iterations): a few slow steps in a row
+    /// are an evaluation pass or a checkpoint, not a slowdown anyone acts
+    /// on. Fewer than three times as many steps seen tell nothing.
+    pub min_stretch: usize,
+    /// Gaps of at most this many steps back at pace do not split a stretch
+    /// (a fault that slows some steps more than others dips under the
+    /// line).
+    pub max_gap: usize,
+    /// The job's pace is this quantile of its smoothed steps: its best
+    /// sustained level, as long as it ran at pace for at least this share
+    /// of the history (below it, the whole run is "the pace" and nothing
+    /// is told, as before any baseline).
+    pub pace_quantile: f64,
+    /// Smallest rise reported, as a share of the pace. Higher than the live
+    /// test's (`[pace] min_rise`): the pace here is the job's best
+    /// stretch, so a shared host's load drifting up and down reads as a
+    /// rise. Healthy runs of the random evaluation (143, seeds 1127, 2027
+    /// and 3119, a 2-core VM) drifted up to 7% above their best pace for
+    /// ten steps; at 10% none is told.
+    pub min_rise: f64,
+    /// How many standard errors of a smoothed step above the pace a step
+    /// must be to be slow (σ from the steps' own scatter around the
+    /// smoothed line).
+    pub noise_sigmas: f64,
+}
+
+impl Default for StretchConfig {
+    fn default() -> Self {
+        Self {
+            first_step: 5,
+            smooth_steps: 5,
+            min_stretch: 6,
+            max_gap: 2,
+            pace_quantile: 0.2,
+            min_rise: 0.10,
+            noise_sigmas: 4.0,
+        }
+    }
+}
 
 /// A stretch of iterations slower than the job's pace.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Stretch {
     pub from_iteration: u64,
-    /// Already slow at the first step read ([`FIRST_STEP`]): it began
-    /// then or earlier.
+    /// Already slow at the first step read (`first_step`): it began then
+    /// or earlier.
     pub from_first_step: bool,
     /// The last slow iteration.
     pub to_iteration: u64,
@@ -71,21 +92,21 @@ pub struct Stretch {
 
 /// The slow stretches of `steps` ((iteration, step ns), in iteration
 /// order).
-pub fn find(steps: &[(u64, f64)]) -> Vec<Stretch> {
+pub fn find(steps: &[(u64, f64)], cfg: &StretchConfig) -> Vec<Stretch> {
     let steps: Vec<(u64, f64)> = steps
         .iter()
         .copied()
         .filter(|(_, s)| s.is_finite() && *s > 0.0)
         .collect();
     let n = steps.len();
-    if n < MIN_STEPS {
+    if n < 3 * cfg.min_stretch.max(1) || cfg.smooth_steps == 0 {
         return Vec::new();
     }
-    let smooth = running_median(&steps, SMOOTH_STEPS);
+    let smooth = running_median(&steps, cfg.smooth_steps);
     let pace = {
         let mut v = smooth.clone();
         v.sort_by(f64::total_cmp);
-        v[((n - 1) as f64 * PACE_QUANTILE).round() as usize]
+        v[((n - 1) as f64 * cfg.pace_quantile.clamp(0.0, 1.0)).round() as usize]
     };
     let sigma = {
         let mut r: Vec<f64> = steps
@@ -95,18 +116,18 @@ pub fn find(steps: &[(u64, f64)]) -> Vec<Stretch> {
             .collect();
         MAD_TO_SIGMA * median(&mut r)
     };
-    // Standard error of a median of SMOOTH_STEPS ≈ 1.25 σ / √n.
-    let se = 1.25 * sigma / (SMOOTH_STEPS as f64).sqrt();
-    let line = pace + (MIN_RISE * pace).max(NOISE_SIGMAS * se);
+    // Standard error of a median of `smooth_steps` ≈ 1.25 σ / √n.
+    let se = 1.25 * sigma / (cfg.smooth_steps as f64).sqrt();
+    let line = pace + (cfg.min_rise * pace).max(cfg.noise_sigmas * se);
     let slow: Vec<bool> = smooth.iter().map(|m| *m > line).collect();
-    runs(&slow, MAX_GAP)
+    runs(&slow, cfg.max_gap)
         .into_iter()
-        .filter(|(a, b)| b - a + 1 >= MIN_STRETCH)
+        .filter(|(a, b)| b - a + 1 >= cfg.min_stretch)
         .filter_map(|(a, b)| {
             let mut v: Vec<f64> = steps[a..=b].iter().map(|x| x.1).collect();
             let m = median(&mut v);
             let rise = (m - pace) / pace;
-            (rise > MIN_RISE).then(|| Stretch {
+            (rise > cfg.min_rise).then(|| Stretch {
                 from_iteration: steps[a].0,
                 from_first_step: a == 0,
                 to_iteration: steps[b].0,
@@ -148,6 +169,11 @@ fn runs(v: &[bool], gap: usize) -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With the default rules.
+    fn find(steps: &[(u64, f64)]) -> Vec<Stretch> {
+        super::find(steps, &StretchConfig::default())
+    }
 
     /// ±`j` deterministic wobble around `base` ms.
     fn wobble(k: u64, base: f64, j: f64) -> f64 {
