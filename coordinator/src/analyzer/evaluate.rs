@@ -39,65 +39,16 @@ impl Analyzer {
         k: u64,
         bucket: &IterBucket,
     ) -> Vec<VerdictEvent> {
-        let step = core
-            .iteration
-            .duration_of(k)
-            .or_else(|| core.iteration.step_ns())
-            .unwrap_or(f64::INFINITY);
-        if std::mem::take(&mut core.resume_pending) {
-            // A resumed life warms up from its first iteration (see
-            // `Analyzer::resumed_life`).
-            core.warm_from = k.saturating_add(self.cfg.lifecycle.warmup_iterations);
-            core.lifecycle.hold_until(core.warm_from);
-        }
-        // Warm-up steps (allocators, autotuning) are no baseline: with them a
-        // healthy job looked 10% slower right after its warm-up.
-        let warm = k >= self.cfg.lifecycle.warmup_iterations && k >= core.warm_from;
-        if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
-            core.steps.push_back(d);
-            while core.steps.len() > STEP_HISTORY {
-                core.steps.pop_front();
-            }
-        }
+        let (step, warm) = self.begin_iteration(core, k);
         let mut scores = core.stats.score(k, bucket, step);
         let d = core.iteration.duration_of(k);
         core.timeline.record(k, d, &scores);
-        let world = self
-            .ranks
-            .iter()
-            .next()
-            .map(|r| r.world_size as f64)
-            .filter(|w| *w > 0.0)
-            .unwrap_or(bucket.ranks.len() as f64);
         let blame = Self::blame(core, bucket, &mut scores);
-        let it = IterCtx {
-            k,
-            step,
-            from: k
-                .checked_sub(1)
-                .and_then(|p| core.iteration.end_of(p))
-                .unwrap_or(CoordNs::MIN),
-            to: core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
-            exposure: if step.is_finite() { world * step } else { 0.0 },
-        };
+        let it = self.iteration_context(core, k, step, bucket);
         let (model, gpu) = Self::iteration_model(core, k, it.from);
         let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
         self.record_group_shares(core, k, model.as_ref(), step);
-        if warm {
-            core.pace.observe(k, step, &shares);
-        }
-        // A resumed life's first iterations are partial: the stretches
-        // read from its own `first_step` on.
-        let first = core
-            .warm_from
-            .saturating_sub(self.cfg.lifecycle.warmup_iterations);
-        if let Some(d) = core
-            .iteration
-            .duration_of(k)
-            .filter(|_| k >= first + self.cfg.stretches.first_step)
-        {
-            core.pace.record_step(k, d);
-        }
+        self.record_pace(core, k, step, warm, &shares);
         let (alarms, by_what_if) = Self::mark_suspects(core, k, &mut scores, &alarms);
         let why = Why {
             blame: &blame,
@@ -120,25 +71,7 @@ impl Analyzer {
             );
         }
         if let Some(m) = model.as_ref().filter(|_| warm) {
-            // Own work is GPU work only on GPU-side times: on host-side
-            // ones a host that ran ahead, or waited, looks like work (and
-            // a restarted coordinator's partial iterations look balanced
-            // badly). Structure is judged on GPU-side iterations only. A
-            // model of an iteration's GPU-side instances alone (a
-            // tensor-parallel job's pipeline transfers across hosts) was
-            // tried on random 3119-11 (work imbalance ×2.77, tp2 pp2 dp2 on
-            // two hosts): balancing its work saved 0.05% of a step that ran
-            // at twice the job's pace. The gaps between those arrivals do
-            // not carry the work, so it is not used.
-            let gpu_side = core
-                .recent
-                .iter()
-                .filter(|(it, _)| *it == k)
-                .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
-            if gpu_side {
-                core.imbalance.observe(m, step, &shares);
-                self.structural(core, m, step, it.from, &mut obs);
-            }
+            self.judge_structure(core, &it, m, &shares, &mut obs);
         }
         let unobserved = Self::what_if(core, model.as_ref(), &gpu, step, &mut obs);
         let events = core.lifecycle.step(k, obs);
@@ -146,7 +79,116 @@ impl Analyzer {
             core.lifecycle
                 .account_unobserved(k, c.subject, c.saved_ns, step, c.once_fixed);
         }
-        for e in &events {
+        self.snapshot_opened(core, &events);
+        events
+    }
+
+    /// Iteration `k`'s step (its own duration, else the job's) and whether
+    /// it is past warm-up; keeps the warm steps' history.
+    fn begin_iteration(&self, core: &mut Core, k: u64) -> (f64, bool) {
+        let step = core
+            .iteration
+            .duration_of(k)
+            .or_else(|| core.iteration.step_ns())
+            .unwrap_or(f64::INFINITY);
+        if std::mem::take(&mut core.resume_pending) {
+            // A resumed life warms up from its first iteration (see
+            // `Analyzer::resumed_life`).
+            core.warm_from = k.saturating_add(self.cfg.lifecycle.warmup_iterations);
+            core.lifecycle.hold_until(core.warm_from);
+        }
+        // Warm-up steps (allocators, autotuning) are no baseline: with them a
+        // healthy job looked 10% slower right after its warm-up.
+        let warm = k >= self.cfg.lifecycle.warmup_iterations && k >= core.warm_from;
+        if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
+            core.steps.push_back(d);
+            while core.steps.len() > STEP_HISTORY {
+                core.steps.pop_front();
+            }
+        }
+        (step, warm)
+    }
+
+    /// Where iteration `k` lies and how much GPU time the job had in it.
+    fn iteration_context(&self, core: &Core, k: u64, step: f64, bucket: &IterBucket) -> IterCtx {
+        let world = self
+            .ranks
+            .iter()
+            .next()
+            .map(|r| r.world_size as f64)
+            .filter(|w| *w > 0.0)
+            .unwrap_or(bucket.ranks.len() as f64);
+        IterCtx {
+            k,
+            step,
+            from: k
+                .checked_sub(1)
+                .and_then(|p| core.iteration.end_of(p))
+                .unwrap_or(CoordNs::MIN),
+            to: core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
+            exposure: if step.is_finite() { world * step } else { 0.0 },
+        }
+    }
+
+    /// The job's pace: the warm step against its baseline, and every step
+    /// from the stretches' first for the slow stretches.
+    fn record_pace(
+        &self,
+        core: &mut Core,
+        k: u64,
+        step: f64,
+        warm: bool,
+        shares: &BTreeMap<u32, f64>,
+    ) {
+        if warm {
+            core.pace.observe(k, step, shares);
+        }
+        // A resumed life's first iterations are partial: the stretches
+        // read from its own `first_step` on.
+        let first = core
+            .warm_from
+            .saturating_sub(self.cfg.lifecycle.warmup_iterations);
+        if let Some(d) = core
+            .iteration
+            .duration_of(k)
+            .filter(|_| k >= first + self.cfg.stretches.first_step)
+        {
+            core.pace.record_step(k, d);
+        }
+    }
+
+    /// Stage and work imbalance ([`Self::structural`]) on a warm iteration.
+    /// Own work is GPU work only on GPU-side times: on host-side ones a
+    /// host that ran ahead, or waited, looks like work (and a restarted
+    /// coordinator's partial iterations look balanced badly). Structure is
+    /// judged on GPU-side iterations only. A model of an iteration's
+    /// GPU-side instances alone (a tensor-parallel job's pipeline transfers
+    /// across hosts) was tried on random 3119-11 (work imbalance ×2.77, tp2
+    /// pp2 dp2 on two hosts): balancing its work saved 0.05% of a step that
+    /// ran at twice the job's pace. The gaps between those arrivals do not
+    /// carry the work, so it is not used.
+    fn judge_structure(
+        &self,
+        core: &mut Core,
+        it: &IterCtx,
+        m: &crate::graph::whatif::WhatIf,
+        shares: &BTreeMap<u32, f64>,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) {
+        let gpu_side = core
+            .recent
+            .iter()
+            .filter(|(i, _)| *i == it.k)
+            .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
+        if gpu_side {
+            core.imbalance.observe(m, it.step, shares);
+            self.structural(core, m, it.step, it.from, obs);
+        }
+    }
+
+    /// Keeps the instances of each verdict that opened, for its evidence.
+    fn snapshot_opened(&self, core: &mut Core, events: &[VerdictEvent]) {
+        for e in events {
             if let (EventKind::Opened | EventKind::Reopened, Some(v)) = (e.event, &e.verdict) {
                 self.snapshot(
                     core,
@@ -157,7 +199,6 @@ impl Analyzer {
                 );
             }
         }
-        events
     }
 
     /// Who waited for whom, and where the waiting comes to rest: each rank's
@@ -565,6 +606,28 @@ impl Analyzer {
         at: CoordNs,
         obs: &mut BTreeMap<Subject, Observation>,
     ) {
+        let found = [
+            self.stage_finding(core, m, step, obs),
+            self.imbalance_finding(core),
+        ];
+        for (subject, ranks, saved, evidence, st) in found.into_iter().flatten() {
+            for r in &ranks {
+                obs.remove(&Subject::Rank(*r));
+            }
+            let o = self.structural_observation(ranks, saved, evidence, st, step, at);
+            obs.insert(subject, o);
+        }
+    }
+
+    /// The stage slower on every replica, unless a few of its ranks are
+    /// named stragglers ([`crate::graph::structure::stragglers_explain`]).
+    fn stage_finding(
+        &self,
+        core: &Core,
+        m: &crate::graph::whatif::WhatIf,
+        step: f64,
+        obs: &BTreeMap<Subject, Observation>,
+    ) -> Option<StructuralFinding> {
         let named = |r: u32| {
             obs.get(&Subject::Rank(r))
                 .is_some_and(|o| o.structural.is_none())
@@ -573,73 +636,63 @@ impl Analyzer {
                     .verdicts()
                     .any(|v| v.active && v.structural.is_none() && v.subject == Subject::Rank(r))
         };
-        let stage = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure)
-            .filter(|f| !crate::graph::structure::stragglers_explain(&f.ranks, named));
-        let mut add = |subject: Subject,
-                       ranks: Vec<u32>,
-                       saved: f64,
-                       evidence: Vec<String>,
-                       st: crate::verdict::Structural| {
-            for r in &ranks {
-                obs.remove(&Subject::Rank(*r));
-            }
-            let o = self.structural_observation(ranks, saved, evidence, st, step, at);
-            obs.insert(subject, o);
-        };
-        if let Some(f) = stage {
-            add(
-                Subject::Stage(f.stage),
-                f.ranks.clone(),
-                f.saved_ns,
-                vec![
-                    format!(
-                        "every replica of stage {} works {:.0}% more per step than the median stage",
-                        f.stage,
-                        100.0 * (f.ratio - 1.0)
-                    ),
-                    format!(
-                        "with that stage at the median stage's work the step would be {} shorter",
-                        classify::fmt_ns(f.saved_ns)
-                    ),
-                ],
-                crate::verdict::Structural {
-                    cause: "stage_imbalance".into(),
-                    stage: Some(f.stage),
-                },
-            );
-        }
-        // Work imbalance is what is left when no rank explains the waiting:
-        // not while the sequential test names one, nor while a rank, host,
-        // NIC or link verdict is open.
+        let f = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure)
+            .filter(|f| !crate::graph::structure::stragglers_explain(&f.ranks, named))?;
+        Some((
+            Subject::Stage(f.stage),
+            f.ranks.clone(),
+            f.saved_ns,
+            vec![
+                format!(
+                    "every replica of stage {} works {:.0}% more per step than the median stage",
+                    f.stage,
+                    100.0 * (f.ratio - 1.0)
+                ),
+                format!(
+                    "with that stage at the median stage's work the step would be {} shorter",
+                    classify::fmt_ns(f.saved_ns)
+                ),
+            ],
+            crate::verdict::Structural {
+                cause: "stage_imbalance".into(),
+                stage: Some(f.stage),
+            },
+        ))
+    }
+
+    /// Work imbalance is what is left when no rank explains the waiting:
+    /// not while the sequential test names one, nor while a rank, host, NIC
+    /// or link verdict is open.
+    fn imbalance_finding(&self, core: &Core) -> Option<StructuralFinding> {
         let named = core
             .lifecycle
             .verdicts()
             .any(|v| v.active && v.structural.is_none());
-        if self.cfg.work_imbalance && core.sequential.alarms().is_empty() && !named {
-            if let Some(f) = core.imbalance.finding() {
-                add(
-                    Subject::Imbalance,
-                    Vec::new(),
-                    f.saved_ns,
-                    vec![
-                        format!(
-                            "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
-                            core.imbalance.window(),
-                            f.distinct_tops,
-                            100.0 * f.top_share
-                        ),
-                        format!(
-                            "with every rank at its peers' median work the step would be {} shorter",
-                            classify::fmt_ns(f.saved_ns)
-                        ),
-                    ],
-                    crate::verdict::Structural {
-                        cause: "work_imbalance".into(),
-                        stage: None,
-                    },
-                );
-            }
+        if !self.cfg.work_imbalance || !core.sequential.alarms().is_empty() || named {
+            return None;
         }
+        let f = core.imbalance.finding()?;
+        Some((
+            Subject::Imbalance,
+            Vec::new(),
+            f.saved_ns,
+            vec![
+                format!(
+                    "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
+                    core.imbalance.window(),
+                    f.distinct_tops,
+                    100.0 * f.top_share
+                ),
+                format!(
+                    "with every rank at its peers' median work the step would be {} shorter",
+                    classify::fmt_ns(f.saved_ns)
+                ),
+            ],
+            crate::verdict::Structural {
+                cause: "work_imbalance".into(),
+                stage: None,
+            },
+        ))
     }
 
     /// A structural finding's observation: costed where it was found
@@ -819,6 +872,16 @@ fn what_if_shares(m: &crate::graph::whatif::WhatIf, step: f64) -> BTreeMap<u32, 
     }
     shares
 }
+
+/// A structural finding before it becomes an observation: its subject,
+/// the ranks it replaces, its saving (ns), evidence and cause.
+type StructuralFinding = (
+    Subject,
+    Vec<u32>,
+    f64,
+    Vec<String>,
+    crate::verdict::Structural,
+);
 
 /// What an iteration's GPU-side arrivals time: the ranks the replay times
 /// ([`crate::classify::align::gpu_timed_ranks`]) and each rank's largest
