@@ -87,60 +87,16 @@ impl Analyzer {
             v.sort_by_key(|r| r.rank);
             v
         };
-        let period = core.iteration.period();
-        let elapsed = match (core.first_t, core.last_t) {
-            (Some(a), Some(b)) => (b - a) as f64 / 1e9,
-            _ => 0.0,
-        };
-        let mut verdicts: Vec<crate::verdict::Verdict> =
-            core.lifecycle.verdicts().cloned().collect();
-        verdicts.sort_by(|a, b| {
-            b.active
-                .cmp(&a.active)
-                .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
-        });
         let slowdown = core.pace.slowing();
         let slow_stretches = core.pace.stretches();
-        // The rise to put on a verdict: the slowdown against the baseline,
-        // or, where the baseline itself was slow (a fault from the first
-        // steps), the stretch the run is in against its best pace.
-        let rise = slowdown.clone().or_else(|| {
-            slow_stretches
-                .iter()
-                .find(|st| st.ongoing)
-                .map(crate::classify::pace::Slowing::of_stretch)
-        });
-        if let Some(sd) = &rise {
-            put_rise_on_its_verdict(sd, core.pace.config().onset_match, &mut verdicts);
-        }
+        let verdicts = report_verdicts(&core, slowdown.as_ref(), &slow_stretches);
         let counters = self.ingest_counters();
         let join = self.joiner.counters();
         let (roots, blocked) = split_hangs(&core.hangs);
         report::Report {
             schema: report::SCHEMA.into(),
             generated_at: Utc::now(),
-            job: report::JobInfo {
-                job_id: ranks
-                    .iter()
-                    .map(|r| r.job_id.clone())
-                    .find(|j| !j.is_empty()),
-                world_size: ranks.first().map_or(0, |r| r.world_size),
-                ranks_seen: ranks.len(),
-                hosts: hosts.len(),
-                reference_communicator: period.map(|p| format!("{:#x}", p.comm_id)),
-                instances_per_iteration: period.map(|p| p.instances_per_iteration),
-                step_inferred_by: period.map(|p| p.method),
-                baseline_step_ms: core.pace.baseline_ms(),
-                iterations_observed: core.last_sealed.map_or(0, |k| k + 1),
-                step_time_ms: core.iteration.step_ns().map(|s| s / 1e6),
-                observed_seconds: elapsed,
-                started: core.first_t.and_then(|t| self.wall(t)),
-                exited_ranks: ranks
-                    .iter()
-                    .filter(|r| r.exited_at.is_some())
-                    .map(|r| r.rank)
-                    .collect(),
-            },
+            job: self.job_info(&core, &ranks, hosts.len()),
             clock: report::ClockInfo {
                 max_error_us: {
                     let e = hosts
@@ -185,6 +141,36 @@ impl Analyzer {
             overhead: lock(&self.overhead).report(),
             resumed: None,
             truncated: None,
+        }
+    }
+
+    /// The job as the report's header tells it.
+    fn job_info(&self, core: &Core, ranks: &[RankInfo], hosts: usize) -> report::JobInfo {
+        let period = core.iteration.period();
+        report::JobInfo {
+            job_id: ranks
+                .iter()
+                .map(|r| r.job_id.clone())
+                .find(|j| !j.is_empty()),
+            world_size: ranks.first().map_or(0, |r| r.world_size),
+            ranks_seen: ranks.len(),
+            hosts,
+            reference_communicator: period.map(|p| format!("{:#x}", p.comm_id)),
+            instances_per_iteration: period.map(|p| p.instances_per_iteration),
+            step_inferred_by: period.map(|p| p.method),
+            baseline_step_ms: core.pace.baseline_ms(),
+            iterations_observed: core.last_sealed.map_or(0, |k| k + 1),
+            step_time_ms: core.iteration.step_ns().map(|s| s / 1e6),
+            observed_seconds: match (core.first_t, core.last_t) {
+                (Some(a), Some(b)) => (b - a) as f64 / 1e9,
+                _ => 0.0,
+            },
+            started: core.first_t.and_then(|t| self.wall(t)),
+            exited_ranks: ranks
+                .iter()
+                .filter(|r| r.exited_at.is_some())
+                .map(|r| r.rank)
+                .collect(),
         }
     }
 
@@ -293,6 +279,33 @@ impl Analyzer {
                 .collect(),
         }
     }
+}
+
+/// Every verdict, active first and costliest first, the rise of the job's
+/// step put on the one it belongs to: the slowdown against the baseline,
+/// or, where the baseline itself was slow (a fault from the first steps),
+/// the stretch the run is in against its best pace.
+fn report_verdicts(
+    core: &Core,
+    slowdown: Option<&crate::classify::pace::Slowing>,
+    stretches: &[crate::classify::stretches::Stretch],
+) -> Vec<crate::verdict::Verdict> {
+    let mut verdicts: Vec<crate::verdict::Verdict> = core.lifecycle.verdicts().cloned().collect();
+    verdicts.sort_by(|a, b| {
+        b.active
+            .cmp(&a.active)
+            .then(b.lost_gpu_seconds.total_cmp(&a.lost_gpu_seconds))
+    });
+    let rise = slowdown.cloned().or_else(|| {
+        stretches
+            .iter()
+            .find(|st| st.ongoing)
+            .map(crate::classify::pace::Slowing::of_stretch)
+    });
+    if let Some(sd) = &rise {
+        put_rise_on_its_verdict(sd, core.pace.config().onset_match, &mut verdicts);
+    }
+    verdicts
 }
 
 /// The job slowed and the what-if could not cost the verdict that began
