@@ -136,11 +136,12 @@ fn waits(arrival: &[CoordNs], own_err: &[f64], one_host: bool, last: usize) -> V
         .collect()
 }
 
-/// Aligns an instance; `clock(host, agent_ns)` gives `(coordinator ns, error bound ns)`.
-pub fn align(
+/// The instance's members on the coordinator's clock, each one's own
+/// clock error bound, and whether they all are on one host.
+fn aligned_members(
     inst: &JoinedInstance,
     clock: &impl Fn(&str, u64) -> (CoordNs, f64),
-) -> AlignedInstance {
+) -> (Vec<AlignedMember>, Vec<f64>, bool) {
     let mut own_err: Vec<f64> = Vec::with_capacity(inst.members.len());
     let mut one_host = true;
     let members: Vec<AlignedMember> = inst
@@ -165,22 +166,50 @@ pub fn align(
             }
         })
         .collect();
+    (members, own_err, one_host)
+}
+
+/// Per member, its host-side and GPU-side lateness against the median of
+/// each (within its clock error bound: 0).
+fn side_lateness(members: &[AlignedMember], member_err: &[f64]) -> (Vec<f64>, Vec<Option<f64>>) {
+    let host_arr: Vec<CoordNs> = members.iter().map(|m| m.host_entry).collect();
+    let host_med = med_i(&host_arr);
+    let gpus: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_arrive).collect();
+    let gpu_med = (gpus.len() >= 2).then(|| med_i(&gpus));
+    let host_lateness = host_arr
+        .iter()
+        .zip(member_err)
+        .map(|(a, e)| dead_zone(*a as f64 - host_med, *e))
+        .collect();
+    let gpu_lateness = members
+        .iter()
+        .zip(member_err)
+        .map(|(m, e)| match (m.gpu_arrive, gpu_med) {
+            (Some(g), Some(gm)) => Some(dead_zone(g as f64 - gm, *e)),
+            _ => None,
+        })
+        .collect();
+    (host_lateness, gpu_lateness)
+}
+
+/// Aligns an instance; `clock(host, agent_ns)` gives `(coordinator ns, error bound ns)`.
+pub fn align(
+    inst: &JoinedInstance,
+    clock: &impl Fn(&str, u64) -> (CoordNs, f64),
+) -> AlignedInstance {
+    let (members, own_err, one_host) = aligned_members(inst, clock);
     let member_err = member_errors(&own_err, one_host);
     let err_ns = member_err.iter().copied().fold(0.0, f64::max);
     let all_gpu = members.iter().all(|m| m.gpu_arrive.is_some());
     let basis = if all_gpu { Basis::Gpu } else { Basis::Host };
-    let host_arr: Vec<CoordNs> = members.iter().map(|m| m.host_entry).collect();
     let arrival: Vec<CoordNs> = match basis {
         Basis::Gpu => members
             .iter()
             .map(|m| m.gpu_arrive.unwrap_or(m.host_entry))
             .collect(),
-        Basis::Host => host_arr.clone(),
+        Basis::Host => members.iter().map(|m| m.host_entry).collect(),
     };
     let med = med_i(&arrival);
-    let host_med = med_i(&host_arr);
-    let gpus: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_arrive).collect();
-    let gpu_med = (gpus.len() >= 2).then(|| med_i(&gpus));
     let last_arrival = *arrival.iter().max().unwrap_or(&0);
     let last = arrival.iter().position(|a| *a == last_arrival).unwrap_or(0);
     let lateness = arrival
@@ -188,19 +217,7 @@ pub fn align(
         .zip(&member_err)
         .map(|(a, e)| dead_zone(*a as f64 - med, *e))
         .collect();
-    let host_lateness = host_arr
-        .iter()
-        .zip(&member_err)
-        .map(|(a, e)| dead_zone(*a as f64 - host_med, *e))
-        .collect();
-    let gpu_lateness = members
-        .iter()
-        .zip(&member_err)
-        .map(|(m, e)| match (m.gpu_arrive, gpu_med) {
-            (Some(g), Some(gm)) => Some(dead_zone(g as f64 - gm, *e)),
-            _ => None,
-        })
-        .collect();
+    let (host_lateness, gpu_lateness) = side_lateness(&members, &member_err);
     let wait = waits(&arrival, &own_err, one_host, last);
     let dones: Vec<CoordNs> = members.iter().filter_map(|m| m.gpu_done).collect();
     let (end, transfer_ns) = if dones.len() == members.len() && basis == Basis::Gpu {
