@@ -98,6 +98,117 @@ impl Line<'_> {
     }
 }
 
+impl Line<'_> {
+    fn rank_record(&self) -> Result<RankIdentity, ReplayError> {
+        Ok(RankIdentity {
+            pid: self.u32("pid")?,
+            rank: self.u32("rank")?,
+            world_size: self.u32("world_size")?,
+            local_rank: self.opt("local_rank") as u32,
+            local_world_size: self.opt("local_world_size") as u32,
+            group_rank: self.opt("group_rank") as u32,
+            restart_count: self.opt("restart_count") as u32,
+            job_id: self.s("job_id"),
+            seen_ns: self.u("seen_ns")?,
+        })
+    }
+
+    fn comm_record(&self) -> Result<CommRecord, ReplayError> {
+        Ok(CommRecord {
+            pid: self.u32("pid")?,
+            rank: self.u32("rank")?,
+            comm_id: self.hex("comm_id")?,
+            parent_id: self.hex("parent_id").unwrap_or(0),
+            color: self.i("color").unwrap_or(-1) as i32,
+            nranks: self.u32("nranks")?,
+            rank_in_comm: self.u32("rank_in_comm")?,
+            created_ns: self.opt("created_ns"),
+            split_ordinal: self.opt("split_ordinal") as u32,
+            split_key: self.i("split_key").unwrap_or(0) as i32,
+        })
+    }
+
+    fn collective_record(&self) -> Result<CollectiveRecord, ReplayError> {
+        let name = self.s("op");
+        Ok(CollectiveRecord {
+            pid: self.u32("pid")?,
+            rank: self.u32("rank")?,
+            comm_id: self.hex("comm_id")?,
+            seq: self.u("seq")?,
+            op: op_from_name(&name)
+                .ok_or_else(|| self.err(format!("unknown collective op {name:?}")))?,
+            bytes: self.opt("bytes"),
+            peer: self.i("peer").unwrap_or(-1) as i32,
+            host_entry_ns: self.u("host_entry_ns")?,
+            host_exit_ns: self.opt("host_exit_ns"),
+            gpu_arrive_ns: self.opt("gpu_arrive_ns"),
+            gpu_done_ns: self.opt("gpu_done_ns"),
+            launches_before: self.opt("launches_before") as u32,
+            sync_wait_ns_before: self.opt("sync_wait_ns_before"),
+            gpu_busy_before_ns: self.opt_some("gpu_busy_before_ns"),
+            ret: self.i("ret").unwrap_or(0) as i32,
+        })
+    }
+
+    fn interval_record(&self) -> Result<RankInterval, ReplayError> {
+        let (start_ns, end_ns) = (self.u("start_ns")?, self.u("end_ns")?);
+        Ok(RankInterval {
+            pid: self.u32("pid")?,
+            rank: self.u32("rank")?,
+            start_ns,
+            end_ns,
+            launches: self.opt("launches"),
+            launch_ns: self.opt("launch_ns"),
+            sync_calls: self.opt("sync_calls"),
+            sync_wait_ns: self.opt("sync_wait_ns"),
+            oncpu_ns: self.opt("oncpu_ns"),
+            runq_delay_ns: self.opt("runq_delay_ns"),
+            offcpu_ns: self.opt("offcpu_ns"),
+            // Agents before wire schema 5 counted launches all the
+            // time: the whole interval.
+            launch_counted_ns: self
+                .v
+                .get("launch_counted_ns")
+                .and_then(Value::as_u64)
+                .unwrap_or(end_ns.saturating_sub(start_ns)),
+            probe_hits: self.opt("probe_hits"),
+            probe_cost_ns: self.opt("probe_cost_ns"),
+            trap_pair_ns: self.opt("trap_pair_ns") as u32,
+            launch_duty_ppm: self.opt("launch_duty_ppm") as u32,
+            budget_narrowed: self
+                .v
+                .get("budget_narrowed")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        })
+    }
+
+    fn link_record(&self) -> Result<LinkRecord, ReplayError> {
+        Ok(LinkRecord {
+            pid: self.u32("pid")?,
+            rank: self.u32("rank")?,
+            peer_rank: self.i("peer_rank").unwrap_or(-1),
+            qp_num: self.u32("qp_num")?,
+            dest_qp_num: self.opt("dest_qp_num") as u32,
+            start_ns: self.u("start_ns")?,
+            end_ns: self.u("end_ns")?,
+            posts: self.opt("posts"),
+            completions: self.opt("completions"),
+            post_to_completion_ns: self.opt("post_to_completion_ns"),
+            bytes: self.opt("bytes"),
+            dlid: self.opt("dlid") as u32,
+        })
+    }
+
+    fn exit_record(&self) -> Result<RankExit, ReplayError> {
+        Ok(RankExit {
+            pid: self.u32("pid")?,
+            rank: self.u32("rank")?,
+            exit_ns: self.u("exit_ns")?,
+        })
+    }
+}
+
 /// The batches of one agent's JSON-lines output, in order. `default_host`
 /// names the host when the lines do not.
 pub fn parse_agent_lines(
@@ -138,101 +249,12 @@ pub fn parse_agent_lines(
             }
         }
         match ty {
-            "rank" => cur.ranks.push(RankIdentity {
-                pid: l.u32("pid")?,
-                rank: l.u32("rank")?,
-                world_size: l.u32("world_size")?,
-                local_rank: l.opt("local_rank") as u32,
-                local_world_size: l.opt("local_world_size") as u32,
-                group_rank: l.opt("group_rank") as u32,
-                restart_count: l.opt("restart_count") as u32,
-                job_id: l.s("job_id"),
-                seen_ns: l.u("seen_ns")?,
-            }),
-            "comm" => cur.comms.push(CommRecord {
-                pid: l.u32("pid")?,
-                rank: l.u32("rank")?,
-                comm_id: l.hex("comm_id")?,
-                parent_id: l.hex("parent_id").unwrap_or(0),
-                color: l.i("color").unwrap_or(-1) as i32,
-                nranks: l.u32("nranks")?,
-                rank_in_comm: l.u32("rank_in_comm")?,
-                created_ns: l.opt("created_ns"),
-                split_ordinal: l.opt("split_ordinal") as u32,
-                split_key: l.i("split_key").unwrap_or(0) as i32,
-            }),
-            "collective" => {
-                let name = l.s("op");
-                cur.collectives.push(CollectiveRecord {
-                    pid: l.u32("pid")?,
-                    rank: l.u32("rank")?,
-                    comm_id: l.hex("comm_id")?,
-                    seq: l.u("seq")?,
-                    op: op_from_name(&name)
-                        .ok_or_else(|| l.err(format!("unknown collective op {name:?}")))?,
-                    bytes: l.opt("bytes"),
-                    peer: l.i("peer").unwrap_or(-1) as i32,
-                    host_entry_ns: l.u("host_entry_ns")?,
-                    host_exit_ns: l.opt("host_exit_ns"),
-                    gpu_arrive_ns: l.opt("gpu_arrive_ns"),
-                    gpu_done_ns: l.opt("gpu_done_ns"),
-                    launches_before: l.opt("launches_before") as u32,
-                    sync_wait_ns_before: l.opt("sync_wait_ns_before"),
-                    gpu_busy_before_ns: l.opt_some("gpu_busy_before_ns"),
-                    ret: l.i("ret").unwrap_or(0) as i32,
-                })
-            }
-            "interval" => {
-                let (start_ns, end_ns) = (l.u("start_ns")?, l.u("end_ns")?);
-                cur.intervals.push(RankInterval {
-                    pid: l.u32("pid")?,
-                    rank: l.u32("rank")?,
-                    start_ns,
-                    end_ns,
-                    launches: l.opt("launches"),
-                    launch_ns: l.opt("launch_ns"),
-                    sync_calls: l.opt("sync_calls"),
-                    sync_wait_ns: l.opt("sync_wait_ns"),
-                    oncpu_ns: l.opt("oncpu_ns"),
-                    runq_delay_ns: l.opt("runq_delay_ns"),
-                    offcpu_ns: l.opt("offcpu_ns"),
-                    // Agents before wire schema 5 counted launches all the
-                    // time: the whole interval.
-                    launch_counted_ns: l
-                        .v
-                        .get("launch_counted_ns")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(end_ns.saturating_sub(start_ns)),
-                    probe_hits: l.opt("probe_hits"),
-                    probe_cost_ns: l.opt("probe_cost_ns"),
-                    trap_pair_ns: l.opt("trap_pair_ns") as u32,
-                    launch_duty_ppm: l.opt("launch_duty_ppm") as u32,
-                    budget_narrowed: l
-                        .v
-                        .get("budget_narrowed")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                })
-            }
-            "link" => cur.links.push(LinkRecord {
-                pid: l.u32("pid")?,
-                rank: l.u32("rank")?,
-                peer_rank: l.i("peer_rank").unwrap_or(-1),
-                qp_num: l.u32("qp_num")?,
-                dest_qp_num: l.opt("dest_qp_num") as u32,
-                start_ns: l.u("start_ns")?,
-                end_ns: l.u("end_ns")?,
-                posts: l.opt("posts"),
-                completions: l.opt("completions"),
-                post_to_completion_ns: l.opt("post_to_completion_ns"),
-                bytes: l.opt("bytes"),
-                dlid: l.opt("dlid") as u32,
-            }),
-            "exit" => cur.exits.push(RankExit {
-                pid: l.u32("pid")?,
-                rank: l.u32("rank")?,
-                exit_ns: l.u("exit_ns")?,
-            }),
+            "rank" => cur.ranks.push(l.rank_record()?),
+            "comm" => cur.comms.push(l.comm_record()?),
+            "collective" => cur.collectives.push(l.collective_record()?),
+            "interval" => cur.intervals.push(l.interval_record()?),
+            "link" => cur.links.push(l.link_record()?),
+            "exit" => cur.exits.push(l.exit_record()?),
             "batch" => {
                 cur.seq = l.u("seq")? + 1;
                 cur.mono_ns = l.u("mono_ns")?;
@@ -251,33 +273,38 @@ pub fn parse_agent_lines(
             "no slowrank agent records (lines with a \"type\" field)",
         ));
     }
-    let has_tail = !(cur.ranks.is_empty()
-        && cur.comms.is_empty()
-        && cur.collectives.is_empty()
-        && cur.intervals.is_empty()
-        && cur.links.is_empty()
-        && cur.exits.is_empty());
-    if has_tail {
-        // The agent stopped before closing its last batch (a truncated
-        // file): keep the records, cut where the last one ends.
-        cur.seq = out.last().map_or(1, |b: &Batch| b.seq + 1);
-        cur.mono_ns = cur
-            .collectives
-            .iter()
-            .map(|c| c.host_exit_ns.max(c.gpu_done_ns).max(c.host_entry_ns))
-            .chain(cur.intervals.iter().map(|i| i.end_ns))
-            .chain(cur.links.iter().map(|i| i.end_ns))
-            .chain(out.last().map(|b| b.mono_ns))
-            .max()
-            .unwrap_or(0);
-        out.push(cur);
-    }
+    keep_unclosed_tail(cur, &mut out);
     let host = host.unwrap_or_else(|| default_host.to_owned());
     for b in &mut out {
         b.host = host.clone();
         b.agent_id = format!("{host}-replay");
     }
     Ok((host, out))
+}
+
+/// The agent stopped before closing its last batch (a truncated file):
+/// its records are kept, cut where the last one ends.
+fn keep_unclosed_tail(mut cur: Batch, out: &mut Vec<Batch>) {
+    let has_tail = !(cur.ranks.is_empty()
+        && cur.comms.is_empty()
+        && cur.collectives.is_empty()
+        && cur.intervals.is_empty()
+        && cur.links.is_empty()
+        && cur.exits.is_empty());
+    if !has_tail {
+        return;
+    }
+    cur.seq = out.last().map_or(1, |b: &Batch| b.seq + 1);
+    cur.mono_ns = cur
+        .collectives
+        .iter()
+        .map(|c| c.host_exit_ns.max(c.gpu_done_ns).max(c.host_entry_ns))
+        .chain(cur.intervals.iter().map(|i| i.end_ns))
+        .chain(cur.links.iter().map(|i| i.end_ns))
+        .chain(out.last().map(|b| b.mono_ns))
+        .max()
+        .unwrap_or(0);
+    out.push(cur);
 }
 
 /// Each host's clock fit from `clock.json` or `report.json` (the object's
