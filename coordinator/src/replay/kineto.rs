@@ -168,24 +168,8 @@ fn group_name(name: &str, ranks: &[u32]) -> String {
     )
 }
 
-/// Parses one rank's trace.
-pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
-    let t: Trace = serde_json::from_str(text).map_err(|e| {
-        ReplayError::format(
-            path,
-            format!("not a PyTorch profiler trace (JSON with traceEvents): {e}"),
-        )
-    })?;
-    let events = t
-        .events
-        .ok_or_else(|| ReplayError::format(path, "no traceEvents array"))?;
-    let d = t.distributed.ok_or_else(|| {
-        ReplayError::format(
-            path,
-            "no distributedInfo: not a trace of a distributed job (profile with \
-             torch.distributed initialized)",
-        )
-    })?;
+/// The trace's rank and world size, checked.
+fn rank_and_world(d: &DistInfo, path: &Path) -> Result<(u32, u32), ReplayError> {
     let rank = d
         .rank
         .ok_or_else(|| ReplayError::format(path, "distributedInfo has no rank"))?;
@@ -198,9 +182,15 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
             format!("distributedInfo rank {rank} is not below world_size {world}"),
         ));
     }
+    Ok((rank, world))
+}
+
+/// The trace's process groups by full name, and the default one's name
+/// (the `default_pg`, else the first spanning the world, else the world).
+fn process_groups(pgs: &[PgConfig], world: u32) -> (BTreeMap<String, Vec<u32>>, String) {
     let mut groups = BTreeMap::new();
     let mut default_group = None;
-    for g in &d.pg_config {
+    for g in pgs {
         let name = g.pg_name.clone().unwrap_or_default();
         let ranks = if g.ranks.is_empty() {
             (0..world).collect()
@@ -221,6 +211,23 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
         full
     });
 
+    (groups, default_group)
+}
+
+/// A trace's events by what they are to the replay.
+struct Sorted<'a> {
+    c10d: Vec<&'a Event>,
+    rpc: Vec<&'a Event>,
+    /// Thread → (launch ts, correlation), in time order.
+    runtime: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Correlation → NCCL kernel span.
+    kernels: BTreeMap<u64, (u64, u64)>,
+    /// Gloo op kind → its runs, in time order.
+    gloo: BTreeMap<String, VecDeque<(u64, u64)>>,
+    steps: BTreeSet<u64>,
+}
+
+fn sort_events(events: &[Event]) -> Sorted<'_> {
     let tid = |e: &Event| e.tid.to_string();
     let mut c10d: Vec<&Event> = Vec::new();
     let mut rpc: Vec<&Event> = Vec::new();
@@ -228,7 +235,7 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
     let mut kernels: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // correlation → span
     let mut gloo: BTreeMap<String, VecDeque<(u64, u64)>> = BTreeMap::new();
     let mut steps = BTreeSet::new();
-    for e in &events {
+    for e in events {
         if e.ph != "X" {
             continue;
         }
@@ -262,6 +269,46 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
     for v in gloo.values_mut() {
         v.make_contiguous().sort_unstable();
     }
+    Sorted {
+        c10d,
+        rpc,
+        runtime,
+        kernels,
+        gloo,
+        steps,
+    }
+}
+
+/// Parses one rank's trace.
+pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
+    let t: Trace = serde_json::from_str(text).map_err(|e| {
+        ReplayError::format(
+            path,
+            format!("not a PyTorch profiler trace (JSON with traceEvents): {e}"),
+        )
+    })?;
+    let events = t
+        .events
+        .ok_or_else(|| ReplayError::format(path, "no traceEvents array"))?;
+    let d = t.distributed.ok_or_else(|| {
+        ReplayError::format(
+            path,
+            "no distributedInfo: not a trace of a distributed job (profile with \
+             torch.distributed initialized)",
+        )
+    })?;
+    let (rank, world) = rank_and_world(&d, path)?;
+    let (mut groups, default_group) = process_groups(&d.pg_config, world);
+
+    let tid = |e: &Event| e.tid.to_string();
+    let Sorted {
+        mut c10d,
+        mut rpc,
+        runtime,
+        kernels,
+        mut gloo,
+        steps,
+    } = sort_events(&events);
     let by_ts = |a: &&Event, b: &&Event| {
         a.ts.unwrap_or(0.0)
             .total_cmp(&b.ts.unwrap_or(0.0))
