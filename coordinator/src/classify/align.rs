@@ -248,22 +248,36 @@ pub fn align(
     }
 }
 
-/// Per rank, its largest lead over the next-to-last arriver (less the
-/// comparison's clock error bound) at the GPU-side instances of an
-/// iteration it arrived last at (ns): the what-if of that one collective,
+/// Per rank of the iteration's GPU-side instances, its largest lead over
+/// the next-to-last arriver (less the comparison's clock error bound) at
+/// those it arrived last at, 0 if none (ns): the what-if of that one collective,
 /// had the rank arrived with the others. It costs a rank the replay
 /// cannot time ([`gpu_timed_ranks`]): a slow GPU of a tensor-parallel
-/// group whose data-parallel or pipeline collectives cross hosts. On
-/// random 3119-12 (tp2 pp2 dp4 on 8 hosts, rank 2's GPU 2.25× slower) it
-/// was 42–46% of the step each iteration against 46% measured; the sum
-/// over the iteration's instances was 125% (each microbatch's transfer
-/// waits on the same delay again).
+/// group whose data-parallel collectives cross hosts. On random 3119-12
+/// (tp2 pp2 dp4 on 8 hosts, rank 2's GPU 2.25× slower) it costed the
+/// verdict 40% against 43% measured; the sum over the iteration's
+/// instances, counted with the transfers, was 125% (each microbatch's
+/// transfer waits on the same delay again). On 3119-2 (same layout) 14%
+/// against 28%: the delay also holds the pipeline, which one collective
+/// does not show.
 pub fn gpu_leads(instances: &[&AlignedInstance]) -> std::collections::BTreeMap<u32, f64> {
     let mut out: std::collections::BTreeMap<u32, f64> = Default::default();
-    for a in instances
-        .iter()
-        .filter(|a| a.basis == Basis::Gpu && a.members.len() >= 2)
-    {
+    // Collectives only: at a send/receive the receiver posts early and
+    // the sender arrives "last" by its own compute, whoever is slow (on
+    // random 3119-11, tp2 pp2 dp2 with only the pipeline across hosts,
+    // every rank led its transfers by 70–220 ms at the median).
+    for a in instances.iter().filter(|a| {
+        a.basis == Basis::Gpu
+            && a.members.len() >= 2
+            && matches!(a.key, crate::join::InstanceKey::Coll(_))
+    }) {
+        // Every member of a GPU-side instance has a lead, 0 where it was
+        // never last: a rank last in a few iterations of a job whose
+        // slowest rank changes (work imbalance) would otherwise be costed
+        // on those alone (random 3119-11: 27% for a rank measured at 4.9%).
+        for m in &a.members {
+            out.entry(m.rank).or_insert(0.0);
+        }
         let Some(last) = a.arrival.get(a.last) else {
             continue;
         };

@@ -15,9 +15,10 @@
 //!   A rank with tensor-parallel partners on its host waits for them, and
 //!   they for it, over NVLink, where nothing is timed: the replay cannot
 //!   tell its work from theirs, and its cost is its largest lead at the
-//!   GPU-side collectives it arrived last at (the what-if of that one
-//!   collective; [`crate::classify::align::gpu_leads`]). Without any, it
-//!   is unmeasured, never 0;
+//!   GPU-side collectives it arrived last at, 0 where it was at them but
+//!   never last (the what-if of that one collective;
+//!   [`crate::classify::align::gpu_leads`]). Without any, it is
+//!   unmeasured, never 0;
 //! - a host-wide finding: every rank of the host replaced at once;
 //! - a slow NIC or link: the replay with its instances' transfers at its
 //!   peers' rate ([`WhatIf::transfer_cost`]), which the finder measures

@@ -255,8 +255,8 @@ fn a_rank_with_one_host_side_instance_is_not_gpu_timed() {
 }
 
 /// A rank's lead is read at the GPU-side instances it arrived last at:
-/// the largest one, over the next-to-last arriver; host-side ones and
-/// instances it was not last at say nothing.
+/// the largest one, over the next-to-last arriver; a member never last
+/// leads by 0; host-side instances say nothing.
 #[test]
 fn a_ranks_gpu_lead_is_its_largest_over_the_next_to_last() {
     let clock = |_: &str, t: u64| (t as i64, 0.0);
@@ -276,11 +276,14 @@ fn a_ranks_gpu_lead_is_its_largest_over_the_next_to_last() {
     let tp = align(&inst(&[(0, "a", 100, 0), (1, "a", 900, 0)]), &clock);
     assert_eq!(tp.basis, Basis::Host);
     let leads = super::super::align::gpu_leads(&[&dp, &dp2, &dp3, &tp]);
+    // Rank 4 was never last: it leads by 0, measured. Rank 1 (host-side
+    // only) has no lead.
     assert_eq!(
         leads.keys().copied().collect::<Vec<_>>(),
-        vec![0, 2],
+        vec![0, 2, 4],
         "{leads:?}"
     );
     assert!((leads[&2] - 30.0).abs() < 1e-9, "{leads:?}");
     assert!((leads[&0] - 20.0).abs() < 1e-9, "{leads:?}");
+    assert_eq!(leads[&4], 0.0);
 }
