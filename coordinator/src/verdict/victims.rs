@@ -378,12 +378,6 @@ mod tests {
 
     #[test]
     fn a_tensor_parallel_partner_of_a_later_rank_only_waited_for_it() {
-        use classify::Kind::Compute;
-        let late = |rank: u32, late_ms: f64, cost: f64| {
-            let mut o = observation(Compute, rank, cost);
-            o.late_ns = late_ms * 1e6;
-            (Subject::Rank(rank), o)
-        };
         // tp2-pp2-dp4: rank 9's GPU is slow; its partner 8 waits for it in
         // every tensor-parallel all-reduce and arrives 132 vs 163 ms late.
         let mut obs = BTreeMap::from([
@@ -429,6 +423,13 @@ mod tests {
         assert!(obs.contains_key(&Subject::Rank(8)));
     }
 
+    /// A compute observation of `rank`, `late_ms` late, costing `cost`.
+    fn late(rank: u32, late_ms: f64, cost: f64) -> (Subject, Observation) {
+        let mut o = observation(classify::Kind::Compute, rank, cost);
+        o.late_ns = late_ms * 1e6;
+        (Subject::Rank(rank), o)
+    }
+
     type Untold = fn(u32, u32) -> Option<f64>;
 
     /// Partners whose shared communicator tells nothing of who waits.
@@ -444,12 +445,6 @@ mod tests {
 
     #[test]
     fn the_partner_a_rank_waits_for_on_their_shared_communicator_is_its_cause() {
-        use classify::Kind::Compute;
-        let late = |rank: u32, late_ms: f64, cost: f64| {
-            let mut o = observation(Compute, rank, cost);
-            o.late_ns = late_ms * 1e6;
-            (Subject::Rank(rank), o)
-        };
         // tp4 on one host (random 2027-18): rank 2's GPU is slow; ranks 0,
         // 1 and 3 wait for it in every tensor-parallel all-reduce, reach
         // their data-parallel all-reduces 525 ms late, while rank 2 is 48 ms
