@@ -224,3 +224,40 @@ fn a_resumed_life_warms_up_before_it_names_anyone() {
         );
     }
 }
+
+/// A slowdown from inside the warm-up that ended before the report: the
+/// baseline test cannot see it (the slow steps are its baseline, and the
+/// job is back to pace at the end); the report tells it as a stretch
+/// with its ends.
+#[test]
+fn a_slowdown_that_began_in_warm_up_and_ended_is_a_stretch_with_its_ends() {
+    use slowrank_synth::{Fault, FaultKind, Generator, SynthSpec};
+    let mut spec = SynthSpec::dp(2, 4);
+    let mut f = Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.8,
+        },
+        10,
+    );
+    f.end_iteration = Some(40);
+    spec.faults.push(f);
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(spec);
+    crate::synthjob::start(&a, &mut g);
+    crate::synthjob::feed(&a, &mut g, 80);
+    let r = a.report();
+    assert_eq!(r.slow_stretches.len(), 1, "{:?}", r.slow_stretches);
+    let st = &r.slow_stretches[0];
+    assert!((8..=12).contains(&st.from_iteration), "{st:?}");
+    assert!((38..=42).contains(&st.to_iteration), "{st:?}");
+    assert!(!st.ongoing && st.rise > 0.1, "{st:?}");
+    let text = crate::report::render_human(&r);
+    assert!(!text.contains("kept its pace"), "{text}");
+    assert!(text.contains("SLOWER iterations"), "{text}");
+    // Healthy: none.
+    assert!(crate::synthjob::analyzed(None, 80)
+        .report()
+        .slow_stretches
+        .is_empty());
+}
