@@ -376,12 +376,15 @@ impl Lifecycle {
                 v.active = true;
                 v.episodes += 1;
                 v.closed_iteration = None;
-                v.kind = kind;
                 v.confidence = conf;
                 v.evidence = latest.classification.evidence.clone();
                 v.lost_gpu_seconds += lost;
                 v.exposure_ns += exposure;
-                for h in &hits {
+                if v.kind != kind {
+                    v.reset_cost();
+                }
+                v.kind = kind;
+                for h in hits.iter().filter(|h| h.classification.kind == kind) {
                     v.account(h.saved_ns, h.step_ns, h.once_fixed);
                 }
                 v.last_seen_iteration = it;
@@ -402,7 +405,10 @@ impl Lifecycle {
                     lost,
                     exposure,
                 );
-                for h in &hits {
+                // Costed as what it is: a window's minority of host-side
+                // readings replayed a compute-slow GPU's cost from
+                // host-side arrivals (random 5407-16: 4% for 52%).
+                for h in hits.iter().filter(|h| h.classification.kind == kind) {
                     v.account(h.saved_ns, h.step_ns, h.once_fixed);
                 }
                 self.verdicts.insert(id, v);
@@ -428,18 +434,24 @@ fn update_active(
         v.last_seen_iteration = it;
         v.lost_gpu_seconds += o.lost_ns / 1e9;
         v.exposure_ns += o.exposure_ns;
-        v.account(o.saved_ns, o.step_ns, o.once_fixed);
         v.confidence = 0.8 * v.confidence + 0.2 * o.classification.confidence;
         v.clock_error_us = o.clock_error_ns / 1e3;
-        // The class may only change when the whole window agrees.
+        // The class may only change when the whole window agrees; its cost
+        // is then measured anew, as what it is now.
         let all_same = t.hist.iter().all(|h| {
             h.1.as_ref()
                 .is_some_and(|x| x.classification.kind == o.classification.kind)
         });
+        if all_same && o.classification.kind != v.kind {
+            v.reset_cost();
+        }
         if all_same || o.classification.kind == v.kind {
             v.kind = o.classification.kind;
             v.evidence = o.classification.evidence;
         }
+        // A minority reading is still costed as the verdict's class
+        // (`graph::cost` replays an active compute verdict as compute).
+        v.account(o.saved_ns, o.step_ns, o.once_fixed);
     } else if t.clean_streak >= cfg.close_after {
         v.active = false;
         v.closed_iteration = Some(it);
@@ -582,6 +594,16 @@ pub fn span(ranks: &[u32]) -> String {
 }
 
 impl Verdict {
+    /// Forgets the cost measured so far (the verdict's class changed).
+    fn reset_cost(&mut self) {
+        self.saved_ns = 0.0;
+        self.costed_step_ns = 0.0;
+        self.cost_iterations = 0;
+        self.cost_fraction = 0.0;
+        self.once_fixed_ns = (None, 0.0, 0.0);
+        self.cost_once_fixed = None;
+    }
+
     /// Adds one iteration's what-if to the verdict's cost.
     fn account(&mut self, saved_ns: Option<f64>, step_ns: f64, once_fixed: Option<(u32, f64)>) {
         let Some(saved) = saved_ns.filter(|_| step_ns > 0.0 && step_ns.is_finite()) else {

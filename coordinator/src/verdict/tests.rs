@@ -111,3 +111,41 @@ fn warmup_iterations_never_open_a_verdict() {
     assert_eq!(ev, vec![(25, EventKind::Opened)]);
     assert_eq!(l.verdicts().next().unwrap().first_seen_iteration, 20);
 }
+
+/// A verdict is costed as its class: the window's minority readings of
+/// another class (host-side replays of a GPU the replay cannot time) add
+/// nothing, and a class change measures the cost anew.
+#[test]
+fn a_verdict_is_costed_only_by_readings_of_its_class() {
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let reading = |kind: Kind, saved: Option<f64>| {
+        let mut o = obs(kind);
+        o.saved_ns = saved;
+        BTreeMap::from([(Subject::Rank(5), o)])
+    };
+    // Two host readings replayed at 10% of the step, then six compute
+    // ones the replay cannot time.
+    for it in 100..102 {
+        l.step(it, reading(Kind::Host, Some(1e8)));
+    }
+    let mut opened = Vec::new();
+    for it in 102..108 {
+        opened.extend(l.step(it, reading(Kind::Compute, None)));
+    }
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.kind, Kind::Compute);
+    assert_eq!(v.cost_iterations, 0, "{v:?}");
+    assert!(
+        v.headline().contains("not measured yet"),
+        "{}",
+        v.headline()
+    );
+    // Eight host readings in a row: the verdict is host now, costed anew.
+    for it in 108..116 {
+        l.step(it, reading(Kind::Host, Some(2e8)));
+    }
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.kind, Kind::Host);
+    assert!((v.cost_fraction - 0.2).abs() < 1e-9, "{v:?}");
+}
