@@ -427,11 +427,22 @@ fn human_stretches(s: &mut String, r: &Report) {
     }
 }
 
-/// One line per slow stretch (text and page), without its tag.
+/// One line per slow stretch (text and page), without its tag. A stretch
+/// wholly within one verdict's time is that verdict's, which the lines
+/// below it tell (a fault near the stretches' floor comes and goes in
+/// several stretches: the demo's data loader made three); `report.json`
+/// keeps every stretch.
 pub fn stretch_lines(r: &Report) -> Vec<String> {
+    let within_a_verdict = |st: &crate::classify::stretches::Stretch| {
+        r.verdicts.iter().any(|v| {
+            v.first_seen_iteration <= st.from_iteration
+                && v.closed_iteration.is_none_or(|c| c >= st.to_iteration)
+        })
+    };
     r.slow_stretches
         .iter()
         .filter(|st| !(st.ongoing && r.slowdown.is_some()))
+        .filter(|st| !within_a_verdict(st))
         .map(|st| {
             let during: Vec<String> = r
                 .verdicts

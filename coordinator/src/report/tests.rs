@@ -152,8 +152,15 @@ fn a_past_slow_stretch_is_told_and_never_called_kept_pace() {
     let mut named = crate::synthjob::analyzed(Some(30), 80).report();
     named.slow_stretches = r.slow_stretches.clone();
     let rank = named.verdicts[0].rank;
-    named.slow_stretches[0].from_iteration = 35;
+    let first = named.verdicts[0].first_seen_iteration;
+    // Begun before the verdict: told, with the verdict beside it.
+    named.slow_stretches[0].from_iteration = first - 3;
+    named.slow_stretches[0].to_iteration = first + 5;
     assert!(render_human(&named).contains(&format!("named meanwhile: rank {rank} (")));
+    // Wholly within the verdict's time: the verdict tells it.
+    named.slow_stretches[0].from_iteration = first + 1;
+    assert!(!render_human(&named).contains("SLOWER"));
+    named.slow_stretches[0].from_iteration = first - 3;
     named.slow_stretches[0].ongoing = true;
     named.slowdown = Some(crate::classify::pace::Slowing {
         baseline_step_ms: 313.0,
