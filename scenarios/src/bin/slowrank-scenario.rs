@@ -173,6 +173,24 @@ enum Cmd {
         #[arg(long, default_value = "/tmp/slowrank-flood")]
         out: PathBuf,
     },
+    /// Write the specs `eval --random N --seed S` would run, without
+    /// running them: OUT/<n>/spec.toml and a one-line summary of each
+    /// (layout and faults). Pick a tuning set by fault kind, then `run`
+    /// any one alone.
+    Random {
+        /// How many specs.
+        #[arg(value_name = "N")]
+        n: u64,
+        /// Seed of the generator (the same as eval's --seed).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Most ranks per spec (eval's --max-ranks).
+        #[arg(long, default_value_t = slowrank_scenarios::random::DEFAULT_MAX_RANKS)]
+        max_ranks: u32,
+        /// Where to write OUT/<n>/spec.toml (default: print only).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Parse and validate specs, printing a one-line summary of each.
     Check {
         /// Spec files.
@@ -198,6 +216,45 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// One line: name, layout, and each fault's kind, targets and onset.
+fn summary(s: &Spec) -> String {
+    let faults: Vec<String> = s
+        .faults
+        .iter()
+        .map(|f| {
+            let who = match f.stage {
+                Some(st) => format!("stage {st}"),
+                None if f.targets().is_empty() => String::from("all"),
+                None => format!("{:?}", f.targets()),
+            };
+            format!(
+                "{:?} {who} from {}{}",
+                f.kind,
+                f.start_iteration,
+                f.end_iteration
+                    .map(|e| format!(" to {e}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    format!(
+        "{}: {} ranks ({}x{}), tp={} pp={} dp={}, {} iterations, faults: {}",
+        s.name,
+        s.world_size(),
+        s.hosts,
+        s.ranks_per_host,
+        s.parallel.tp,
+        s.parallel.pp,
+        s.parallel.dp,
+        s.iterations,
+        if faults.is_empty() {
+            String::from("none")
+        } else {
+            faults.join("; ")
+        }
+    )
 }
 
 fn real_main() -> anyhow::Result<ExitCode> {
@@ -289,21 +346,34 @@ fn real_main() -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Random {
+            n,
+            seed,
+            max_ranks,
+            out,
+        } => {
+            let o = slowrank_scenarios::random::RandomOptions {
+                max_ranks,
+                ..Default::default()
+            };
+            for (k, s) in slowrank_scenarios::random::specs(seed, n, &o)
+                .iter()
+                .enumerate()
+            {
+                if let Some(out) = &out {
+                    let dir = out.join(k.to_string());
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    std::fs::write(dir.join("spec.toml"), toml::to_string(s)?)
+                        .with_context(|| format!("writing {}", dir.display()))?;
+                }
+                println!("{k:>3} {}", summary(s));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Check { specs } => {
             for p in specs {
-                let s = Spec::load(&p)?;
-                println!(
-                    "{}: {} ranks ({}x{}), tp={} pp={} dp={}, {} iterations, {} fault(s)",
-                    s.name,
-                    s.world_size(),
-                    s.hosts,
-                    s.ranks_per_host,
-                    s.parallel.tp,
-                    s.parallel.pp,
-                    s.parallel.dp,
-                    s.iterations,
-                    s.faults.len()
-                );
+                println!("{}", summary(&Spec::load(&p)?));
             }
             Ok(ExitCode::SUCCESS)
         }
