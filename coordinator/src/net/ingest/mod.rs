@@ -487,16 +487,53 @@ fn bound_agents(stats: &IngestStats) {
     }
 }
 
+/// One connection from its QUIC handshake to its end: admitted (TLS, then
+/// the hello), then batches read and forwarded until it closes.
 async fn serve_connection(
     incoming: Incoming,
     shared: &Shared,
     events: &mpsc::Sender<IngestEvent>,
     mut slot: PreauthSlot<'_>,
 ) -> Result<(), String> {
-    let stats = &*shared.stats;
     let remote = incoming.remote_address();
-    let conn = match tokio::time::timeout(HELLO_TIMEOUT, incoming).await {
-        Ok(Ok(c)) => c,
+    let conn = finish_tls(incoming, shared, remote).await?;
+    let hello = say_hello(&conn, shared, remote).await?;
+    slot.release();
+    open_up(&conn);
+    let conn_id = conn.stable_id() as u64;
+    let agent_id = hello.agent_id.clone();
+    info!(host = %hello.host, agent = %agent_id, %remote, "agent connected");
+    agent_up(shared, events, &hello).await;
+    let control_task = spawn_control(&conn, shared, events, &agent_id, &hello.host);
+
+    // Streams are read concurrently (one slow or unfinished stream holds
+    // only its own slot, for at most STREAM_READ_TIMEOUT) and forwarded in
+    // the order they were opened, which is the agent's batch order.
+    let (order_tx, order_rx) =
+        mpsc::channel::<tokio::task::JoinHandle<StreamRead>>(AGENT_STREAMS as usize);
+    let forward = tokio::spawn(forward_in_order(order_rx, events.clone(), agent_id.clone()));
+    let mut reason = accept_batches(&conn, shared, &agent_id, &hello.host, order_tx).await;
+    // What was read before the connection ended still goes in (the
+    // accepting side's sender is dropped by now).
+    if let Ok(r) = forward.await {
+        if !r.is_empty() {
+            reason = r;
+        }
+    }
+    control_task.abort();
+    agent_down(shared, events, agent_id, &hello.host, conn_id, reason).await;
+    Ok(())
+}
+
+/// Waits (within [`HELLO_TIMEOUT`]) for the TLS handshake; a failed or
+/// slow one is counted as a refusal.
+async fn finish_tls(
+    incoming: Incoming,
+    shared: &Shared,
+    remote: SocketAddr,
+) -> Result<Connection, String> {
+    match tokio::time::timeout(HELLO_TIMEOUT, incoming).await {
+        Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => {
             // Under mutual TLS this is where an agent without a certificate
             // from the job's CA is turned away: count it as a refusal.
@@ -505,7 +542,7 @@ async fn serve_connection(
                 remote,
                 &format!("TLS handshake failed: {e}"),
             );
-            return Err(format!("refused: TLS handshake failed: {e}"));
+            Err(format!("refused: TLS handshake failed: {e}"))
         }
         Err(_) => {
             shared.refused(
@@ -513,27 +550,36 @@ async fn serve_connection(
                 remote,
                 "TLS handshake not done within 10 s",
             );
-            return Err("refused: TLS handshake too slow".to_owned());
+            Err("refused: TLS handshake too slow".to_owned())
         }
-    };
-    let hello = match handshake(&conn, shared).await {
-        Ok(h) => h,
+    }
+}
+
+/// Reads the agent's hello; a refusal [`handshake`] did not count itself
+/// is counted here and the connection closed with its reason.
+async fn say_hello(
+    conn: &Connection,
+    shared: &Shared,
+    remote: SocketAddr,
+) -> Result<Hello, String> {
+    match handshake(conn, shared).await {
+        Ok(h) => Ok(h),
         Err(r) => {
             if !HELLO_REFUSALS.contains(&r.label) {
                 shared.refused(r.label, remote, &r.detail);
                 conn.close(1u32.into(), r.detail.as_bytes());
             }
-            return Err(format!("refused: {}", r.detail));
+            Err(format!("refused: {}", r.detail))
         }
-    };
-    slot.release();
-    open_up(&conn);
-    let conn_id = conn.stable_id() as u64;
-    let agent_id = hello.agent_id.clone();
-    info!(host = %hello.host, agent = %agent_id, %remote, "agent connected");
+    }
+}
+
+/// Marks the agent connected in the counters and tells the analyzer.
+async fn agent_up(shared: &Shared, events: &mpsc::Sender<IngestEvent>, hello: &Hello) {
+    let stats = &*shared.stats;
     stats
         .agents
-        .entry(agent_id.clone())
+        .entry(hello.agent_id.clone())
         .and_modify(|a| a.connected = true)
         .or_insert_with(|| AgentState {
             host: hello.host.clone(),
@@ -543,117 +589,135 @@ async fn serve_connection(
     bound_agents(stats);
     let _ = events
         .send(IngestEvent::AgentUp {
-            agent_id: agent_id.clone(),
+            agent_id: hello.agent_id.clone(),
             host: hello.host.clone(),
             connected_mono_ns: hello.mono_ns,
         })
         .await;
-    let (ctl_tx, ctl_rx) = mpsc::channel(8);
-    shared.controls.insert(agent_id.clone(), ctl_tx);
-    let control_task = {
-        let (conn, id, host, events) = (
-            conn.clone(),
-            agent_id.clone(),
-            hello.host.clone(),
-            events.clone(),
-        );
-        let schedule = shared.schedule;
-        let clock_port = shared.clock_port.clone();
-        let controls = shared.controls.clone();
-        let connected: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new(move || controls.len());
-        tokio::spawn(async move {
-            let plan = control::ProbePlan {
-                schedule,
-                clock_port,
-                connected,
-            };
-            if let Err(e) = control::run(conn, id.clone(), host, events, ctl_rx, plan).await {
-                warn!(agent = %id, "control stream ended: {e}");
-            }
-        })
-    };
+}
 
-    // Streams are read concurrently (one slow or unfinished stream holds
-    // only its own slot, for at most STREAM_READ_TIMEOUT) and forwarded in
-    // the order they were opened, which is the agent's batch order.
-    let (order_tx, mut order_rx) =
-        mpsc::channel::<tokio::task::JoinHandle<StreamRead>>(AGENT_STREAMS as usize);
-    let forward = {
-        let (events, agent_id) = (events.clone(), agent_id.clone());
-        async move {
-            while let Some(read) = order_rx.recv().await {
-                let Ok(StreamRead::Batch(batch, mut answer, held)) = read.await else {
-                    continue;
-                };
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                // The channel's waiters are served in turn, so each
-                // connection gets its share of the analyzer.
-                if events
-                    .send(IngestEvent::Batch {
-                        agent_id: agent_id.clone(),
-                        batch,
-                        ack: Ack(Some(tx)),
-                    })
-                    .await
-                    .is_err()
-                {
-                    return "coordinator shutting down".to_owned();
-                }
-                // Answer when ingested, without holding up the next batch.
-                tokio::spawn(async move {
-                    let ingested = rx.await.is_ok();
-                    // Ingested (or dropped): its memory is free again.
-                    drop(held);
-                    if ingested {
-                        let _ = answer.write_all(&[wire::BATCH_INGESTED]).await;
-                        let _ = answer.finish();
-                    }
-                });
-            }
-            String::new()
+/// Registers the agent's control channel and runs its control stream
+/// (clock probes, deep-probe requests) alongside the batches.
+fn spawn_control(
+    conn: &Connection,
+    shared: &Shared,
+    events: &mpsc::Sender<IngestEvent>,
+    agent_id: &str,
+    host: &str,
+) -> tokio::task::JoinHandle<()> {
+    let (ctl_tx, ctl_rx) = mpsc::channel(8);
+    shared.controls.insert(agent_id.to_owned(), ctl_tx);
+    let (conn, id, host, events) = (
+        conn.clone(),
+        agent_id.to_owned(),
+        host.to_owned(),
+        events.clone(),
+    );
+    let schedule = shared.schedule;
+    let clock_port = shared.clock_port.clone();
+    let controls = shared.controls.clone();
+    let connected: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new(move || controls.len());
+    tokio::spawn(async move {
+        let plan = control::ProbePlan {
+            schedule,
+            clock_port,
+            connected,
+        };
+        if let Err(e) = control::run(conn, id.clone(), host, events, ctl_rx, plan).await {
+            warn!(agent = %id, "control stream ended: {e}");
         }
-    };
+    })
+}
+
+/// Forwards the batches read to the analyzer in stream order, answering
+/// each once ingested; returns why it stopped ("" when the streams ran out).
+async fn forward_in_order(
+    mut order_rx: mpsc::Receiver<tokio::task::JoinHandle<StreamRead>>,
+    events: mpsc::Sender<IngestEvent>,
+    agent_id: String,
+) -> String {
+    while let Some(read) = order_rx.recv().await {
+        let Ok(StreamRead::Batch(batch, mut answer, held)) = read.await else {
+            continue;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The channel's waiters are served in turn, so each
+        // connection gets its share of the analyzer.
+        if events
+            .send(IngestEvent::Batch {
+                agent_id: agent_id.clone(),
+                batch,
+                ack: Ack(Some(tx)),
+            })
+            .await
+            .is_err()
+        {
+            return "coordinator shutting down".to_owned();
+        }
+        // Answer when ingested, without holding up the next batch.
+        tokio::spawn(async move {
+            let ingested = rx.await.is_ok();
+            // Ingested (or dropped): its memory is free again.
+            drop(held);
+            if ingested {
+                let _ = answer.write_all(&[wire::BATCH_INGESTED]).await;
+                let _ = answer.finish();
+            }
+        });
+    }
+    String::new()
+}
+
+/// Accepts the connection's batch streams, each read in its own task and
+/// queued in opening order; returns why the connection ended.
+async fn accept_batches(
+    conn: &Connection,
+    shared: &Shared,
+    agent_id: &str,
+    host: &str,
+    order_tx: mpsc::Sender<tokio::task::JoinHandle<StreamRead>>,
+) -> String {
     let conn_budget = Arc::new(Semaphore::new(CONN_BUDGET_KIB as usize));
     let (first, mut turn) = oneshot::channel();
     let _ = first.send(());
-    let accept = async {
-        loop {
-            // One bidirectional stream per batch: the batch up, the answer
-            // down (`wire::BATCH_INGESTED` once ingested, `BATCH_REJECTED`
-            // never).
-            let (answer, stream) = match conn.accept_bi().await {
-                Ok(s) => s,
-                Err(e) => break e.to_string(),
-            };
-            let shared_stats = shared.stats.clone();
-            let (id, host) = (agent_id.clone(), hello.host.clone());
-            let budget = (conn_budget.clone(), shared.budget.clone());
-            let (next, after) = oneshot::channel();
-            let order = Turn {
-                turn: std::mem::replace(&mut turn, after),
-                next,
-            };
-            let read = tokio::spawn(async move {
-                read_batch(answer, stream, &id, &host, &shared_stats, budget, order).await
-            });
-            if order_tx.send(read).await.is_err() {
-                break "coordinator shutting down".to_owned();
-            }
-        }
-    };
-    let forward = tokio::spawn(forward);
-    let mut reason = accept.await;
-    // What was read before the connection ended still goes in.
-    drop(order_tx);
-    if let Ok(r) = forward.await {
-        if !r.is_empty() {
-            reason = r;
+    loop {
+        // One bidirectional stream per batch: the batch up, the answer
+        // down (`wire::BATCH_INGESTED` once ingested, `BATCH_REJECTED`
+        // never).
+        let (answer, stream) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(e) => break e.to_string(),
+        };
+        let shared_stats = shared.stats.clone();
+        let (id, host) = (agent_id.to_owned(), host.to_owned());
+        let budget = (conn_budget.clone(), shared.budget.clone());
+        let (next, after) = oneshot::channel();
+        let order = Turn {
+            turn: std::mem::replace(&mut turn, after),
+            next,
+        };
+        let read = tokio::spawn(async move {
+            read_batch(answer, stream, &id, &host, &shared_stats, budget, order).await
+        });
+        if order_tx.send(read).await.is_err() {
+            break "coordinator shutting down".to_owned();
         }
     }
-    control_task.abort();
+}
+
+/// Lets the agent's names and control channel go and tells the analyzer
+/// it is gone.
+async fn agent_down(
+    shared: &Shared,
+    events: &mpsc::Sender<IngestEvent>,
+    agent_id: String,
+    host: &str,
+    conn_id: u64,
+    reason: String,
+) {
     shared.controls.remove(&agent_id);
-    lock(&shared.claims).release(&agent_id, &hello.host, conn_id);
-    if let Some(mut a) = stats.agents.get_mut(&agent_id) {
+    lock(&shared.claims).release(&agent_id, host, conn_id);
+    if let Some(mut a) = shared.stats.agents.get_mut(&agent_id) {
         a.connected = false;
     }
     info!(agent = %agent_id, "agent disconnected: {reason}");
@@ -663,7 +727,6 @@ async fn serve_connection(
             reason: reason.clone(),
         })
         .await;
-    Ok(())
 }
 
 #[cfg(test)]
