@@ -227,8 +227,20 @@ fn stamp_busy(ops: &mut [OpEvent], mut spans: Vec<(u64, u64)>) {
     }
 }
 
+/// The workers present in the trace, as (dp rank, stage).
+type Workers = std::collections::BTreeSet<(u32, u32)>;
+
+/// A pipeline communicator's name: `kind` (`pp-fwd`, `pp-bwd`) between
+/// stages `a` and `b` of dp rank `dp`.
+fn pp_comm(kind: &str, dp: u32, a: u32, b: u32) -> String {
+    format!("{kind}/dp{dp}/stage{a}-{b}")
+}
+
 /// Builds the timeline of `rows` under `layout`.
 pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, ReplayError> {
+    check_layout(rows, layout, path)?;
+    let origin = step_origins(rows);
+    let workers: Workers = rows.iter().map(|r| (r.dp, r.stage)).collect();
     let mut t = Timeline {
         job_id: path
             .file_name()
@@ -236,8 +248,34 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
             .unwrap_or("study")
             .to_owned(),
         world_size: layout.world,
+        comms: layout_comms(layout, &workers),
+        groups: layout_groups(layout, &workers),
         ..Default::default()
     };
+    let skipped = place_ops(&mut t, rows, layout, &origin);
+    for (what, n) in skipped {
+        t.notes.push(format!("{n} rows skipped: {what}"));
+    }
+    let observed = workers.len() as u32;
+    if observed < layout.world {
+        t.notes.push(format!(
+            "{observed} of {} workers are in the trace (one per tensor-parallel group); \
+             the others were not observed",
+            layout.world
+        ));
+    }
+    t.steps = Some(origin.len() as u64);
+    t.notes.push(format!(
+        "{} sampled steps laid end to end ({} ms apart)",
+        origin.len(),
+        STEP_GAP_NS / 1_000_000
+    ));
+    Ok(t)
+}
+
+/// Every row's worker must be one the meta file's layout has (a mismatch
+/// means the trace and the meta file are of two different jobs).
+fn check_layout(rows: &[Row], layout: &Layout, path: &Path) -> Result<(), ReplayError> {
     for r in rows {
         if r.dp >= layout.dp || r.stage >= layout.pp || r.rank != rank_of(layout, r.dp, r.stage) {
             return Err(ReplayError::format(
@@ -250,7 +288,12 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
             ));
         }
     }
-    // Lay the sampled steps end to end.
+    Ok(())
+}
+
+/// Each sampled step's origin on one time line: the steps laid end to
+/// end, [`STEP_GAP_NS`] apart.
+fn step_origins(rows: &[Row]) -> BTreeMap<i64, u64> {
     let mut span: BTreeMap<i64, f64> = BTreeMap::new();
     for r in rows {
         let e = span.entry(r.step).or_insert(0.0);
@@ -262,64 +305,120 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
         origin.insert(*step, at);
         at += (s * 1e9).ceil() as u64 + STEP_GAP_NS;
     }
-    let workers: std::collections::BTreeSet<(u32, u32)> =
-        rows.iter().map(|r| (r.dp, r.stage)).collect();
-    let name = |kind: &str, dp: u32, a: u32, b: u32| format!("{kind}/dp{dp}/stage{a}-{b}");
-    // Communicators over the workers present.
+    origin
+}
+
+/// Communicators over the workers present: dp group per stage, pipeline
+/// pairs per direction, embedding ends, and the world.
+fn layout_comms(layout: &Layout, workers: &Workers) -> BTreeMap<String, Vec<u32>> {
+    let mut comms = BTreeMap::new();
     for s in 0..layout.pp {
         let m: Vec<u32> = (0..layout.dp)
             .filter(|d| workers.contains(&(*d, s)))
             .map(|d| rank_of(layout, d, s))
             .collect();
-        t.comms.insert(format!("dp/stage{s}"), m);
+        comms.insert(format!("dp/stage{s}"), m);
     }
     for d in 0..layout.dp {
         for s in 0..layout.pp.saturating_sub(1) {
             let pair = vec![rank_of(layout, d, s), rank_of(layout, d, s + 1)];
-            t.comms.insert(name("pp-fwd", d, s, s + 1), pair.clone());
-            t.comms.insert(name("pp-bwd", d, s, s + 1), pair);
+            comms.insert(pp_comm("pp-fwd", d, s, s + 1), pair.clone());
+            comms.insert(pp_comm("pp-bwd", d, s, s + 1), pair);
         }
         if layout.pp > 1 {
-            t.comms.insert(
+            comms.insert(
                 format!("embedding/dp{d}"),
                 vec![rank_of(layout, d, 0), rank_of(layout, d, layout.pp - 1)],
             );
         }
     }
-    // The study decomposes its what-if by dp rank and by stage: the same
-    // groups are costed here for the comparison. "all" (every worker at its
-    // peers' median at once) is its ideal step: the job's own slowdown.
-    let mut all: Vec<u32> = workers
-        .iter()
-        .map(|(d, s)| rank_of(layout, *d, *s))
-        .collect();
-    all.sort_unstable();
-    t.groups.push(("all".into(), all));
-    for d in 0..layout.dp {
-        let m: Vec<u32> = (0..layout.pp)
-            .filter(|s| workers.contains(&(d, *s)))
-            .map(|s| rank_of(layout, d, s))
-            .collect();
-        if !m.is_empty() {
-            t.groups.push((format!("dp {d}"), m));
-        }
-    }
-    for s in 0..layout.pp {
-        let m: Vec<u32> = (0..layout.dp)
-            .filter(|d| workers.contains(&(*d, s)))
-            .map(|d| rank_of(layout, d, s))
-            .collect();
-        if !m.is_empty() {
-            t.groups.push((format!("stage {s}"), m));
-        }
-    }
-    t.comms.insert(
+    comms.insert(
         "world".into(),
         workers
             .iter()
             .map(|(d, s)| rank_of(layout, *d, *s))
             .collect(),
     );
+    comms
+}
+
+/// The study decomposes its what-if by dp rank and by stage: the same
+/// groups are costed here for the comparison. "all" (every worker at its
+/// peers' median at once) is its ideal step: the job's own slowdown.
+fn layout_groups(layout: &Layout, workers: &Workers) -> Vec<(String, Vec<u32>)> {
+    let mut groups = Vec::new();
+    let mut all: Vec<u32> = workers
+        .iter()
+        .map(|(d, s)| rank_of(layout, *d, *s))
+        .collect();
+    all.sort_unstable();
+    groups.push(("all".into(), all));
+    for d in 0..layout.dp {
+        let m: Vec<u32> = (0..layout.pp)
+            .filter(|s| workers.contains(&(d, *s)))
+            .map(|s| rank_of(layout, d, s))
+            .collect();
+        if !m.is_empty() {
+            groups.push((format!("dp {d}"), m));
+        }
+    }
+    for s in 0..layout.pp {
+        let m: Vec<u32> = (0..layout.dp)
+            .filter(|d| workers.contains(&(*d, s)))
+            .map(|d| rank_of(layout, d, s))
+            .collect();
+        if !m.is_empty() {
+            groups.push((format!("stage {s}"), m));
+        }
+    }
+    groups
+}
+
+/// The joined op a row of worker (dp `d`, stage `s`) is — its communicator,
+/// op and peer within it — or why it is not one (the skip note's words).
+fn joined_op(
+    optype: &str,
+    d: u32,
+    s: u32,
+    layout: &Layout,
+) -> Result<(String, CollOp, i32), &'static str> {
+    // A p2p communicator is (lower stage, higher stage): the peer, as a
+    // rank within it, is 1 for the lower end and 0 for the higher.
+    let (lower, upper) = (0, 1);
+    Ok(match optype {
+        "params-all-gather" => (format!("dp/stage{s}"), CollOp::AllGather, -1),
+        "grads-reduce-scatter" => (format!("dp/stage{s}"), CollOp::ReduceScatter, -1),
+        "optimizer-clip-main-grad" => ("world".to_owned(), CollOp::AllReduce, -1),
+        "embedding-grads-all-reduce" => (format!("embedding/dp{d}"), CollOp::AllReduce, -1),
+        "forward-send" if s + 1 < layout.pp => {
+            (pp_comm("pp-fwd", d, s, s + 1), CollOp::Send, upper)
+        }
+        "forward-recv" if s > 0 => (pp_comm("pp-fwd", d, s - 1, s), CollOp::Recv, lower),
+        "backward-send" if s > 0 => (pp_comm("pp-bwd", d, s - 1, s), CollOp::Send, lower),
+        "backward-recv" if s + 1 < layout.pp => {
+            (pp_comm("pp-bwd", d, s, s + 1), CollOp::Recv, upper)
+        }
+        other => {
+            return Err(match other {
+                "forward-compute" | "backward-compute" => "compute",
+                "layernorm-grads-all-reduce" => {
+                    "layernorm-grads-all-reduce (tensor-parallel group, one worker kept)"
+                }
+                "optimizer" | "gc" => "optimizer and gc",
+                _ => "of an unknown op type or a p2p op past the pipeline's ends",
+            })
+        }
+    })
+}
+
+/// Puts each row's joined op on its rank and stamps each rank's GPU busy
+/// time; returns the rows skipped, counted by why.
+fn place_ops(
+    t: &mut Timeline,
+    rows: &[Row],
+    layout: &Layout,
+    origin: &BTreeMap<i64, u64>,
+) -> BTreeMap<&'static str, u64> {
     let mut skipped: BTreeMap<&str, u64> = BTreeMap::new();
     // Per rank, when its GPU ran something that is not a joined op
     // (compute, optimizer, a tensor-parallel all-reduce): its own work.
@@ -328,34 +427,10 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
         let base = origin[&r.step];
         let start = base + (r.start_s * 1e9).round().max(0.0) as u64;
         let end = start + (r.duration_s * 1e9).round() as u64;
-        let (d, s) = (r.dp, r.stage);
-        // A p2p communicator is (lower stage, higher stage): the peer, as a
-        // rank within it, is 1 for the lower end and 0 for the higher.
-        let (lower, upper) = (0, 1);
-        let (comm, op, p) = match r.optype.as_str() {
-            "params-all-gather" => (format!("dp/stage{s}"), CollOp::AllGather, -1),
-            "grads-reduce-scatter" => (format!("dp/stage{s}"), CollOp::ReduceScatter, -1),
-            "optimizer-clip-main-grad" => ("world".to_owned(), CollOp::AllReduce, -1),
-            "embedding-grads-all-reduce" => (format!("embedding/dp{d}"), CollOp::AllReduce, -1),
-            "forward-send" if s + 1 < layout.pp => {
-                (name("pp-fwd", d, s, s + 1), CollOp::Send, upper)
-            }
-            "forward-recv" if s > 0 => (name("pp-fwd", d, s - 1, s), CollOp::Recv, lower),
-            "backward-send" if s > 0 => (name("pp-bwd", d, s - 1, s), CollOp::Send, lower),
-            "backward-recv" if s + 1 < layout.pp => {
-                (name("pp-bwd", d, s, s + 1), CollOp::Recv, upper)
-            }
-            other => {
-                *skipped
-                    .entry(match other {
-                        "forward-compute" | "backward-compute" => "compute",
-                        "layernorm-grads-all-reduce" => {
-                            "layernorm-grads-all-reduce (tensor-parallel group, one worker kept)"
-                        }
-                        "optimizer" | "gc" => "optimizer and gc",
-                        _ => "of an unknown op type or a p2p op past the pipeline's ends",
-                    })
-                    .or_default() += 1;
+        let (comm, op, p) = match joined_op(&r.optype, r.dp, r.stage, layout) {
+            Ok(joined) => joined,
+            Err(why) => {
+                *skipped.entry(why).or_default() += 1;
                 busy.entry(r.rank).or_default().push((start, end));
                 continue;
             }
@@ -386,24 +461,7 @@ pub fn timeline(rows: &[Row], layout: &Layout, path: &Path) -> Result<Timeline, 
         let spans = busy.remove(rank).unwrap_or_default();
         stamp_busy(&mut rt.ops, spans);
     }
-    for (what, n) in skipped {
-        t.notes.push(format!("{n} rows skipped: {what}"));
-    }
-    let observed = workers.len() as u32;
-    if observed < layout.world {
-        t.notes.push(format!(
-            "{observed} of {} workers are in the trace (one per tensor-parallel group); \
-             the others were not observed",
-            layout.world
-        ));
-    }
-    t.steps = Some(span.len() as u64);
-    t.notes.push(format!(
-        "{} sampled steps laid end to end ({} ms apart)",
-        span.len(),
-        STEP_GAP_NS / 1_000_000
-    ));
-    Ok(t)
+    skipped
 }
 
 /// Imports `paths`: parquet files (their `meta-*.yaml` beside them, or given
