@@ -80,6 +80,10 @@ fn pid(rank: u32) -> u32 {
     100_000 + rank
 }
 
+/// Each instance's host time where the source has none: keyed by
+/// (communicator, instance number).
+type Earliest = BTreeMap<(String, u64), u64>;
+
 impl Timeline {
     /// Numbers instances, fills host times, and cuts each host's batches.
     pub fn into_recording(mut self) -> Result<Recording, ReplayError> {
@@ -88,7 +92,25 @@ impl Timeline {
                 "no communication ops in the input".into(),
             ));
         }
-        // Sequence numbers by order where the source has none.
+        self.number_instances();
+        let earliest = self.earliest_gpu_arrivals();
+        let mut hosts = Vec::new();
+        for (host, ops) in self.ops_by_host() {
+            if let Some(h) = self.host_recording(host, ops, &earliest) {
+                hosts.push(h);
+            }
+        }
+        Ok(Recording {
+            hosts,
+            world_size: Some(self.world_size),
+            notes: std::mem::take(&mut self.notes),
+            steps: self.steps,
+            groups: std::mem::take(&mut self.groups),
+        })
+    }
+
+    /// Sequence numbers by order where the source has none.
+    fn number_instances(&mut self) {
         for tl in self.ranks.values_mut() {
             tl.ops
                 .sort_by_key(|o| (o.host.map_or(o.gpu_start_ns, |h| h.0), o.gpu_start_ns));
@@ -101,11 +123,14 @@ impl Timeline {
                 }
             }
         }
-        // Ops without a host side: the host is stamped at the instance's
-        // earliest GPU arrival over its members, so host-side lateness is
-        // zero and no rank can be called host-slow on evidence the trace
-        // does not hold; the GPU side carries the verdict.
-        let mut earliest: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    }
+
+    /// Ops without a host side: the host is stamped at the instance's
+    /// earliest GPU arrival over its members, so host-side lateness is
+    /// zero and no rank can be called host-slow on evidence the trace
+    /// does not hold; the GPU side carries the verdict.
+    fn earliest_gpu_arrivals(&self) -> Earliest {
+        let mut earliest: Earliest = BTreeMap::new();
         for tl in self.ranks.values() {
             for o in tl.ops.iter().filter(|o| o.host.is_none()) {
                 let e = earliest
@@ -114,138 +139,170 @@ impl Timeline {
                 *e = (*e).min(o.gpu_start_ns);
             }
         }
+        earliest
+    }
+
+    /// Every host (with or without ops) and its ranks' ops, by rank.
+    fn ops_by_host(&self) -> BTreeMap<String, Vec<(u32, &OpEvent)>> {
         let mut by_host: BTreeMap<String, Vec<(u32, &OpEvent)>> = BTreeMap::new();
         for (&rank, tl) in &self.ranks {
-            by_host.entry(tl.host.clone()).or_default();
-            for o in &tl.ops {
-                by_host.get_mut(&tl.host).unwrap().push((rank, o));
-            }
+            let ops = by_host.entry(tl.host.clone()).or_default();
+            ops.extend(tl.ops.iter().map(|o| (rank, o)));
         }
-        let mut hosts = Vec::new();
-        for (host, ops) in by_host {
-            let ranks: Vec<u32> = self
-                .ranks
-                .iter()
-                .filter(|(_, t)| t.host == host)
-                .map(|(r, _)| *r)
-                .collect();
-            let mut recs: Vec<(u64, CollectiveRecord)> = Vec::with_capacity(ops.len());
-            for (rank, o) in ops {
-                let seq = o.seq.unwrap_or(0);
-                let (entry, exit) = match o.host {
-                    Some(h) => h,
-                    None => {
-                        let e = earliest[&(o.comm.clone(), seq)];
-                        (e, e)
-                    }
-                };
-                let r = CollectiveRecord {
-                    pid: pid(rank),
-                    rank,
-                    comm_id: comm_id(&o.comm),
-                    seq,
-                    op: o.op,
-                    bytes: o.bytes,
-                    peer: o.peer,
-                    host_entry_ns: entry,
-                    host_exit_ns: exit.max(entry),
-                    gpu_arrive_ns: if o.gpu_start_ns != 0 {
-                        o.gpu_start_ns.max(entry)
-                    } else {
-                        0
-                    },
-                    gpu_done_ns: if o.gpu_end_ns != 0 {
-                        o.gpu_end_ns.max(o.gpu_start_ns).max(entry)
-                    } else {
-                        0
-                    },
-                    launches_before: 0,
-                    sync_wait_ns_before: 0,
-                    gpu_busy_before_ns: o.gpu_busy_before_ns,
-                    ret: 0,
-                };
-                // An agent ships a record once the collective is done.
-                let done = r.host_exit_ns.max(r.gpu_done_ns).max(r.host_entry_ns);
-                recs.push((done, r));
-            }
-            recs.sort_by(|a, b| {
-                a.0.cmp(&b.0)
-                    .then(a.1.rank.cmp(&b.1.rank))
-                    .then(a.1.comm_id.cmp(&b.1.comm_id))
-                    .then(a.1.seq.cmp(&b.1.seq))
-            });
-            let Some(t0) = recs.first().map(|r| r.1.host_entry_ns.min(r.0)) else {
-                continue;
-            };
-            let t_end = recs.last().map_or(t0, |r| r.0);
-            let mut first = Batch {
-                host: host.clone(),
-                agent_id: format!("{host}-import"),
-                ..Default::default()
-            };
-            let created = t0.saturating_sub(1);
-            for &rank in &ranks {
-                first.ranks.push(RankIdentity {
-                    pid: pid(rank),
-                    rank,
-                    world_size: self.world_size,
-                    local_rank: 0,
-                    local_world_size: ranks.len() as u32,
-                    group_rank: 0,
-                    restart_count: 0,
-                    job_id: self.job_id.clone(),
-                    seen_ns: created,
-                });
-                for (name, members) in &self.comms {
-                    if let Some(pos) = members.iter().position(|m| *m == rank) {
-                        first.comms.push(CommRecord {
-                            pid: pid(rank),
-                            rank,
-                            comm_id: comm_id(name),
-                            parent_id: 0,
-                            color: -1,
-                            nranks: members.len() as u32,
-                            rank_in_comm: pos as u32,
-                            created_ns: created,
-                            split_ordinal: 0,
-                            split_key: 0,
-                        });
-                    }
-                }
-            }
-            let mut batches = Vec::new();
-            let mut cur = first;
-            cur.mono_ns = created;
-            let mut cut = created;
-            let mut it = recs.into_iter().peekable();
-            loop {
-                while let Some((_, r)) = it.next_if(|(d, _)| *d <= cut) {
-                    cur.collectives.push(r);
-                }
-                cur.seq = batches.len() as u64 + 1;
-                cur.mono_ns = cut;
-                let next = Batch {
-                    host: host.clone(),
-                    agent_id: cur.agent_id.clone(),
-                    ..Default::default()
-                };
-                batches.push(std::mem::replace(&mut cur, next));
-                if it.peek().is_none() && cut >= t_end {
-                    break;
-                }
-                cut += BATCH_EVERY_NS;
-            }
-            let fit = self.fits.get(&host).copied().unwrap_or(HostFit::IDENTITY);
-            hosts.push(HostRecording { host, fit, batches });
-        }
-        Ok(Recording {
-            hosts,
-            world_size: Some(self.world_size),
-            notes: std::mem::take(&mut self.notes),
-            steps: self.steps,
-            groups: std::mem::take(&mut self.groups),
-        })
+        by_host
     }
+
+    /// One host's batches, as its agent would have cut them; `None` for a
+    /// host without ops.
+    fn host_recording(
+        &self,
+        host: String,
+        ops: Vec<(u32, &OpEvent)>,
+        earliest: &Earliest,
+    ) -> Option<HostRecording> {
+        let ranks: Vec<u32> = self
+            .ranks
+            .iter()
+            .filter(|(_, t)| t.host == host)
+            .map(|(r, _)| *r)
+            .collect();
+        let recs = shipped_records(&ops, earliest);
+        let t0 = recs.first().map(|r| r.1.host_entry_ns.min(r.0))?;
+        let t_end = recs.last().map_or(t0, |r| r.0);
+        let created = t0.saturating_sub(1);
+        let first = self.identities(&host, &ranks, created);
+        let batches = cut_batches(first, recs, created, t_end);
+        let fit = self.fits.get(&host).copied().unwrap_or(HostFit::IDENTITY);
+        Some(HostRecording { host, fit, batches })
+    }
+
+    /// A host's first batch: its ranks' identities and communicators, as
+    /// created just before its first record.
+    fn identities(&self, host: &str, ranks: &[u32], created: u64) -> Batch {
+        let mut first = Batch {
+            host: host.to_owned(),
+            agent_id: format!("{host}-import"),
+            ..Default::default()
+        };
+        for &rank in ranks {
+            first.ranks.push(RankIdentity {
+                pid: pid(rank),
+                rank,
+                world_size: self.world_size,
+                local_rank: 0,
+                local_world_size: ranks.len() as u32,
+                group_rank: 0,
+                restart_count: 0,
+                job_id: self.job_id.clone(),
+                seen_ns: created,
+            });
+            for (name, members) in &self.comms {
+                if let Some(pos) = members.iter().position(|m| *m == rank) {
+                    first.comms.push(CommRecord {
+                        pid: pid(rank),
+                        rank,
+                        comm_id: comm_id(name),
+                        parent_id: 0,
+                        color: -1,
+                        nranks: members.len() as u32,
+                        rank_in_comm: pos as u32,
+                        created_ns: created,
+                        split_ordinal: 0,
+                        split_key: 0,
+                    });
+                }
+            }
+        }
+        first
+    }
+}
+
+/// A host's records, each with when its agent would ship it, in shipping
+/// order.
+fn shipped_records(ops: &[(u32, &OpEvent)], earliest: &Earliest) -> Vec<(u64, CollectiveRecord)> {
+    let mut recs: Vec<(u64, CollectiveRecord)> = ops
+        .iter()
+        .map(|(rank, o)| shipped_record(*rank, o, earliest))
+        .collect();
+    recs.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then(a.1.rank.cmp(&b.1.rank))
+            .then(a.1.comm_id.cmp(&b.1.comm_id))
+            .then(a.1.seq.cmp(&b.1.seq))
+    });
+    recs
+}
+
+/// The record an agent would have made of `o`, and when it would ship it
+/// (once the collective is done).
+fn shipped_record(rank: u32, o: &OpEvent, earliest: &Earliest) -> (u64, CollectiveRecord) {
+    let seq = o.seq.unwrap_or(0);
+    let (entry, exit) = match o.host {
+        Some(h) => h,
+        None => {
+            let e = earliest[&(o.comm.clone(), seq)];
+            (e, e)
+        }
+    };
+    let r = CollectiveRecord {
+        pid: pid(rank),
+        rank,
+        comm_id: comm_id(&o.comm),
+        seq,
+        op: o.op,
+        bytes: o.bytes,
+        peer: o.peer,
+        host_entry_ns: entry,
+        host_exit_ns: exit.max(entry),
+        gpu_arrive_ns: if o.gpu_start_ns != 0 {
+            o.gpu_start_ns.max(entry)
+        } else {
+            0
+        },
+        gpu_done_ns: if o.gpu_end_ns != 0 {
+            o.gpu_end_ns.max(o.gpu_start_ns).max(entry)
+        } else {
+            0
+        },
+        launches_before: 0,
+        sync_wait_ns_before: 0,
+        gpu_busy_before_ns: o.gpu_busy_before_ns,
+        ret: 0,
+    };
+    let done = r.host_exit_ns.max(r.gpu_done_ns).max(r.host_entry_ns);
+    (done, r)
+}
+
+/// Cuts `recs` (in shipping order) into batches every [`BATCH_EVERY_NS`]
+/// from `created` until `t_end`, `first` carrying the identities.
+fn cut_batches(
+    first: Batch,
+    recs: Vec<(u64, CollectiveRecord)>,
+    created: u64,
+    t_end: u64,
+) -> Vec<Batch> {
+    let mut batches = Vec::new();
+    let mut cur = first;
+    let mut cut = created;
+    let mut it = recs.into_iter().peekable();
+    loop {
+        while let Some((_, r)) = it.next_if(|(d, _)| *d <= cut) {
+            cur.collectives.push(r);
+        }
+        cur.seq = batches.len() as u64 + 1;
+        cur.mono_ns = cut;
+        let next = Batch {
+            host: cur.host.clone(),
+            agent_id: cur.agent_id.clone(),
+            ..Default::default()
+        };
+        batches.push(std::mem::replace(&mut cur, next));
+        if it.peek().is_none() && cut >= t_end {
+            break;
+        }
+        cut += BATCH_EVERY_NS;
+    }
+    batches
 }
 
 #[cfg(test)]
