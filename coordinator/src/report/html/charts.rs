@@ -110,6 +110,14 @@ fn iter_span(row: &crate::report::timeline::Row) -> String {
     }
 }
 
+/// Where the heatmap's rows lie: the iteration axis, the first row's top
+/// and each row's height.
+struct Rows {
+    ax: Axis,
+    top: f64,
+    cell_h: f64,
+}
+
 pub(super) fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
     s.push_str("<section id=\"heatmap-section\"><h2>Arrival lateness, rank × iteration</h2>");
     let (ranks, total) = heatmap_ranks(r, t);
@@ -118,21 +126,7 @@ pub(super) fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
         return;
     }
     let step = median_step(t);
-    let full = match step {
-        Some(st) => FULL_SCALE_STEP_FRACTION * st,
-        None => {
-            let mut all: Vec<f64> = t
-                .rows
-                .iter()
-                .flat_map(|row| row.late_ms.iter().map(|x| (x.1 as f64).abs()))
-                .collect();
-            all.sort_by(f64::total_cmp);
-            all.get(all.len() * 99 / 100)
-                .copied()
-                .unwrap_or(1.0)
-                .max(1e-3)
-        }
-    };
+    let full = full_scale(t, step);
     let ax = Axis {
         x0: 64.0,
         width: 960.0,
@@ -151,54 +145,105 @@ pub(super) fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
         ax.x0 + ax.width + 10.0,
         ax.x0 + ax.width + 10.0
     );
+    let rows = Rows { ax, top, cell_h };
     let label_every = (ranks.len() as f64 * 12.0 / (cell_h * ranks.len() as f64)).ceil() as usize;
     for (i, rk) in ranks.iter().enumerate() {
-        let y = top + cell_h * i as f64;
-        if i % label_every.max(1) == 0 {
-            let _ = write!(
-                s,
-                "<text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">rank {rk}</text>",
-                ax.x0 - 6.0,
-                y + cell_h / 2.0 + 4.0
-            );
-        }
-        // Runs of one colour level become one rectangle.
-        let mut col = 0;
-        while col < t.rows.len() {
-            let val = |c: usize| {
-                t.rows[c]
-                    .late_ms
-                    .iter()
-                    .find(|x| x.0 == *rk)
-                    .map(|x| x.1 as f64)
-            };
-            let v0 = val(col);
-            let l0 = v0.map(|v| level(v, full));
-            let mut end = col + 1;
-            while end < t.rows.len() && val(end).map(|v| level(v, full)) == l0 {
-                end += 1;
-            }
-            if let (Some(l), Some(v)) = (l0, v0) {
-                let span = if end - col == 1 {
-                    iter_span(&t.rows[col])
-                } else {
-                    format!("iterations {}–{}", t.rows[col].first, t.rows[end - 1].last)
-                };
-                let _ = write!(
-                    s,
-                    "<rect class=\"cell\" x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{cell_h:.1}\" fill=\"{}\">\
-                     <title>rank {rk}, {span}: {v:+.2} ms vs the median arrival</title></rect>",
-                    ax.x(col),
-                    ax.w() * (end - col) as f64 + 0.01,
-                    colour(l)
-                );
-            }
-            col = end;
+        heatmap_row(s, t, &rows, i, *rk, i % label_every.max(1) == 0, full);
+    }
+    let bottom = top + cell_h * ranks.len() as f64;
+    onset_markers(s, r, t, &rows, &ranks, bottom);
+    axis_labels(s, &rows.ax, t, bottom + 14.0);
+    s.push_str("</svg>");
+    heatmap_legend(s, full, step, ranks.len(), total);
+    s.push_str("</section>");
+}
+
+/// The lateness drawn in full colour: a share of the median step, else
+/// (no step known) the 99th percentile of the lateness itself.
+fn full_scale(t: &Timeline, step: Option<f64>) -> f64 {
+    match step {
+        Some(st) => FULL_SCALE_STEP_FRACTION * st,
+        None => {
+            let mut all: Vec<f64> = t
+                .rows
+                .iter()
+                .flat_map(|row| row.late_ms.iter().map(|x| (x.1 as f64).abs()))
+                .collect();
+            all.sort_by(f64::total_cmp);
+            all.get(all.len() * 99 / 100)
+                .copied()
+                .unwrap_or(1.0)
+                .max(1e-3)
         }
     }
-    // Onsets: a line through the heatmap at the iteration each verdict was
-    // first seen, a marker on its rank's row.
-    let bottom = top + cell_h * ranks.len() as f64;
+}
+
+/// Rank `rk`'s row (the `i`th): its label when `labelled`, and its cells,
+/// runs of one colour level drawn as one rectangle.
+fn heatmap_row(
+    s: &mut String,
+    t: &Timeline,
+    rows: &Rows,
+    i: usize,
+    rk: u32,
+    labelled: bool,
+    full: f64,
+) {
+    let (ax, cell_h) = (&rows.ax, rows.cell_h);
+    let y = rows.top + cell_h * i as f64;
+    if labelled {
+        let _ = write!(
+            s,
+            "<text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">rank {rk}</text>",
+            ax.x0 - 6.0,
+            y + cell_h / 2.0 + 4.0
+        );
+    }
+    let val = |c: usize| {
+        t.rows[c]
+            .late_ms
+            .iter()
+            .find(|x| x.0 == rk)
+            .map(|x| x.1 as f64)
+    };
+    let mut col = 0;
+    while col < t.rows.len() {
+        let v0 = val(col);
+        let l0 = v0.map(|v| level(v, full));
+        let mut end = col + 1;
+        while end < t.rows.len() && val(end).map(|v| level(v, full)) == l0 {
+            end += 1;
+        }
+        if let (Some(l), Some(v)) = (l0, v0) {
+            let span = if end - col == 1 {
+                iter_span(&t.rows[col])
+            } else {
+                format!("iterations {}–{}", t.rows[col].first, t.rows[end - 1].last)
+            };
+            let _ = write!(
+                s,
+                "<rect class=\"cell\" x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{cell_h:.1}\" fill=\"{}\">\
+                 <title>rank {rk}, {span}: {v:+.2} ms vs the median arrival</title></rect>",
+                ax.x(col),
+                ax.w() * (end - col) as f64 + 0.01,
+                colour(l)
+            );
+        }
+        col = end;
+    }
+}
+
+/// Onsets: a line through the heatmap at the iteration each verdict was
+/// first seen, a marker on its rank's row.
+fn onset_markers(
+    s: &mut String,
+    r: &Report,
+    t: &Timeline,
+    rows: &Rows,
+    ranks: &[u32],
+    bottom: f64,
+) {
+    let (ax, top, cell_h) = (&rows.ax, rows.top, rows.cell_h);
     for (n, (c, v)) in onsets(r, t).into_iter().enumerate() {
         let x = ax.x(c);
         let label_y = top - 6.0 - 13.0 * (n % MAX_ONSET_LINES) as f64;
@@ -237,9 +282,10 @@ pub(super) fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
             esc(&v.headline())
         );
     }
-    axis_labels(s, &ax, t, bottom + 14.0);
-    s.push_str("</svg>");
-    // Legend.
+}
+
+/// What a cell means, the colour scale, and how many of the ranks are shown.
+fn heatmap_legend(s: &mut String, full: f64, step: Option<f64>, shown: usize, total: usize) {
     let _ = write!(
         s,
         "<div class=\"note\">Each cell: how much later than the median member the rank reached the \
@@ -253,16 +299,12 @@ pub(super) fn heatmap(s: &mut String, r: &Report, t: &Timeline) {
             " ({:.0}% of the {st:.1} ms step)",
             100.0 * FULL_SCALE_STEP_FRACTION
         )),
-        if total > ranks.len() {
-            format!(
-                " Showing {} of {total} ranks: the verdicts' ranks and the latest on average.",
-                ranks.len()
-            )
+        if total > shown {
+            format!(" Showing {shown} of {total} ranks: the verdicts' ranks and the latest on average.")
         } else {
             String::new()
         }
     );
-    s.push_str("</section>");
 }
 
 fn axis_labels(s: &mut String, ax: &Axis, t: &Timeline, y: f64) {
