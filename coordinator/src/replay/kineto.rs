@@ -228,7 +228,6 @@ struct Sorted<'a> {
 }
 
 fn sort_events(events: &[Event]) -> Sorted<'_> {
-    let tid = |e: &Event| e.tid.to_string();
     let mut c10d: Vec<&Event> = Vec::new();
     let mut rpc: Vec<&Event> = Vec::new();
     let mut runtime: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new(); // tid → (ts, correlation)
@@ -279,6 +278,11 @@ fn sort_events(events: &[Event]) -> Sorted<'_> {
     }
 }
 
+/// The thread an event ran on, as a map key.
+fn tid(e: &Event) -> String {
+    e.tid.to_string()
+}
+
 /// Parses one rank's trace.
 pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
     let t: Trace = serde_json::from_str(text).map_err(|e| {
@@ -299,108 +303,12 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
     })?;
     let (rank, world) = rank_and_world(&d, path)?;
     let (mut groups, default_group) = process_groups(&d.pg_config, world);
-
-    let tid = |e: &Event| e.tid.to_string();
-    let Sorted {
-        mut c10d,
-        mut rpc,
-        runtime,
-        kernels,
-        mut gloo,
-        steps,
-    } = sort_events(&events);
-    let by_ts = |a: &&Event, b: &&Event| {
-        a.ts.unwrap_or(0.0)
-            .total_cmp(&b.ts.unwrap_or(0.0))
-            .then(b.dur.unwrap_or(0.0).total_cmp(&a.dur.unwrap_or(0.0)))
-    };
-    c10d.sort_by(by_ts);
-    rpc.sort_by(by_ts);
-    // A trace with record_param_comms but no c10d ops (older profilers):
-    // the record_param_comms op is the host side itself.
-    let host_ops: Vec<&Event> = if c10d.is_empty() { rpc.clone() } else { c10d };
-    let mut ops = Vec::new();
-    let mut defaulted = 0;
-    let mut p2p = 0u64;
-    // Nested c10d ops (a coalesced wrapper around its parts) count once:
-    // the outermost.
-    let mut outer_end: BTreeMap<String, u64> = BTreeMap::new();
-    for e in host_ops {
-        let Some((a, b)) = e.span_ns() else { continue };
-        let th = tid(e);
-        if outer_end.get(&th).is_some_and(|end| a < *end) {
-            continue;
-        }
-        outer_end.insert(th.clone(), b);
-        // Its record_param_comms: on the same thread, inside the span.
-        let params = if e.name == "record_param_comms" {
-            Some(e)
-        } else {
-            rpc.iter()
-                .find(|r| tid(r) == th && r.span_ns().is_some_and(|(ra, _)| ra >= a && ra <= b))
-                .copied()
-        };
-        let coll_name = params
-            .and_then(|p| p.args.get("Collective name"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| e.name.clone());
-        let k = kind(&coll_name);
-        let Some(op) = op_of(&k) else { continue };
-        if matches!(op, CollOp::Send | CollOp::Recv) {
-            // The peer of a p2p op is not in the trace's arguments, and a
-            // send without its peer cannot be joined.
-            p2p += 1;
-            continue;
-        }
-        let comm = match params.and_then(|p| {
-            Some((
-                p.args.get("Process Group Name")?.as_str()?.to_owned(),
-                serde_json::from_str::<Vec<u32>>(p.args.get("Process Group Ranks")?.as_str()?)
-                    .ok()?,
-            ))
-        }) {
-            Some((name, ranks)) => {
-                let full = group_name(&name, &ranks);
-                groups.entry(full.clone()).or_insert(ranks);
-                full
-            }
-            None => {
-                defaulted += 1;
-                default_group.clone()
-            }
-        };
-        let seq = params.and_then(|p| p.arg_u64("Seq").or_else(|| p.arg_u64("seq")));
-        let bytes = params
-            .and_then(|p| {
-                let n = p.arg_u64("In msg nelems")?;
-                let dt = p.args.get("dtype").and_then(Value::as_str).unwrap_or("");
-                Some(n * dtype_bytes(dt))
-            })
-            .unwrap_or(0);
-        // The device side: the NCCL kernel launched inside the op, else the
-        // gloo thread's run of it.
-        let launched = runtime.get(&th).and_then(|v| {
-            let i = v.partition_point(|x| x.0 < a);
-            v[i..]
-                .iter()
-                .take_while(|x| x.0 <= b)
-                .find_map(|x| kernels.get(&x.1).copied())
-        });
-        let device = launched.or_else(|| gloo.get_mut(&k).and_then(VecDeque::pop_front));
-        let (gs, ge) = device.unwrap_or((0, 0));
-        ops.push(OpEvent {
-            comm,
-            seq,
-            op,
-            bytes,
-            peer: -1,
-            host: Some((a, b.max(a))),
-            gpu_start_ns: gs.max(a),
-            gpu_end_ns: if ge != 0 { ge.max(gs).max(a) } else { 0 },
-            gpu_busy_before_ns: None,
-        });
-    }
+    let mut sorted = sort_events(&events);
+    let Collected {
+        ops,
+        defaulted,
+        p2p,
+    } = collect_ops(&mut sorted, &mut groups, &default_group);
     if ops.is_empty() {
         return Err(ReplayError::format(
             path,
@@ -419,10 +327,152 @@ pub fn parse_rank(text: &str, path: &Path) -> Result<RankTrace, ReplayError> {
         groups,
         default_group: Some(default_group),
         ops,
-        steps,
+        steps: sorted.steps,
         defaulted,
         p2p,
     })
+}
+
+/// A rank's collectives, and what was left out or defaulted on the way.
+struct Collected {
+    ops: Vec<OpEvent>,
+    /// Ops that fell back to the default group for lack of arguments.
+    defaulted: u64,
+    /// Point-to-point ops skipped (no peer in the trace).
+    p2p: u64,
+}
+
+/// Turns each host-side op into an [`OpEvent`]; groups the ops name that
+/// the trace's `pg_config` lacks are added to `groups`.
+fn collect_ops(
+    sorted: &mut Sorted<'_>,
+    groups: &mut BTreeMap<String, Vec<u32>>,
+    default_group: &str,
+) -> Collected {
+    let mut out = Collected {
+        ops: Vec::new(),
+        defaulted: 0,
+        p2p: 0,
+    };
+    // Nested c10d ops (a coalesced wrapper around its parts) count once:
+    // the outermost.
+    let mut outer_end: BTreeMap<String, u64> = BTreeMap::new();
+    for e in host_side_ops(sorted) {
+        let Some((a, b)) = e.span_ns() else { continue };
+        let th = tid(e);
+        if outer_end.get(&th).is_some_and(|end| a < *end) {
+            continue;
+        }
+        outer_end.insert(th.clone(), b);
+        let params = params_of(e, &sorted.rpc, &th, (a, b));
+        let coll_name = params
+            .and_then(|p| p.args.get("Collective name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| e.name.clone());
+        let k = kind(&coll_name);
+        let Some(op) = op_of(&k) else { continue };
+        if matches!(op, CollOp::Send | CollOp::Recv) {
+            // The peer of a p2p op is not in the trace's arguments, and a
+            // send without its peer cannot be joined.
+            out.p2p += 1;
+            continue;
+        }
+        let comm = match params.and_then(named_group) {
+            Some((name, ranks)) => {
+                let full = group_name(&name, &ranks);
+                groups.entry(full.clone()).or_insert(ranks);
+                full
+            }
+            None => {
+                out.defaulted += 1;
+                default_group.to_owned()
+            }
+        };
+        let (gs, ge) = device_span(sorted, &th, (a, b), &k).unwrap_or((0, 0));
+        out.ops.push(OpEvent {
+            comm,
+            seq: params.and_then(|p| p.arg_u64("Seq").or_else(|| p.arg_u64("seq"))),
+            op,
+            bytes: params.and_then(message_bytes).unwrap_or(0),
+            peer: -1,
+            host: Some((a, b.max(a))),
+            gpu_start_ns: gs.max(a),
+            gpu_end_ns: if ge != 0 { ge.max(gs).max(a) } else { 0 },
+            gpu_busy_before_ns: None,
+        });
+    }
+    out
+}
+
+/// The ops that stand for each collective's host side, in time order (the
+/// outer of two at one time first): the `c10d::` CPU ops, or, in a trace
+/// with record_param_comms but no c10d ops (older profilers), the
+/// record_param_comms ops themselves. Leaves `sorted.rpc` in time order.
+fn host_side_ops<'a>(sorted: &mut Sorted<'a>) -> Vec<&'a Event> {
+    let by_ts = |a: &&Event, b: &&Event| {
+        a.ts.unwrap_or(0.0)
+            .total_cmp(&b.ts.unwrap_or(0.0))
+            .then(b.dur.unwrap_or(0.0).total_cmp(&a.dur.unwrap_or(0.0)))
+    };
+    sorted.c10d.sort_by(by_ts);
+    sorted.rpc.sort_by(by_ts);
+    if sorted.c10d.is_empty() {
+        sorted.rpc.clone()
+    } else {
+        std::mem::take(&mut sorted.c10d)
+    }
+}
+
+/// The host op's record_param_comms: itself, else the first on the same
+/// thread starting inside its span `(a, b)`.
+fn params_of<'a>(
+    e: &'a Event,
+    rpc: &[&'a Event],
+    th: &str,
+    (a, b): (u64, u64),
+) -> Option<&'a Event> {
+    if e.name == "record_param_comms" {
+        Some(e)
+    } else {
+        rpc.iter()
+            .find(|r| tid(r) == th && r.span_ns().is_some_and(|(ra, _)| ra >= a && ra <= b))
+            .copied()
+    }
+}
+
+/// The process group record_param_comms names: its name and ranks.
+fn named_group(p: &Event) -> Option<(String, Vec<u32>)> {
+    Some((
+        p.args.get("Process Group Name")?.as_str()?.to_owned(),
+        serde_json::from_str::<Vec<u32>>(p.args.get("Process Group Ranks")?.as_str()?).ok()?,
+    ))
+}
+
+/// The message size record_param_comms gives: elements × dtype size.
+fn message_bytes(p: &Event) -> Option<u64> {
+    let n = p.arg_u64("In msg nelems")?;
+    let dt = p.args.get("dtype").and_then(Value::as_str).unwrap_or("");
+    Some(n * dtype_bytes(dt))
+}
+
+/// The device side of a host op spanning `(a, b)` on thread `th`: the NCCL
+/// kernel launched inside the op, else the gloo thread's next run of kind
+/// `k` (taken, so the k-th gloo run goes with the k-th op of its kind).
+fn device_span(
+    sorted: &mut Sorted<'_>,
+    th: &str,
+    (a, b): (u64, u64),
+    k: &str,
+) -> Option<(u64, u64)> {
+    let launched = sorted.runtime.get(th).and_then(|v| {
+        let i = v.partition_point(|x| x.0 < a);
+        v[i..]
+            .iter()
+            .take_while(|x| x.0 <= b)
+            .find_map(|x| sorted.kernels.get(&x.1).copied())
+    });
+    launched.or_else(|| sorted.gloo.get_mut(k).and_then(VecDeque::pop_front))
 }
 
 /// Per-host clock offsets from collective ends (see the module doc): the
@@ -492,42 +542,7 @@ fn align(
 
 /// Imports one file per rank.
 pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recording, ReplayError> {
-    let mut ranks: BTreeMap<u32, RankTrace> = BTreeMap::new();
-    for (i, p) in paths.iter().enumerate() {
-        let r = parse_rank(&read_text(p)?, p)?;
-        if let Some(prev) = ranks.get(&r.rank) {
-            return Err(ReplayError::MixedJobs(format!(
-                "{} and {} are both rank {}",
-                prev.path.display(),
-                p.display(),
-                r.rank
-            )));
-        }
-        if let Some(other) = ranks.values().next() {
-            if other.world_size != r.world_size {
-                return Err(ReplayError::MixedJobs(format!(
-                    "{} says world size {}, {} says {}",
-                    other.path.display(),
-                    other.world_size,
-                    p.display(),
-                    r.world_size
-                )));
-            }
-            if !other.steps.is_empty() && !r.steps.is_empty() && other.steps.is_disjoint(&r.steps) {
-                return Err(ReplayError::MixedJobs(format!(
-                    "{} has ProfilerSteps {:?}..{:?}, {} has {:?}..{:?}: no step in common",
-                    other.path.display(),
-                    other.steps.first(),
-                    other.steps.last(),
-                    p.display(),
-                    r.steps.first(),
-                    r.steps.last()
-                )));
-            }
-        }
-        ranks.insert(r.rank, r);
-        progress((i + 1) as f64 / paths.len() as f64 * 0.5);
-    }
+    let ranks = read_ranks(paths, progress)?;
     let Some(any) = ranks.values().next() else {
         return Err(ReplayError::Empty("no trace files given".into()));
     };
@@ -541,21 +556,7 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
         for (g, members) in &r.groups {
             t.comms.entry(g.clone()).or_insert_with(|| members.clone());
         }
-        if r.defaulted > 0 {
-            t.notes.push(format!(
-                "{}: {} collectives carry no process-group arguments; taken as {}",
-                r.path.display(),
-                r.defaulted,
-                r.default_group.as_deref().unwrap_or("the default group")
-            ));
-        }
-        if r.p2p > 0 {
-            t.notes.push(format!(
-                "{}: {} send/recv ops skipped (the trace does not name their peer)",
-                r.path.display(),
-                r.p2p
-            ));
-        }
+        t.notes.extend(rank_notes(r));
         t.ranks.insert(
             r.rank,
             RankTimeline {
@@ -564,18 +565,121 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
             },
         );
     }
-    // Groups must only name ranks of the world; a group's members that are
-    // not in the input were not observed.
-    for (g, members) in &t.comms {
+    check_group_ranks(&t.comms, world)?;
+    let host_of: BTreeMap<u32, String> = ranks.iter().map(|(r, t)| (*r, t.host.clone())).collect();
+    let fits = align(&host_of, &instance_ends(&t.ranks));
+    t.notes.extend(clock_notes(&host_of, &fits));
+    t.fits = fits;
+    t.steps = ranks
+        .values()
+        .map(|r| r.steps.len() as u64)
+        .filter(|n| *n > 0)
+        .min();
+    let missing: Vec<u32> = (0..world).filter(|r| !ranks.contains_key(r)).collect();
+    if !missing.is_empty() {
+        t.notes.push(format!(
+            "{} of {world} ranks have no trace and were not observed: {}",
+            missing.len(),
+            compact(&missing)
+        ));
+    }
+    progress(1.0);
+    t.into_recording()
+}
+
+/// Reads every file, by rank; files that cannot be of one job (a rank
+/// twice, two world sizes, no step in common) are refused.
+fn read_ranks(
+    paths: &[PathBuf],
+    progress: &mut dyn FnMut(f64),
+) -> Result<BTreeMap<u32, RankTrace>, ReplayError> {
+    let mut ranks: BTreeMap<u32, RankTrace> = BTreeMap::new();
+    for (i, p) in paths.iter().enumerate() {
+        let r = parse_rank(&read_text(p)?, p)?;
+        if let Some(prev) = ranks.get(&r.rank) {
+            return Err(ReplayError::MixedJobs(format!(
+                "{} and {} are both rank {}",
+                prev.path.display(),
+                p.display(),
+                r.rank
+            )));
+        }
+        if let Some(other) = ranks.values().next() {
+            check_same_job(other, &r, p)?;
+        }
+        ranks.insert(r.rank, r);
+        progress((i + 1) as f64 / paths.len() as f64 * 0.5);
+    }
+    Ok(ranks)
+}
+
+/// `r` (read from `p`) and `other` must agree on the world size and share
+/// a profiler step when both have steps.
+fn check_same_job(other: &RankTrace, r: &RankTrace, p: &Path) -> Result<(), ReplayError> {
+    if other.world_size != r.world_size {
+        return Err(ReplayError::MixedJobs(format!(
+            "{} says world size {}, {} says {}",
+            other.path.display(),
+            other.world_size,
+            p.display(),
+            r.world_size
+        )));
+    }
+    if !other.steps.is_empty() && !r.steps.is_empty() && other.steps.is_disjoint(&r.steps) {
+        return Err(ReplayError::MixedJobs(format!(
+            "{} has ProfilerSteps {:?}..{:?}, {} has {:?}..{:?}: no step in common",
+            other.path.display(),
+            other.steps.first(),
+            other.steps.last(),
+            p.display(),
+            r.steps.first(),
+            r.steps.last()
+        )));
+    }
+    Ok(())
+}
+
+/// What the timeline's notes say of one rank's file: ops defaulted to a
+/// group, p2p ops skipped.
+fn rank_notes(r: &RankTrace) -> Vec<String> {
+    let mut notes = Vec::new();
+    if r.defaulted > 0 {
+        notes.push(format!(
+            "{}: {} collectives carry no process-group arguments; taken as {}",
+            r.path.display(),
+            r.defaulted,
+            r.default_group.as_deref().unwrap_or("the default group")
+        ));
+    }
+    if r.p2p > 0 {
+        notes.push(format!(
+            "{}: {} send/recv ops skipped (the trace does not name their peer)",
+            r.path.display(),
+            r.p2p
+        ));
+    }
+    notes
+}
+
+/// Groups must only name ranks of the world; a group's members that are
+/// not in the input were not observed.
+fn check_group_ranks(comms: &BTreeMap<String, Vec<u32>>, world: u32) -> Result<(), ReplayError> {
+    for (g, members) in comms {
         if let Some(bad) = members.iter().find(|m| **m >= world) {
             return Err(ReplayError::MixedJobs(format!(
                 "process group {g} names rank {bad} in a world of {world}"
             )));
         }
     }
-    // Number the instances now (the timeline would) to align clocks on them.
+    Ok(())
+}
+
+/// Per rank, its all-reduce / all-gather / reduce-scatter instances as
+/// (communicator, instance number, end), numbered now (the timeline would)
+/// to align clocks on them.
+fn instance_ends(ranks: &BTreeMap<u32, RankTimeline>) -> BTreeMap<u32, Vec<(String, u64, u64)>> {
     let mut seqd: BTreeMap<u32, Vec<(String, u64, u64)>> = BTreeMap::new();
-    for (r, tl) in &t.ranks {
+    for (r, tl) in ranks {
         let mut ops = tl.ops.clone();
         ops.sort_by_key(|o| o.host.map_or(o.gpu_start_ns, |h| h.0));
         let mut next: BTreeMap<String, u64> = BTreeMap::new();
@@ -596,12 +700,17 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
             }
         }
     }
-    let host_of: BTreeMap<u32, String> = ranks.iter().map(|(r, t)| (*r, t.host.clone())).collect();
-    let fits = align(&host_of, &seqd);
+    seqd
+}
+
+/// Each aligned host's offset against the reference (the lowest rank's
+/// host), and the hosts that could not be aligned.
+fn clock_notes(host_of: &BTreeMap<u32, String>, fits: &BTreeMap<String, HostFit>) -> Vec<String> {
+    let mut notes = Vec::new();
     let reference = host_of.values().next().cloned().unwrap_or_default();
-    for (h, fit) in &fits {
+    for (h, fit) in fits {
         if h != &reference {
-            t.notes.push(format!(
+            notes.push(format!(
                 "{h}: clock offset {:+.1} µs against {reference} from collective ends (±{:.1} µs)",
                 fit.offset_ns / 1e3,
                 fit.half_rtt_ns as f64 / 1e3
@@ -610,27 +719,12 @@ pub fn load(paths: &[PathBuf], progress: &mut dyn FnMut(f64)) -> Result<Recordin
     }
     for h in host_of.values().collect::<BTreeSet<_>>() {
         if !fits.contains_key(h) {
-            t.notes.push(format!(
+            notes.push(format!(
                 "{h} shares no collective with the other hosts: its clock is taken as is"
             ));
         }
     }
-    t.fits = fits;
-    t.steps = ranks
-        .values()
-        .map(|r| r.steps.len() as u64)
-        .filter(|n| *n > 0)
-        .min();
-    let missing: Vec<u32> = (0..world).filter(|r| !ranks.contains_key(r)).collect();
-    if !missing.is_empty() {
-        t.notes.push(format!(
-            "{} of {world} ranks have no trace and were not observed: {}",
-            missing.len(),
-            compact(&missing)
-        ));
-    }
-    progress(1.0);
-    t.into_recording()
+    notes
 }
 
 /// "0-3, 7, 9-12".
