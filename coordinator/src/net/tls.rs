@@ -231,85 +231,20 @@ pub fn cert_host(der: &CertificateDer<'_>) -> Result<Option<String>, TlsError> {
     slowrank_shared::wire::cert_host_of(cert.valid_uri_names()).map_err(TlsError::AmbiguousHost)
 }
 
+/// A certificate file, its key file, and the host it is bound to.
+type AgentFiles<'a> = (PathBuf, PathBuf, Option<&'a str>);
+
 fn make_pki(
     dir: &Path,
     extra_names: &[String],
     hosts: Option<&[String]>,
 ) -> Result<JobPki, TlsError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose, SanType,
-    };
-    let mut hosts: Option<Vec<String>> = hosts.map(<[String]>::to_vec);
-    if let Some(h) = &mut hosts {
-        if let Some(bad) = h.iter().find(|h| !valid_host_name(h)) {
-            return Err(TlsError::BadHostName(bad.clone()));
-        }
-        h.sort();
-        h.dedup();
-    }
-    let mut names: Vec<PathBuf> = [CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE]
-        .iter()
-        .map(|n| dir.join(n))
-        .collect();
-    match &hosts {
-        None => names.extend([dir.join(AGENT_CERT_FILE), dir.join(AGENT_KEY_FILE)]),
-        Some(h) => {
-            for host in h {
-                let base = dir.join(AGENTS_DIR).join(host);
-                names.extend([base.with_extension("crt"), base.with_extension("key")]);
-            }
-        }
-    }
-    for n in &names {
-        if n.exists() {
-            return Err(TlsError::Exists(n.clone()));
-        }
-    }
-    let mkdir = |d: &Path| {
-        fs::create_dir_all(d).map_err(|source| TlsError::Io {
-            path: d.to_owned(),
-            source,
-        })
-    };
-    mkdir(dir)?;
-    if hosts.is_some() {
-        mkdir(&dir.join(AGENTS_DIR))?;
-    }
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "slowrank job CA");
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate()?;
-    let ca = ca_params.self_signed(&ca_key)?;
-
-    let mut sans = vec![SERVER_NAME.to_owned(), "localhost".to_owned()];
-    sans.extend(extra_names.iter().cloned());
-    let mut server = CertificateParams::new(sans)?;
-    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_key = KeyPair::generate()?;
-    let server_cert = server.signed_by(&server_key, &ca, &ca_key)?;
-
-    // (certificate file, key file, host it is bound to)
-    let agents: Vec<(PathBuf, PathBuf, Option<&str>)> = match &hosts {
-        None => vec![(dir.join(AGENT_CERT_FILE), dir.join(AGENT_KEY_FILE), None)],
-        Some(h) => h
-            .iter()
-            .map(|host| {
-                let base = dir.join(AGENTS_DIR).join(host);
-                (
-                    base.with_extension("crt"),
-                    base.with_extension("key"),
-                    Some(host.as_str()),
-                )
-            })
-            .collect(),
-    };
+    let hosts = checked_hosts(hosts)?;
+    let agents = agent_files(dir, hosts.as_deref());
+    refuse_overwrite(dir, &agents)?;
+    make_dirs(dir, hosts.is_some())?;
+    let (ca, ca_key) = job_ca()?;
+    let (server_cert, server_key) = server_cert(extra_names, &ca, &ca_key)?;
     let mut public = vec![
         (dir.join(CA_FILE), ca.pem()),
         (dir.join(CERT_FILE), server_cert.pem()),
@@ -319,25 +254,7 @@ fn make_pki(
         (dir.join(KEY_FILE), server_key.serialize_pem()),
     ];
     for (crt, key, host) in agents {
-        let mut agent = CertificateParams::new(Vec::<String>::new())?;
-        match host {
-            Some(h) => {
-                agent.distinguished_name.push(DnType::CommonName, h);
-                agent.subject_alt_names = vec![
-                    SanType::DnsName(h.try_into()?),
-                    SanType::URI(format!("{HOST_URI_PREFIX}{h}").try_into()?),
-                ];
-            }
-            None => {
-                agent
-                    .distinguished_name
-                    .push(DnType::CommonName, "slowrank agent");
-                agent.subject_alt_names = vec![SanType::DnsName("slowrank-agent".try_into()?)];
-            }
-        }
-        agent.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let agent_key = KeyPair::generate()?;
-        let agent_cert = agent.signed_by(&agent_key, &ca, &ca_key)?;
+        let (agent_cert, agent_key) = agent_cert(host, &ca, &ca_key)?;
         public.push((crt, agent_cert.pem()));
         private.push((key, agent_key.serialize_pem()));
     }
@@ -357,4 +274,132 @@ fn make_pki(
         dir: dir.to_owned(),
         files,
     })
+}
+
+/// The hosts to make certificates for, each usable as a file name, sorted
+/// and without repeats.
+fn checked_hosts(hosts: Option<&[String]>) -> Result<Option<Vec<String>>, TlsError> {
+    let mut hosts: Option<Vec<String>> = hosts.map(<[String]>::to_vec);
+    if let Some(h) = &mut hosts {
+        if let Some(bad) = h.iter().find(|h| !valid_host_name(h)) {
+            return Err(TlsError::BadHostName(bad.clone()));
+        }
+        h.sort();
+        h.dedup();
+    }
+    Ok(hosts)
+}
+
+/// Where the agent certificates go: the job-wide pair, or one per host.
+fn agent_files<'a>(dir: &Path, hosts: Option<&'a [String]>) -> Vec<AgentFiles<'a>> {
+    match hosts {
+        None => vec![(dir.join(AGENT_CERT_FILE), dir.join(AGENT_KEY_FILE), None)],
+        Some(h) => h
+            .iter()
+            .map(|host| {
+                let base = dir.join(AGENTS_DIR).join(host);
+                (
+                    base.with_extension("crt"),
+                    base.with_extension("key"),
+                    Some(host.as_str()),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Refuses before writing anything when any file to be made exists.
+fn refuse_overwrite(dir: &Path, agents: &[AgentFiles<'_>]) -> Result<(), TlsError> {
+    let mut names: Vec<PathBuf> = [CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE]
+        .iter()
+        .map(|n| dir.join(n))
+        .collect();
+    for (crt, key, _) in agents {
+        names.extend([crt.clone(), key.clone()]);
+    }
+    for n in &names {
+        if n.exists() {
+            return Err(TlsError::Exists(n.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// `dir`, and its [`AGENTS_DIR`] when there are per-host certificates.
+fn make_dirs(dir: &Path, per_host: bool) -> Result<(), TlsError> {
+    let mkdir = |d: &Path| {
+        fs::create_dir_all(d).map_err(|source| TlsError::Io {
+            path: d.to_owned(),
+            source,
+        })
+    };
+    mkdir(dir)?;
+    if per_host {
+        mkdir(&dir.join(AGENTS_DIR))?;
+    }
+    Ok(())
+}
+
+/// The job's CA: self-signed, signs certificates only.
+fn job_ca() -> Result<(rcgen::Certificate, rcgen::KeyPair), TlsError> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "slowrank job CA");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate()?;
+    let ca = ca_params.self_signed(&ca_key)?;
+    Ok((ca, ca_key))
+}
+
+/// The coordinator's certificate: for [`SERVER_NAME`], `localhost` and
+/// `extra_names`.
+fn server_cert(
+    extra_names: &[String],
+    ca: &rcgen::Certificate,
+    ca_key: &rcgen::KeyPair,
+) -> Result<(rcgen::Certificate, rcgen::KeyPair), TlsError> {
+    use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, KeyPair};
+    let mut sans = vec![SERVER_NAME.to_owned(), "localhost".to_owned()];
+    sans.extend(extra_names.iter().cloned());
+    let mut server = CertificateParams::new(sans)?;
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_key = KeyPair::generate()?;
+    let server_cert = server.signed_by(&server_key, ca, ca_key)?;
+    Ok((server_cert, server_key))
+}
+
+/// An agent's client certificate: bound to `host` (CN, DNS and
+/// [`HOST_URI_PREFIX`] URI SANs), or job-wide when `None`.
+fn agent_cert(
+    host: Option<&str>,
+    ca: &rcgen::Certificate,
+    ca_key: &rcgen::KeyPair,
+) -> Result<(rcgen::Certificate, rcgen::KeyPair), TlsError> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, SanType};
+    let mut agent = CertificateParams::new(Vec::<String>::new())?;
+    match host {
+        Some(h) => {
+            agent.distinguished_name.push(DnType::CommonName, h);
+            agent.subject_alt_names = vec![
+                SanType::DnsName(h.try_into()?),
+                SanType::URI(format!("{HOST_URI_PREFIX}{h}").try_into()?),
+            ];
+        }
+        None => {
+            agent
+                .distinguished_name
+                .push(DnType::CommonName, "slowrank agent");
+            agent.subject_alt_names = vec![SanType::DnsName("slowrank-agent".try_into()?)];
+        }
+    }
+    agent.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let agent_key = KeyPair::generate()?;
+    let agent_cert = agent.signed_by(&agent_key, ca, ca_key)?;
+    Ok((agent_cert, agent_key))
 }
