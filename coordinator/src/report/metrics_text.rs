@@ -54,6 +54,13 @@ impl Metrics {
 
     /// Verdicts, hangs, the step, probe overhead, lateness and clocks.
     fn findings_and_pace(&self, e: &mut Exposition) {
+        self.findings(e);
+        self.pace(e);
+        self.ranks_and_clocks(e);
+    }
+
+    /// Each verdict (open or not, its cost), the counts, the hangs.
+    fn findings(&self, e: &mut Exposition) {
         let g = Type::Gauge;
         let c = Type::Counter;
         let f = e.family(
@@ -104,6 +111,12 @@ impl Metrics {
             "Hung collective instances",
             self.hangs_active as f64,
         );
+    }
+
+    /// The step, iterations sealed, and what the probes cost.
+    fn pace(&self, e: &mut Exposition) {
+        let g = Type::Gauge;
+        let c = Type::Counter;
         let f = e.family(
             "slowrank_step_seconds",
             g,
@@ -134,6 +147,13 @@ impl Metrics {
         if let Some(p) = self.job_probe_overhead_percent {
             f.sample(&[], p / 100.0);
         }
+    }
+
+    /// Per rank lateness and the waits it caused; per host clock error
+    /// and probes.
+    fn ranks_and_clocks(&self, e: &mut Exposition) {
+        let g = Type::Gauge;
+        let c = Type::Counter;
         let f = e.family(
             "slowrank_rank_lateness_seconds",
             g,
@@ -240,8 +260,6 @@ impl Metrics {
     }
 }
 
-/// The whole `/metrics` page of `slowrank serve`: the analyzer's families
-/// plus the transport's and the hooks'.
 /// The serve-side guards against hostile peers whose counters the page
 /// shows ([`crate::verdict::stackstore`], [`crate::net::metrics_http`]).
 pub struct Guards<'a> {
@@ -249,6 +267,8 @@ pub struct Guards<'a> {
     pub http: &'a crate::net::metrics_http::HttpStats,
 }
 
+/// The whole `/metrics` page of `slowrank serve`: the analyzer's families
+/// plus the transport's and the hooks'.
 pub fn serve_exposition(
     metrics: &Metrics,
     ingest: &IngestStats,
@@ -257,103 +277,19 @@ pub fn serve_exposition(
     guards: &Guards<'_>,
 ) -> Exposition {
     let mut e = metrics.exposition();
-    let mut rej: Vec<(String, u64)> = ingest
-        .rejected
-        .iter()
-        .map(|e| (e.key().clone(), *e.value()))
-        .collect();
-    rej.sort();
     let f = e.family(BATCHES_REJECTED, Type::Counter, BATCHES_REJECTED_HELP);
-    for (k, v) in rej {
+    for (k, v) in sorted_counts(&ingest.rejected) {
         f.sample(&[("reason", &k)], v as f64);
     }
-    let mut refused: Vec<(String, u64)> = ingest
-        .refused
-        .iter()
-        .map(|e| (e.key().clone(), *e.value()))
-        .collect();
-    refused.sort();
     let f = e.family(
         "slowrank_connections_refused_total",
         Type::Counter,
         "Connections refused before or at the hello, by reason",
     );
-    for (k, v) in refused {
+    for (k, v) in sorted_counts(&ingest.refused) {
         f.sample(&[("reason", &k)], v as f64);
     }
-    let counters = [
-        (
-            "slowrank_stack_windows_refused_total",
-            "Stack windows refused: for a rank the sending host does not own, or too large",
-            guards.stacks.refused.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_stack_windows_evicted_total",
-            "Stack windows dropped early to keep a rank within its byte cap",
-            guards.stacks.evicted.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_agents_forgotten_total",
-            "Agents that had gone, dropped from the report to keep it bounded",
-            ingest.agents_forgotten.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_metrics_connections_refused_total",
-            "/metrics connections closed unserved: too many open at once",
-            guards.http.refused.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_metrics_bad_requests_total",
-            "/metrics requests dropped: too slow, too large or malformed",
-            guards.http.bad_requests.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_batches_received_total",
-            "Batches that passed validation",
-            ingest.batches_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_batch_bytes_received_total",
-            "Bytes of valid batches",
-            ingest.bytes_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_agents_refused_total",
-            "Agent connections refused (token, malformed or late hello, caps, identity in use)",
-            ingest.refused_agents.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_clock_datagrams_dropped_total",
-            "Clock-port datagrams dropped: not ours, unknown token, bad MAC, wrong address, or answering no outstanding probe",
-            ingest.clock_datagrams_dropped.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_webhook_ok_total",
-            "Webhook deliveries that succeeded",
-            hooks.webhook_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_webhook_failed_total",
-            "Webhook deliveries that failed",
-            hooks.webhook_failed.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_exec_hook_ok_total",
-            "Exec hook runs that succeeded",
-            hooks.exec_ok.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_exec_hook_failed_total",
-            "Exec hook runs that failed",
-            hooks.exec_failed.load(Ordering::Relaxed),
-        ),
-        (
-            "slowrank_hook_events_dropped_total",
-            "Events not delivered to hooks because they were behind",
-            hooks.dropped.load(Ordering::Relaxed),
-        ),
-    ];
-    for (name, help, v) in counters {
+    for (name, help, v) in serve_counters(ingest, hooks, guards) {
         e.single(name, Type::Counter, help, v as f64);
     }
     e.single(
@@ -363,6 +299,94 @@ pub fn serve_exposition(
         agents_connected as f64,
     );
     e
+}
+
+/// A by-reason count map's entries, in reason order.
+fn sorted_counts(m: &dashmap::DashMap<String, u64>) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = m.iter().map(|e| (e.key().clone(), *e.value())).collect();
+    v.sort();
+    v
+}
+
+/// The transport's, the guards' and the hooks' single counters: (family,
+/// help, value).
+fn serve_counters(
+    ingest: &IngestStats,
+    hooks: &HookStats,
+    guards: &Guards<'_>,
+) -> [(&'static str, &'static str, u64); 14] {
+    [
+    (
+        "slowrank_stack_windows_refused_total",
+        "Stack windows refused: for a rank the sending host does not own, or too large",
+        guards.stacks.refused.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_stack_windows_evicted_total",
+        "Stack windows dropped early to keep a rank within its byte cap",
+        guards.stacks.evicted.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_agents_forgotten_total",
+        "Agents that had gone, dropped from the report to keep it bounded",
+        ingest.agents_forgotten.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_metrics_connections_refused_total",
+        "/metrics connections closed unserved: too many open at once",
+        guards.http.refused.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_metrics_bad_requests_total",
+        "/metrics requests dropped: too slow, too large or malformed",
+        guards.http.bad_requests.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_batches_received_total",
+        "Batches that passed validation",
+        ingest.batches_ok.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_batch_bytes_received_total",
+        "Bytes of valid batches",
+        ingest.bytes_ok.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_agents_refused_total",
+        "Agent connections refused (token, malformed or late hello, caps, identity in use)",
+        ingest.refused_agents.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_clock_datagrams_dropped_total",
+        "Clock-port datagrams dropped: not ours, unknown token, bad MAC, wrong address, or answering no outstanding probe",
+        ingest.clock_datagrams_dropped.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_webhook_ok_total",
+        "Webhook deliveries that succeeded",
+        hooks.webhook_ok.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_webhook_failed_total",
+        "Webhook deliveries that failed",
+        hooks.webhook_failed.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_exec_hook_ok_total",
+        "Exec hook runs that succeeded",
+        hooks.exec_ok.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_exec_hook_failed_total",
+        "Exec hook runs that failed",
+        hooks.exec_failed.load(Ordering::Relaxed),
+    ),
+    (
+        "slowrank_hook_events_dropped_total",
+        "Events not delivered to hooks because they were behind",
+        hooks.dropped.load(Ordering::Relaxed),
+    ),
+]
 }
 
 /// Snapshot for Prometheus.
