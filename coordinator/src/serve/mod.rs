@@ -47,6 +47,9 @@ use files::{build_report, journal_marks, live_page, render_metrics, write_failur
 /// a tick waits behind ingest).
 const MAX_BATCHES_PER_RUN: usize = 256;
 
+/// The report files being written in the background.
+type Writer = tokio::task::JoinHandle<Result<(), OutputError>>;
+
 /// A batch ready for the analyzer, with its pending answer.
 type QueuedBatch = (String, Box<Batch>, Ack);
 
@@ -207,6 +210,83 @@ fn forget_gone_agents(agents: &mut BTreeMap<String, AgentReport>, max: usize) ->
     forgot
 }
 
+/// What an earlier coordinator left in `dir`, restored into `analyzer`
+/// (verdict marks, the iteration period, clock models from the same boot),
+/// and the journal reopened for this life.
+fn resume(
+    dir: &std::path::Path,
+    analyzer: &Analyzer,
+    started: chrono::DateTime<Utc>,
+) -> Result<(crate::resume::Earlier, crate::resume::Journal), ServeError> {
+    let e = crate::resume::load(dir)?;
+    if e.report.is_some() || !e.marks.is_empty() {
+        analyzer.resumed_life();
+        info!(
+            dir = %dir.display(),
+            agents = e.marks.len(),
+            verdicts = e.report.as_ref().map_or(0, |r| r.verdicts.len()),
+            torn_lines = e.bad_lines,
+            "resuming from an earlier coordinator's state"
+        );
+    }
+    analyzer.restore_marks(e.marks.values());
+    if let Some(p) = e.period {
+        analyzer.restore_period(p);
+    }
+    let seeds = crate::resume::clock_seeds(&e, crate::resume::boot_id().as_deref());
+    if !seeds.is_empty() {
+        let n = analyzer.seed_clocks(&seeds, coord_now_ns());
+        info!(
+            hosts = n,
+            "clock models seeded from the earlier coordinator's"
+        );
+    }
+    let j = crate::resume::Journal::open(dir, &e, started)?;
+    Ok((e, j))
+}
+
+/// Serves `/metrics` (and the live page at `/`) on `addr`.
+#[allow(clippy::too_many_arguments)] // each shared handle the two routes read
+fn start_metrics(
+    addr: SocketAddr,
+    analyzer: &Arc<Analyzer>,
+    ingest: &Ingest,
+    hooks: &Hooks,
+    agents: &Arc<std::sync::Mutex<BTreeMap<String, AgentReport>>>,
+    stacks: &Arc<StackStore>,
+    write_failures: &Arc<WriteFailures>,
+    page: &Arc<std::sync::Mutex<Option<String>>>,
+) -> Result<MetricsServer, ServeError> {
+    let (a, i, h, ag, st, wf) = (
+        analyzer.clone(),
+        ingest.stats(),
+        hooks.stats(),
+        agents.clone(),
+        stacks.clone(),
+        write_failures.clone(),
+    );
+    let (a2, i2, ag2, pg) = (
+        analyzer.clone(),
+        ingest.stats(),
+        agents.clone(),
+        page.clone(),
+    );
+    let http = Arc::new(HttpStats::default());
+    let ht = http.clone();
+    Ok(MetricsServer::start_with(
+        addr,
+        crate::net::metrics_http::Routes {
+            metrics: Arc::new(move || {
+                let mut s = render_metrics(&a, &i, &h, &ag, &st, &ht);
+                write_failures_metrics(&mut s, &wf);
+                s
+            }),
+            page: Some(Arc::new(move || live_page(&a2, &i2, &ag2, &pg))),
+        },
+        http,
+    )?)
+}
+
 impl Server {
     /// Binds the QUIC socket (and `/metrics` when asked).
     pub fn bind(cfg: ServeConfig, identity: &Identity) -> Result<Self, ServeError> {
@@ -217,30 +297,7 @@ impl Server {
         let started = Utc::now();
         let (earlier, journal) = match &cfg.out_dir {
             Some(dir) => {
-                let e = crate::resume::load(dir)?;
-                if e.report.is_some() || !e.marks.is_empty() {
-                    analyzer.resumed_life();
-                    info!(
-                        dir = %dir.display(),
-                        agents = e.marks.len(),
-                        verdicts = e.report.as_ref().map_or(0, |r| r.verdicts.len()),
-                        torn_lines = e.bad_lines,
-                        "resuming from an earlier coordinator's state"
-                    );
-                }
-                analyzer.restore_marks(e.marks.values());
-                if let Some(p) = e.period {
-                    analyzer.restore_period(p);
-                }
-                let seeds = crate::resume::clock_seeds(&e, crate::resume::boot_id().as_deref());
-                if !seeds.is_empty() {
-                    let n = analyzer.seed_clocks(&seeds, coord_now_ns());
-                    info!(
-                        hosts = n,
-                        "clock models seeded from the earlier coordinator's"
-                    );
-                }
-                let j = crate::resume::Journal::open(dir, &e, started)?;
+                let (e, j) = resume(dir, &analyzer, started)?;
                 (e, Some(Arc::new(std::sync::Mutex::new(j))))
             }
             None => (Default::default(), None),
@@ -251,36 +308,16 @@ impl Server {
         let page = Arc::new(std::sync::Mutex::new(None));
         let stacks = Arc::new(StackStore::default());
         let metrics = match cfg.metrics_listen {
-            Some(addr) => {
-                let (a, i, h, ag, st, wf) = (
-                    analyzer.clone(),
-                    ingest.stats(),
-                    hooks.stats(),
-                    agents.clone(),
-                    stacks.clone(),
-                    write_failures.clone(),
-                );
-                let (a2, i2, ag2, pg) = (
-                    analyzer.clone(),
-                    ingest.stats(),
-                    agents.clone(),
-                    page.clone(),
-                );
-                let http = Arc::new(HttpStats::default());
-                let ht = http.clone();
-                Some(MetricsServer::start_with(
-                    addr,
-                    crate::net::metrics_http::Routes {
-                        metrics: Arc::new(move || {
-                            let mut s = render_metrics(&a, &i, &h, &ag, &st, &ht);
-                            write_failures_metrics(&mut s, &wf);
-                            s
-                        }),
-                        page: Some(Arc::new(move || live_page(&a2, &i2, &ag2, &pg))),
-                    },
-                    http,
-                )?)
-            }
+            Some(addr) => Some(start_metrics(
+                addr,
+                &analyzer,
+                &ingest,
+                &hooks,
+                &agents,
+                &stacks,
+                &write_failures,
+                &page,
+            )?),
             None => None,
         };
         Ok(Self {
@@ -454,36 +491,7 @@ impl Server {
                 host,
                 connected_mono_ns,
             } => {
-                info!(agent = %agent_id, %host, "agent up");
-                self.analyzer.agent_connected(&agent_id, connected_mono_ns);
-                self.analyzer.host_live(&host, true);
-                if self.cfg.print_alerts {
-                    println!(
-                        "{} agent {agent_id} on {host} connected",
-                        Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                    );
-                }
-                if let Ok(mut a) = self.agents.lock() {
-                    let e = a.entry(agent_id.clone()).or_insert_with(|| AgentReport {
-                        agent_id,
-                        host,
-                        connected: true,
-                        connected_at: Utc::now(),
-                        disconnected_at: None,
-                        reason: None,
-                        batches: 0,
-                        ranks_unobserved: Vec::new(),
-                    });
-                    e.connected = true;
-                    e.disconnected_at = None;
-                    e.reason = None;
-                    let forgot =
-                        forget_gone_agents(&mut a, crate::net::ingest::MAX_AGENTS_REMEMBERED);
-                    self.ingest
-                        .stats()
-                        .agents_forgotten
-                        .fetch_add(forgot, Ordering::Relaxed);
-                }
+                self.agent_up(agent_id, host, connected_mono_ns);
                 None
             }
             IngestEvent::Clock { host, sample, .. } => {
@@ -505,59 +513,104 @@ impl Server {
                 None
             }
             IngestEvent::AgentDown { agent_id, reason } => {
-                let host = self
-                    .agents
-                    .lock()
-                    .ok()
-                    .and_then(|a| a.get(&agent_id).map(|a| a.host.clone()))
-                    .unwrap_or_default();
-                // Ranks of that host still running are now invisible: say so.
-                let still_connected = self
-                    .agents
-                    .lock()
-                    .map(|a| {
-                        a.values()
-                            .any(|o| o.connected && o.host == host && o.agent_id != agent_id)
-                    })
-                    .unwrap_or(false);
-                let unobserved: Vec<u32> = if still_connected {
-                    Vec::new()
-                } else {
-                    self.analyzer
-                        .ranks()
-                        .into_iter()
-                        .filter(|r| r.host == host && r.exited_at.is_none())
-                        .map(|r| r.rank)
-                        .collect()
-                };
-                let line = format!(
-                    "{} agent {agent_id} on {host} went away ({reason}){}",
-                    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    if unobserved.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; ranks {:?} on {host} are no longer observed", unobserved)
-                    }
-                );
-                if unobserved.is_empty() {
-                    info!("{line}");
-                } else {
-                    warn!("{line}");
-                }
-                if self.cfg.print_alerts {
-                    println!("{line}");
-                }
-                self.analyzer.host_live(&host, false);
-                if let Ok(mut a) = self.agents.lock() {
-                    if let Some(a) = a.get_mut(&agent_id) {
-                        a.connected = false;
-                        a.disconnected_at = Some(Utc::now());
-                        a.reason = Some(reason);
-                        a.ranks_unobserved = unobserved;
-                    }
-                }
+                self.agent_down(&agent_id, reason);
                 Some(agent_id)
             }
+        }
+    }
+
+    /// An agent connected: the analyzer hears of it and the report lists
+    /// it (forgetting the longest gone past the cap).
+    fn agent_up(&self, agent_id: String, host: String, connected_mono_ns: u64) {
+        info!(agent = %agent_id, %host, "agent up");
+        self.analyzer.agent_connected(&agent_id, connected_mono_ns);
+        self.analyzer.host_live(&host, true);
+        if self.cfg.print_alerts {
+            println!(
+                "{} agent {agent_id} on {host} connected",
+                Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+        }
+        if let Ok(mut a) = self.agents.lock() {
+            let e = a.entry(agent_id.clone()).or_insert_with(|| AgentReport {
+                agent_id,
+                host,
+                connected: true,
+                connected_at: Utc::now(),
+                disconnected_at: None,
+                reason: None,
+                batches: 0,
+                ranks_unobserved: Vec::new(),
+            });
+            e.connected = true;
+            e.disconnected_at = None;
+            e.reason = None;
+            let forgot = forget_gone_agents(&mut a, crate::net::ingest::MAX_AGENTS_REMEMBERED);
+            self.ingest
+                .stats()
+                .agents_forgotten
+                .fetch_add(forgot, Ordering::Relaxed);
+        }
+    }
+
+    /// An agent went away: said (with the ranks no longer observed, when
+    /// no other agent on its host is left), and marked in the report.
+    fn agent_down(&self, agent_id: &str, reason: String) {
+        let host = self
+            .agents
+            .lock()
+            .ok()
+            .and_then(|a| a.get(agent_id).map(|a| a.host.clone()))
+            .unwrap_or_default();
+        let unobserved = self.unobserved_ranks(agent_id, &host);
+        let line = format!(
+            "{} agent {agent_id} on {host} went away ({reason}){}",
+            Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            if unobserved.is_empty() {
+                String::new()
+            } else {
+                format!("; ranks {:?} on {host} are no longer observed", unobserved)
+            }
+        );
+        if unobserved.is_empty() {
+            info!("{line}");
+        } else {
+            warn!("{line}");
+        }
+        if self.cfg.print_alerts {
+            println!("{line}");
+        }
+        self.analyzer.host_live(&host, false);
+        if let Ok(mut a) = self.agents.lock() {
+            if let Some(a) = a.get_mut(agent_id) {
+                a.connected = false;
+                a.disconnected_at = Some(Utc::now());
+                a.reason = Some(reason);
+                a.ranks_unobserved = unobserved;
+            }
+        }
+    }
+
+    /// Ranks of `host` still running that nobody observes once `agent_id`
+    /// has gone: none while another agent on the host is connected.
+    fn unobserved_ranks(&self, agent_id: &str, host: &str) -> Vec<u32> {
+        let still_connected = self
+            .agents
+            .lock()
+            .map(|a| {
+                a.values()
+                    .any(|o| o.connected && o.host == host && o.agent_id != agent_id)
+            })
+            .unwrap_or(false);
+        if still_connected {
+            Vec::new()
+        } else {
+            self.analyzer
+                .ranks()
+                .into_iter()
+                .filter(|r| r.host == host && r.exited_at.is_none())
+                .map(|r| r.rank)
+                .collect()
         }
     }
 
@@ -587,7 +640,7 @@ impl Server {
         let mut log = Vec::new();
         let mut clock_samples = 0u64;
         let mut seen_agent = false;
-        let mut writer: Option<tokio::task::JoinHandle<Result<(), OutputError>>> = None;
+        let mut writer: Option<Writer> = None;
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -608,27 +661,14 @@ impl Server {
                     // A verdict opened or closed is on disk at once, not up to
                     // `write_every` later: a coordinator killed meanwhile
                     // would leave it out of the history the next life resumes.
-                    if !events.is_empty() && writer.as_ref().is_none_or(|h| h.is_finished()) {
-                        if let Some(h) = writer.take() {
-                            if let Err(e) = Self::writer_result(h.await) {
-                                warn!("writing the report files: {e}: {}", alert::source_chain(&e));
-                            }
-                        }
-                        writer = self.spawn_write_outputs();
+                    if !events.is_empty() {
+                        self.write_unless_writing(&mut writer).await;
                     }
                     self.alert(events, &mut log);
                     self.deep_window_on_slowdown();
                 }
                 _ = write.tick() => {
-                    // One write at a time; a slow disk skips ticks, not batches.
-                    if writer.as_ref().is_none_or(|h| h.is_finished()) {
-                        if let Some(h) = writer.take() {
-                            if let Err(e) = Self::writer_result(h.await) {
-                                warn!("writing the report files: {e}: {}", alert::source_chain(&e));
-                            }
-                        }
-                        writer = self.spawn_write_outputs();
-                    }
+                    self.write_unless_writing(&mut writer).await;
                 }
                 _ = &mut shutdown => {
                     info!("shutting down");
@@ -638,6 +678,32 @@ impl Server {
         }
         self.ingest.close();
         accept.abort();
+        self.finish(rx, writer, log, clock_samples).await
+    }
+
+    /// Starts writing the report files unless a write is still going (one
+    /// write at a time; a slow disk skips ticks, not batches); the finished
+    /// one's failure is logged.
+    async fn write_unless_writing(&self, writer: &mut Option<Writer>) {
+        if writer.as_ref().is_none_or(|h| h.is_finished()) {
+            if let Some(h) = writer.take() {
+                if let Err(e) = Self::writer_result(h.await) {
+                    warn!("writing the report files: {e}: {}", alert::source_chain(&e));
+                }
+            }
+            *writer = self.spawn_write_outputs();
+        }
+    }
+
+    /// After the loop: what was already received, a last tick, the final
+    /// outputs, and the hooks' last deliveries.
+    async fn finish(
+        self,
+        mut rx: mpsc::Receiver<IngestEvent>,
+        mut writer: Option<Writer>,
+        mut log: Vec<VerdictEvent>,
+        mut clock_samples: u64,
+    ) -> Result<ServeSummary, ServeError> {
         // What was already received still counts.
         while let Ok(ev) = rx.try_recv() {
             let (run, other) = take_run(ev, &mut rx);
