@@ -37,75 +37,96 @@ impl Analyzer {
         // Records that waited for these memberships go first: they were
         // issued before this batch's.
         self.release_parked(&announced, recv_ns, &mut sum, &mut out);
+        self.offer_collectives(b, &host, recv_ns, &mut sum, &mut out);
+        self.ingest_intervals_and_links(b, slack, &mut sum);
+        let nccl_errors = self.queue_offered(out);
+        if !clock_known && sum.accepted > 0 {
+            self.observe_batch_clock(b, recv_ns);
+        }
+        self.advance_watermark(b);
+        self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
+        let mut c = lock(&self.counters);
+        c.records_accepted += sum.accepted;
+        c.nccl_errors += nccl_errors;
+        sum
+    }
+
+    /// Notes the batch's collectives as issued, then offers each valid one
+    /// to the join (an invalid one is rejected and counted).
+    fn offer_collectives(
+        &self,
+        b: &Batch,
+        host: &Arc<str>,
+        recv_ns: u64,
+        sum: &mut IngestSummary,
+        out: &mut Offered,
+    ) {
+        let slack = self.cfg.limits.future_slack_ns;
         // Records from before the agent's current connection: it was away
         // (spooled, or held by its fold) while they happened.
         let connected_at = self
             .agents
             .get(&b.agent_id)
             .map_or(0, |a| a.connected_mono_ns);
-        {
-            let mut issued = lock(&self.issued);
-            for r in b
-                .collectives
-                .iter()
-                .filter(|r| !matches!(r.op, CollOp::Send | CollOp::Recv))
-            {
-                if let Some(n) = self.joiner.comm_nranks(r.comm_id) {
-                    let e = issued.entry(r.comm_id).or_insert((n, 0));
-                    e.1 = e.1.max(r.seq);
-                }
-            }
-        }
+        self.note_issued(b);
         for r in &b.collectives {
             match self
                 .check_rank(r.rank, &b.host)
                 .and_then(|_| validate::check_collective(r, b.mono_ns, slack))
             {
-                Ok(()) => self.offer_one(
-                    &host,
-                    r.clone(),
-                    connected_at,
-                    None,
-                    recv_ns,
-                    &mut sum,
-                    &mut out,
-                ),
+                Ok(()) => self.offer_one(host, r.clone(), connected_at, None, recv_ns, sum, out),
                 Err(e) => {
                     self.reject(e);
                     sum.rejected += 1;
                 }
             }
         }
+    }
+
+    /// The highest instance each communicator's members have issued
+    /// (point-to-point ops aside), for communicators the join knows.
+    fn note_issued(&self, b: &Batch) {
+        let mut issued = lock(&self.issued);
+        for r in b
+            .collectives
+            .iter()
+            .filter(|r| !matches!(r.op, CollOp::Send | CollOp::Recv))
+        {
+            if let Some(n) = self.joiner.comm_nranks(r.comm_id) {
+                let e = issued.entry(r.comm_id).or_insert((n, 0));
+                e.1 = e.1.max(r.seq);
+            }
+        }
+    }
+
+    /// Queues what the offers completed (for `tick`) and the hang
+    /// progress; returns the NCCL errors seen.
+    fn queue_offered(&self, out: Offered) -> u64 {
         let Offered {
             completed,
             progress,
             nccl_errors,
         } = out;
-        self.ingest_intervals_and_links(b, slack, &mut sum);
         if !completed.is_empty() {
             lock(&self.completed).extend(completed);
         }
         if !progress.is_empty() {
             lock(&self.hang_progress).extend(progress);
         }
-        if !clock_known && sum.accepted > 0 {
-            self.observe_batch_clock(b, recv_ns);
-        }
-        // After the records: the batch says its agent is current up to its
-        // cut. Not the preamble (sequence 0): re-sent on reconnection ahead
-        // of the spooled batches, it carries the latest cut but none of the
-        // records before it, and would expire their instances as hangs.
+        nccl_errors
+    }
+
+    /// After the records: the batch says its agent is current up to its
+    /// cut. Not the preamble (sequence 0): re-sent on reconnection ahead
+    /// of the spooled batches, it carries the latest cut but none of the
+    /// records before it, and would expire their instances as hangs.
+    fn advance_watermark(&self, b: &Batch) {
         if b.seq != 0 {
             self.watermarks
                 .entry(b.agent_id.clone())
                 .and_modify(|w| *w = (*w).max(b.mono_ns))
                 .or_insert(b.mono_ns);
         }
-        self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
-        let mut c = lock(&self.counters);
-        c.records_accepted += sum.accepted;
-        c.nccl_errors += nccl_errors;
-        sum
     }
 
     /// Whether the batch is new in its agent's sequence (a preamble always
