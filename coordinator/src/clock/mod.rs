@@ -577,25 +577,8 @@ fn fit_line(pts: &[Kept], wander: f64, max_drift: f64) -> Option<ClockFit> {
     let span = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
         - xs.iter().cloned().fold(f64::INFINITY, f64::min);
     // Drift needs a few seconds of baseline; before that a constant is safer.
-    let slope = (n >= 3 && span >= 2e9 && sxx > 0.0).then(|| {
-        let sxy: f64 = xs
-            .iter()
-            .zip(pts)
-            .zip(&w)
-            .map(|((x, k), w)| w * (x - mean_x) * (k.theta - mean_y))
-            .sum();
-        let d = sxy / sxx;
-        // Standard error of a weighted slope: the weights are 1/rtt², so the
-        // residual variance is in units of round trips and sxx matches it.
-        let s2 = xs
-            .iter()
-            .zip(pts)
-            .zip(&w)
-            .map(|((x, k), w)| w * (k.theta - mean_y - d * (x - mean_x)).powi(2))
-            .sum::<f64>()
-            / (n - 2).max(1) as f64;
-        (d, (s2 / sxx).sqrt())
-    });
+    let slope = (n >= 3 && span >= 2e9 && sxx > 0.0)
+        .then(|| weighted_slope(pts, &xs, &w, (mean_x, mean_y), sxx));
     // A slope within two standard errors of zero is noise: over a few
     // seconds of jittery probes it tilted a drift-free host by 13 ppm,
     // 50 µs at the line's end. Zero is then the better estimate.
@@ -613,9 +596,48 @@ fn fit_line(pts: &[Kept], wander: f64, max_drift: f64) -> Option<ClockFit> {
         first_agent_ns: pts[0].agent_ns,
         extrapolation_rate: slope.map_or(max_drift, |(_, se)| 2.0 * se + wander),
     };
+    Some(ClockFit {
+        error_bound_ns: error_bound(pts, &f),
+        ..f
+    })
+}
+
+/// The weighted least-squares slope through the centred points (`xs`,
+/// theta) about their weighted means, and its standard error.
+fn weighted_slope(
+    pts: &[Kept],
+    xs: &[f64],
+    w: &[f64],
+    (mean_x, mean_y): (f64, f64),
+    sxx: f64,
+) -> (f64, f64) {
+    let n = pts.len();
+    let sxy: f64 = xs
+        .iter()
+        .zip(pts)
+        .zip(w)
+        .map(|((x, k), w)| w * (x - mean_x) * (k.theta - mean_y))
+        .sum();
+    let d = sxy / sxx;
+    // Standard error of a weighted slope: the weights are 1/rtt², so the
+    // residual variance is in units of round trips and sxx matches it.
+    let s2 = xs
+        .iter()
+        .zip(pts)
+        .zip(w)
+        .map(|((x, k), w)| w * (k.theta - mean_y - d * (x - mean_x)).powi(2))
+        .sum::<f64>()
+        / (n - 2).max(1) as f64;
+    (d, (s2 / sxx).sqrt())
+}
+
+/// The fit's error bound at its reference point.
+fn error_bound(pts: &[Kept], f: &ClockFit) -> f64 {
+    let n = pts.len();
+    let (ref_agent_ns, offset_ns) = (f.ref_agent_ns, f.offset_ns);
     let resid_rms = (pts
         .iter()
-        .map(|k| (k.theta - eval(&f, k.agent_ns)).powi(2))
+        .map(|k| (k.theta - eval(f, k.agent_ns)).powi(2))
         .sum::<f64>()
         / n as f64)
         .sqrt();
@@ -637,10 +659,7 @@ fn fit_line(pts: &[Kept], wander: f64, max_drift: f64) -> Option<ClockFit> {
     } else {
         mean_half_rtt + resid_rms
     };
-    Some(ClockFit {
-        error_bound_ns: interval + 2.0 * resid_rms / (n as f64).sqrt(),
-        ..f
-    })
+    interval + 2.0 * resid_rms / (n as f64).sqrt()
 }
 
 pub(crate) use crate::robust::median;
