@@ -350,13 +350,7 @@ impl Earlier {
                 // Earlier lives died before their first report.
                 r.resumed = Some(ResumeInfo {
                     lives: self.lives() + 1,
-                    restarted_at: self
-                        .lives
-                        .iter()
-                        .skip(1)
-                        .copied()
-                        .chain([started])
-                        .collect(),
+                    restarted_at: self.restarts_by_lives(started),
                     ..Default::default()
                 });
             }
@@ -375,60 +369,15 @@ impl Earlier {
         let mut earlier_ingest = prev_info.earlier_ingest.clone();
         add_counters(&mut earlier_ingest, &prev.ingest.counters);
         let restarted_at = if self.lives.len() > 1 {
-            self.lives
-                .iter()
-                .skip(1)
-                .copied()
-                .chain([started])
-                .collect()
+            self.restarts_by_lives(started)
         } else {
             let mut v = prev_info.restarted_at.clone();
             v.push(started);
             v
         };
         let observed = r.job.iterations_observed;
-        let mut current = std::mem::take(&mut r.verdicts);
-        let offset = prev.verdicts.iter().map(|v| v.id).max().unwrap_or(0);
-        let mut out = Vec::with_capacity(prev.verdicts.len() + current.len());
-        for e in &prev.verdicts {
-            match current.iter().position(|c| same_subject(c, e)) {
-                Some(i) => {
-                    let mut c = current.remove(i);
-                    c.id = e.id;
-                    c.first_seen = e.first_seen.or(c.first_seen);
-                    c.lost_gpu_seconds += e.lost_gpu_seconds;
-                    // An episode open at the restart continues in this life.
-                    c.episodes += e.episodes.saturating_sub(u32::from(e.active));
-                    c.evidence.push(format!(
-                        "also found before the coordinator restarted at {} ({} episode(s), {:.1} GPU-s lost then)",
-                        started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        e.episodes,
-                        e.lost_gpu_seconds
-                    ));
-                    if c.flamegraph.is_none() {
-                        c.flamegraph = e.flamegraph.clone();
-                    }
-                    out.push(c);
-                }
-                None => {
-                    let mut v = e.clone();
-                    if v.active && observed >= RECONFIRM_ITERATIONS {
-                        v.active = false;
-                        v.evidence.push(format!(
-                            "not seen again in the {observed} iterations after the coordinator restarted at {}",
-                            started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                        ));
-                    }
-                    out.push(v);
-                }
-            }
-        }
-        for mut c in current {
-            c.id += offset;
-            out.push(c);
-        }
-        out.sort_by(|a, b| b.active.cmp(&a.active).then(a.id.cmp(&b.id)));
-        r.verdicts = out;
+        let current = std::mem::take(&mut r.verdicts);
+        r.verdicts = merged_verdicts(&prev.verdicts, current, observed, started);
         r.resumed = Some(ResumeInfo {
             lives: self.lives() + 1,
             restarted_at,
@@ -436,6 +385,79 @@ impl Earlier {
             earlier_ingest,
         });
     }
+
+    /// When each life after the first began, from the lives recorded, this
+    /// one (`started`) last.
+    fn restarts_by_lives(
+        &self,
+        started: chrono::DateTime<chrono::Utc>,
+    ) -> Vec<chrono::DateTime<chrono::Utc>> {
+        self.lives
+            .iter()
+            .skip(1)
+            .copied()
+            .chain([started])
+            .collect()
+    }
+}
+
+/// The earlier lives' verdicts (`prev`) with this life's (`current`): one
+/// raised again merged into the earlier, the earlier others carried, this
+/// life's new ones numbered after the earlier; active first, then by id.
+fn merged_verdicts(
+    prev: &[Verdict],
+    mut current: Vec<Verdict>,
+    observed: u64,
+    started: chrono::DateTime<chrono::Utc>,
+) -> Vec<Verdict> {
+    let offset = prev.iter().map(|v| v.id).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(prev.len() + current.len());
+    for e in prev {
+        match current.iter().position(|c| same_subject(c, e)) {
+            Some(i) => out.push(raised_again(current.remove(i), e, started)),
+            None => out.push(carried_over(e, observed, started)),
+        }
+    }
+    for mut c in current {
+        c.id += offset;
+        out.push(c);
+    }
+    out.sort_by(|a, b| b.active.cmp(&a.active).then(a.id.cmp(&b.id)));
+    out
+}
+
+/// This life's verdict `c` merged into the earlier one `e` it repeats: its
+/// id, its first sighting, costs and episodes added.
+fn raised_again(mut c: Verdict, e: &Verdict, started: chrono::DateTime<chrono::Utc>) -> Verdict {
+    c.id = e.id;
+    c.first_seen = e.first_seen.or(c.first_seen);
+    c.lost_gpu_seconds += e.lost_gpu_seconds;
+    // An episode open at the restart continues in this life.
+    c.episodes += e.episodes.saturating_sub(u32::from(e.active));
+    c.evidence.push(format!(
+        "also found before the coordinator restarted at {} ({} episode(s), {:.1} GPU-s lost then)",
+        started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        e.episodes,
+        e.lost_gpu_seconds
+    ));
+    if c.flamegraph.is_none() {
+        c.flamegraph = e.flamegraph.clone();
+    }
+    c
+}
+
+/// An earlier verdict not raised again: kept as it was, except that one
+/// still active is shown closed once [`RECONFIRM_ITERATIONS`] went by.
+fn carried_over(e: &Verdict, observed: u64, started: chrono::DateTime<chrono::Utc>) -> Verdict {
+    let mut v = e.clone();
+    if v.active && observed >= RECONFIRM_ITERATIONS {
+        v.active = false;
+        v.evidence.push(format!(
+            "not seen again in the {observed} iterations after the coordinator restarted at {}",
+            started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ));
+    }
+    v
 }
 
 /// `into += more`, field by field.
