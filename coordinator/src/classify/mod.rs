@@ -240,6 +240,7 @@ fn lateness_lines(m: &WindowMeans, persistence: Option<f64>) -> Vec<String> {
 /// decides, each with its evidence lines beside it. Split apart, the order
 /// that makes them correct (GPU-side before host-side, drained before CPU)
 /// would be spread over functions that each look complete alone.
+// Long: five ordered rules, each beside its evidence lines (see above).
 fn decide_kind(
     m: &WindowMeans,
     window: &[RankScore],
