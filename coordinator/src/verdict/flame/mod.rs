@@ -338,23 +338,10 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
     if flagged.total() == 0 {
         return Err(FlameError::Empty(req.flagged));
     }
-    let mut cands = Vec::new();
-    for &r in req.candidates.iter().filter(|&&r| r != req.flagged) {
-        cands.push((r, fold(req.windows, r, req.view, req.start_ns, req.end_ns)?));
-    }
-    let reference_rank = median_rank(&cands).ok_or(FlameError::NoReference)?;
-    let reference = cands
-        .into_iter()
-        .find(|(r, _)| *r == reference_rank)
-        .map(|(_, f)| f)
-        .ok_or(FlameError::NoReference)?;
+    let (reference_rank, reference) = median_reference(req)?;
     let view = view_name(req.view);
     let base = format!("rank{}-{}", req.flagged, view);
-    let unit = match req.view {
-        StackView::Cpu => "µs",
-        // No parentheses: the SVG's script cuts labels at the last "(".
-        StackView::Launch => "estimated GPU µs",
-    };
+    let unit = view_unit(req.view);
     let flagged_svg = req.out_dir.join(format!("{base}.svg"));
     let reference_svg = req
         .out_dir
@@ -380,23 +367,11 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
         unit,
         false,
     )?;
-    let mut diff_lines = Vec::new();
-    inferno::differential::from_readers(
-        inferno::differential::Options {
-            // Thread time over the same window is the same on both sides
-            // (normalising only evens out jitter); GPU time is absolute: a
-            // uniformly slower GPU must show red, not be normalised away.
-            normalize: req.view == StackView::Cpu,
-            strip_hex: false,
-        },
-        BufReader::new(reference.lines().as_bytes()),
-        BufReader::new(flagged.lines().as_bytes()),
-        &mut diff_lines,
-    )
-    .map_err(|source| FlameError::Write {
-        path: diff_svg.clone(),
-        source,
-    })?;
+    // Thread time over the same window is the same on both sides
+    // (normalising only evens out jitter); GPU time is absolute: a
+    // uniformly slower GPU must show red, not be normalised away.
+    let normalize = req.view == StackView::Cpu;
+    let diff_lines = differential(&reference, &flagged, normalize, &diff_svg)?;
     render(
         &String::from_utf8_lossy(&diff_lines),
         &diff_svg,
@@ -426,14 +401,69 @@ pub fn diff(req: &DiffRequest<'_>) -> Result<FlameRef, FlameError> {
         view: view.to_owned(),
         window_start_ns: req.start_ns,
         window_end_ns: req.end_ns,
-        top_frames: match req.view {
-            StackView::Cpu => top_frames(&flagged, &reference, req.threads, req.top),
-            StackView::Launch => {
-                let span = span_ns(req.windows, req.flagged, req.view, req.start_ns, req.end_ns);
-                top_gpu_frames(&flagged, &reference, span as f64 / 1e3, req.top)
-            }
-        },
+        top_frames: diff_top_frames(req, &flagged, &reference),
     })
+}
+
+/// The candidates' folds, and the median one among them: the reference.
+fn median_reference(req: &DiffRequest<'_>) -> Result<(u32, Folded), FlameError> {
+    let mut cands = Vec::new();
+    for &r in req.candidates.iter().filter(|&&r| r != req.flagged) {
+        cands.push((r, fold(req.windows, r, req.view, req.start_ns, req.end_ns)?));
+    }
+    let reference_rank = median_rank(&cands).ok_or(FlameError::NoReference)?;
+    let reference = cands
+        .into_iter()
+        .find(|(r, _)| *r == reference_rank)
+        .map(|(_, f)| f)
+        .ok_or(FlameError::NoReference)?;
+    Ok((reference_rank, reference))
+}
+
+/// What a view's samples count.
+fn view_unit(view: StackView) -> &'static str {
+    match view {
+        StackView::Cpu => "µs",
+        // No parentheses: the SVG's script cuts labels at the last "(".
+        StackView::Launch => "estimated GPU µs",
+    }
+}
+
+/// inferno's differential folded lines of `reference` → `flagged` (an
+/// error is reported against `svg`, the file they were for).
+fn differential(
+    reference: &Folded,
+    flagged: &Folded,
+    normalize: bool,
+    svg: &Path,
+) -> Result<Vec<u8>, FlameError> {
+    let mut lines = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options {
+            normalize,
+            strip_hex: false,
+        },
+        BufReader::new(reference.lines().as_bytes()),
+        BufReader::new(flagged.lines().as_bytes()),
+        &mut lines,
+    )
+    .map_err(|source| FlameError::Write {
+        path: svg.to_owned(),
+        source,
+    })?;
+    Ok(lines)
+}
+
+/// The frames the flagged rank spends more in: by share of thread time
+/// (CPU), or by estimated GPU time over the window's span (launch).
+fn diff_top_frames(req: &DiffRequest<'_>, flagged: &Folded, reference: &Folded) -> Vec<FrameDiff> {
+    match req.view {
+        StackView::Cpu => top_frames(flagged, reference, req.threads, req.top),
+        StackView::Launch => {
+            let span = span_ns(req.windows, req.flagged, req.view, req.start_ns, req.end_ns);
+            top_gpu_frames(flagged, reference, span as f64 / 1e3, req.top)
+        }
+    }
 }
 
 /// A part of a rank's CPU profile (see [`FlameView`]). The training
@@ -617,20 +647,7 @@ fn part_diff(
         req.flagged,
         part.key()
     ));
-    let mut lines = Vec::new();
-    inferno::differential::from_readers(
-        inferno::differential::Options {
-            normalize: true,
-            strip_hex: false,
-        },
-        BufReader::new(r.lines().as_bytes()),
-        BufReader::new(f.lines().as_bytes()),
-        &mut lines,
-    )
-    .map_err(|source| FlameError::Write {
-        path: svg.clone(),
-        source,
-    })?;
+    let lines = differential(&r, &f, true, &svg)?;
     render(
         &String::from_utf8_lossy(&lines),
         &svg,
