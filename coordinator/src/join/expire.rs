@@ -50,59 +50,17 @@ impl Joiner {
                 };
                 work += positions.len().max(1);
                 let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
-                let (present_ranks, mut absent, undecided) =
+                let (present_ranks, absent, undecided) =
                     attendance(st, key, &positions, unannounced, deadline, &current);
                 if undecided && !stale {
                     continue;
                 }
-                let open = st.open.remove(&key).expect("listed");
-                self.open_total.fetch_sub(1, Ordering::Relaxed);
-                st.close(key, self.closed_cap());
-                // Said as ranges over every absent member, before the list
-                // is cut: ranks past the named ones are in the ranges too,
-                // and members never announced are in the count alone.
-                let absent_total = absent.len() + unannounced;
-                let summary = (absent_total > HANG_LIST_MAX).then(|| {
-                    let known = absent
-                        .iter()
-                        .filter_map(|p| st.slots.get(p).map(|s| s.rank))
-                        .collect();
-                    MissingSummary::new(absent_total as u64, known)
-                });
-                let mut unlisted = unannounced as u64;
-                if absent.len() > MAX_NAMED_MISSING {
-                    unlisted += (absent.len() - MAX_NAMED_MISSING) as u64;
-                    absent.truncate(MAX_NAMED_MISSING);
-                }
-                if unlisted > 0 {
-                    self.bump(|c| c.missing_unlisted += unlisted);
-                }
-                let missing = missing_members(st, &absent);
-                if missing.is_empty() && unannounced == 0 {
-                    self.bump(|c| c.incomplete += 1);
-                    out.push(Expired::Incomplete { comm_id, key });
-                } else {
-                    let h = HangCandidate {
-                        comm_id,
-                        key,
-                        op: open.op,
-                        comm_nranks: st.nranks,
-                        entered_at: entered,
-                        first_host: open.first_host.to_string(),
-                        first_agent_ns: open.first_agent_ns,
-                        present_ranks,
-                        missing,
-                        summary,
-                    };
-                    // Only the earliest hung instances per communicator matter.
-                    if st.hangs.len() < 4 && kept < MAX_KEPT_HANGS {
-                        st.hangs.insert(key, h.clone());
-                        st.stalled.insert(key, open);
-                        kept += 1;
-                    }
-                    self.bump(|c| c.hangs += 1);
-                    out.push(Expired::Hang(h));
-                }
+                let seen = Attendance {
+                    present_ranks,
+                    absent,
+                    unannounced,
+                };
+                out.push(self.close_expired(st, comm_id, key, entered, seen, &mut kept));
             }
         }
         // Communicators in id order (a stable sort keeps each one's oldest
@@ -113,6 +71,84 @@ impl Joiner {
             Expired::Incomplete { comm_id, .. } => *comm_id,
         });
         out
+    }
+
+    /// Closes an expired instance: a hang candidate naming who is missing
+    /// (kept for the report while few are), or quietly incomplete when
+    /// nobody is.
+    fn close_expired(
+        &self,
+        st: &mut CommState,
+        comm_id: u64,
+        key: InstanceKey,
+        entered: CoordNs,
+        seen: Attendance,
+        kept: &mut usize,
+    ) -> Expired {
+        let open = st.open.remove(&key).expect("listed");
+        self.open_total.fetch_sub(1, Ordering::Relaxed);
+        st.close(key, self.closed_cap());
+        let Attendance {
+            present_ranks,
+            mut absent,
+            unannounced,
+        } = seen;
+        let summary = self.cut_missing(st, &mut absent, unannounced);
+        let missing = missing_members(st, &absent);
+        if missing.is_empty() && unannounced == 0 {
+            self.bump(|c| c.incomplete += 1);
+            return Expired::Incomplete { comm_id, key };
+        }
+        let h = HangCandidate {
+            comm_id,
+            key,
+            op: open.op,
+            comm_nranks: st.nranks,
+            entered_at: entered,
+            first_host: open.first_host.to_string(),
+            first_agent_ns: open.first_agent_ns,
+            present_ranks,
+            missing,
+            summary,
+        };
+        // Only the earliest hung instances per communicator matter.
+        if st.hangs.len() < 4 && *kept < MAX_KEPT_HANGS {
+            st.hangs.insert(key, h.clone());
+            st.stalled.insert(key, open);
+            *kept += 1;
+        }
+        self.bump(|c| c.hangs += 1);
+        Expired::Hang(h)
+    }
+
+    /// Cuts `absent` to [`MAX_NAMED_MISSING`], counting the rest (and the
+    /// members never announced) as unlisted; past [`HANG_LIST_MAX`] the
+    /// absent are also said as ranges, over every absent member, before
+    /// the list is cut: ranks past the named ones are in the ranges too,
+    /// and members never announced are in the count alone.
+    fn cut_missing(
+        &self,
+        st: &CommState,
+        absent: &mut Vec<u32>,
+        unannounced: usize,
+    ) -> Option<MissingSummary> {
+        let absent_total = absent.len() + unannounced;
+        let summary = (absent_total > HANG_LIST_MAX).then(|| {
+            let known = absent
+                .iter()
+                .filter_map(|p| st.slots.get(p).map(|s| s.rank))
+                .collect();
+            MissingSummary::new(absent_total as u64, known)
+        });
+        let mut unlisted = unannounced as u64;
+        if absent.len() > MAX_NAMED_MISSING {
+            unlisted += (absent.len() - MAX_NAMED_MISSING) as u64;
+            absent.truncate(MAX_NAMED_MISSING);
+        }
+        if unlisted > 0 {
+            self.bump(|c| c.missing_unlisted += unlisted);
+        }
+        summary
     }
 
     /// A communicator's open instances past their wait, with when their
@@ -152,6 +188,14 @@ impl Joiner {
         due.sort_unstable_by_key(|d| d.0);
         due
     }
+}
+
+/// Who an expiring instance's members were: the ranks present, the
+/// positions absent, and how many never announced themselves.
+struct Attendance {
+    present_ranks: Vec<u32>,
+    absent: Vec<u32>,
+    unannounced: usize,
 }
 
 /// Who of `positions` arrived at instance `key` (their ranks), who is
