@@ -252,25 +252,8 @@ pub fn replay(
     opts: &ReplayOptions,
     progress: &mut dyn FnMut(f64),
 ) -> Result<Replayed, ReplayError> {
-    let mut cfg = opts.config.clone();
-    if let Some(n) = rec.reference_instances() {
-        // A short recording must still get a step period: decide it once
-        // half of what the recording holds has come in (never later than
-        // live).
-        let half = usize::try_from(n / DECIDE_PERIOD_AFTER_DIVISOR).unwrap_or(usize::MAX);
-        cfg.iteration.detect_instances = cfg.iteration.detect_instances.min(half.max(8));
-    }
-    cfg.whatif_groups = rec.groups.clone();
-    let a = Analyzer::new(cfg);
-    // (coordinator receive time, host index, batch index): a total order, so
-    // same-time batches always go in the same order.
-    let mut order: Vec<(u64, usize, usize)> = Vec::new();
-    for (hi, h) in rec.hosts.iter().enumerate() {
-        for (bi, b) in h.batches.iter().enumerate() {
-            order.push((h.fit.coord(b.mono_ns) + INGEST_DELAY_NS, hi, bi));
-        }
-    }
-    order.sort_unstable();
+    let a = Analyzer::new(replay_config(rec, opts));
+    let order = delivery_order(rec);
     let (Some(first), Some(last)) = (order.first().map(|x| x.0), order.last().map(|x| x.0)) else {
         return Err(ReplayError::Empty("no agent batches in the input".into()));
     };
@@ -284,20 +267,7 @@ pub fn replay(
     let mut t = start;
     while t <= end {
         if t >= next_sample {
-            for h in &rec.hosts {
-                let ag = h.fit.agent(t);
-                // Probes that fail validation are counted by the analyzer.
-                let _ = a.add_clock_sample(
-                    &h.host,
-                    ClockSample {
-                        coord_send_ns: t.saturating_sub(h.fit.half_rtt_ns),
-                        agent_mono_ns: ag,
-                        agent_hold_ns: 0,
-                        coord_recv_ns: t + h.fit.half_rtt_ns,
-                        udp: true,
-                    },
-                );
-            }
+            sample_clocks(&a, rec, t);
             next_sample += CLOCK_SAMPLE_EVERY_NS;
         }
         while next < order.len() && order[next].0 <= t {
@@ -319,16 +289,9 @@ pub fn replay(
     }
     progress(1.0);
     let mut report = a.report();
-    report.generated_at = opts.generated_at.unwrap_or_else(|| {
-        let wall = rec
-            .hosts
-            .iter()
-            .flat_map(|h| &h.batches)
-            .map(|b| b.wall_ns)
-            .max()
-            .unwrap_or(0);
-        DateTime::<Utc>::from_timestamp_nanos(wall as i64)
-    });
+    report.generated_at = opts
+        .generated_at
+        .unwrap_or_else(|| last_batch_wall_time(rec));
     let trace = a.trace_json();
     Ok(Replayed {
         report,
@@ -336,4 +299,66 @@ pub fn replay(
         lines,
         groups: a.group_costs(),
     })
+}
+
+/// The analyzer's configuration for `rec`: the options' own, with the
+/// source's groups to cost and a step period decided in time for a short
+/// recording.
+fn replay_config(rec: &Recording, opts: &ReplayOptions) -> AnalyzerConfig {
+    let mut cfg = opts.config.clone();
+    if let Some(n) = rec.reference_instances() {
+        // A short recording must still get a step period: decide it once
+        // half of what the recording holds has come in (never later than
+        // live).
+        let half = usize::try_from(n / DECIDE_PERIOD_AFTER_DIVISOR).unwrap_or(usize::MAX);
+        cfg.iteration.detect_instances = cfg.iteration.detect_instances.min(half.max(8));
+    }
+    cfg.whatif_groups = rec.groups.clone();
+    cfg
+}
+
+/// Every batch as (coordinator receive time, host index, batch index), in
+/// that order: a total order, so same-time batches always go in the same
+/// order.
+fn delivery_order(rec: &Recording) -> Vec<(u64, usize, usize)> {
+    let mut order: Vec<(u64, usize, usize)> = Vec::new();
+    for (hi, h) in rec.hosts.iter().enumerate() {
+        for (bi, b) in h.batches.iter().enumerate() {
+            order.push((h.fit.coord(b.mono_ns) + INGEST_DELAY_NS, hi, bi));
+        }
+    }
+    order.sort_unstable();
+    order
+}
+
+/// One clock probe per host at coordinator time `t`, answered on the
+/// host's recorded clock with its recorded half round trip.
+fn sample_clocks(a: &Analyzer, rec: &Recording, t: u64) {
+    for h in &rec.hosts {
+        let ag = h.fit.agent(t);
+        // Probes that fail validation are counted by the analyzer.
+        let _ = a.add_clock_sample(
+            &h.host,
+            ClockSample {
+                coord_send_ns: t.saturating_sub(h.fit.half_rtt_ns),
+                agent_mono_ns: ag,
+                agent_hold_ns: 0,
+                coord_recv_ns: t + h.fit.half_rtt_ns,
+                udp: true,
+            },
+        );
+    }
+}
+
+/// The report's time when the options give none: the newest batch's wall
+/// clock, so a replay says the same every time.
+fn last_batch_wall_time(rec: &Recording) -> DateTime<Utc> {
+    let wall = rec
+        .hosts
+        .iter()
+        .flat_map(|h| &h.batches)
+        .map(|b| b.wall_ns)
+        .max()
+        .unwrap_or(0);
+    DateTime::<Utc>::from_timestamp_nanos(wall as i64)
 }
