@@ -407,16 +407,7 @@ impl Joiner {
         if let Some(offer) = self.offer_again(st, pos, p2p, &rec)? {
             return Ok(offer);
         }
-        let (key, positions) = if p2p {
-            let peer = rec.peer as u32;
-            let ord = st.p2p_ordinal.entry((pos, peer)).or_insert(0);
-            let ordinal = *ord;
-            *ord += 1;
-            let (lo, hi) = (pos.min(peer), pos.max(peer));
-            (InstanceKey::P2p { lo, hi, ordinal }, vec![lo, hi])
-        } else {
-            (InstanceKey::Coll(rec.seq), Vec::new())
-        };
+        let (key, positions) = instance_of(st, pos, p2p, &rec);
         st.born += 1;
         let born = st.born;
 
@@ -425,28 +416,13 @@ impl Joiner {
         }
         // Any record from a missing member shows it is alive again past its
         // hang point; the hang candidate stays until its own instance resolves.
-        let nranks = st.nranks;
         let member = Member {
             rank: rec.rank,
             rank_in_comm: pos,
             host: host.clone(),
             rec,
         };
-        let open = st.open.entry(key).or_insert_with(|| {
-            self.open_total.fetch_add(1, Ordering::Relaxed);
-            let n = if p2p { 2 } else { nranks as usize };
-            Open {
-                born,
-                op: member.rec.op,
-                bytes: member.rec.bytes,
-                positions: if p2p { positions.clone() } else { Vec::new() },
-                records: HashMap::new(),
-                expected: n,
-                first_host: host.clone(),
-                first_agent_ns: member.rec.host_entry_ns,
-                entered_hint: None,
-            }
-        });
+        let open = self.open_instance(st, key, born, positions, &member);
         let idx = if p2p {
             open.positions.iter().position(|p| *p == pos).unwrap_or(0)
         } else {
@@ -456,14 +432,55 @@ impl Joiner {
             return Err(RecordError::Conflict);
         }
         open.records.insert(idx as u32, member);
-        if open.records.len() >= open.expected {
+        let full = open.records.len() >= open.expected;
+        Ok(self.complete_or_cap(st, comm_id, key, full))
+    }
+
+    /// The open instance `key`, opened with `member` as its first record
+    /// when it is new.
+    fn open_instance<'s>(
+        &self,
+        st: &'s mut CommState,
+        key: InstanceKey,
+        born: u64,
+        positions: Vec<u32>,
+        member: &Member,
+    ) -> &'s mut Open {
+        let nranks = st.nranks;
+        let p2p = matches!(key, InstanceKey::P2p { .. });
+        st.open.entry(key).or_insert_with(|| {
+            self.open_total.fetch_add(1, Ordering::Relaxed);
+            let n = if p2p { 2 } else { nranks as usize };
+            Open {
+                born,
+                op: member.rec.op,
+                bytes: member.rec.bytes,
+                positions: if p2p { positions } else { Vec::new() },
+                records: HashMap::new(),
+                expected: n,
+                first_host: member.host.clone(),
+                first_agent_ns: member.rec.host_entry_ns,
+                entered_hint: None,
+            }
+        })
+    }
+
+    /// After a record went in: the instance joined when `full`; else, past
+    /// the communicator's cap on open instances, its oldest is evicted.
+    fn complete_or_cap(
+        &self,
+        st: &mut CommState,
+        comm_id: u64,
+        key: InstanceKey,
+        full: bool,
+    ) -> Offer {
+        let nranks = st.nranks;
+        if full {
             let open = st.open.remove(&key).expect("present");
             self.open_total.fetch_sub(1, Ordering::Relaxed);
             st.close(key, self.closed_cap());
             self.bump(|c| c.completed += 1);
-            return Ok(Offer::Completed(Self::joined(
-                st, comm_id, key, nranks, open,
-            )));
+            return Offer::Completed(Self::joined(st, comm_id, key, nranks, open));
         }
         if st.open.len() > self.open_cap(nranks) {
             if let Some((&old, _)) = st.open.iter().min_by_key(|(_, o)| o.born) {
@@ -473,7 +490,7 @@ impl Joiner {
                 self.bump(|c| c.evicted += 1);
             }
         }
-        Ok(Offer::Pending)
+        Offer::Pending
     }
 
     /// A record at or below its member's last sequence number: the same
@@ -677,6 +694,26 @@ fn fill_level(counts: &[usize], budget: usize) -> usize {
         }
     }
     lo
+}
+
+/// The instance a record belongs to, and (point-to-point) its two ends'
+/// positions: a p2p op is numbered by its order between the two ends.
+fn instance_of(
+    st: &mut CommState,
+    pos: u32,
+    p2p: bool,
+    rec: &CollectiveRecord,
+) -> (InstanceKey, Vec<u32>) {
+    if p2p {
+        let peer = rec.peer as u32;
+        let ord = st.p2p_ordinal.entry((pos, peer)).or_insert(0);
+        let ordinal = *ord;
+        *ord += 1;
+        let (lo, hi) = (pos.min(peer), pos.max(peer));
+        (InstanceKey::P2p { lo, hi, ordinal }, vec![lo, hi])
+    } else {
+        (InstanceKey::Coll(rec.seq), Vec::new())
+    }
 }
 
 #[cfg(test)]
