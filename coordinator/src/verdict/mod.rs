@@ -352,43 +352,15 @@ impl Lifecycle {
         if o.is_none() || (hits.len() < self.cfg.open_min && !fast(&self.cfg, t) && !alarm) {
             return None;
         }
-        // Majority class over the window; the latest observation of it speaks.
-        let mut votes: BTreeMap<Kind, usize> = BTreeMap::new();
-        for h in &hits {
-            *votes.entry(h.classification.kind).or_default() += 1;
-        }
-        let kind = votes.iter().max_by_key(|(_, n)| **n).map(|(k, _)| *k)?;
-        let latest = hits.iter().rev().find(|h| h.classification.kind == kind)?;
+        let w = window_case(hits)?;
         let (first_it, first) = t
             .hist
             .iter()
             .find_map(|h| h.1.as_ref().map(|o| (h.0, o)))
             .expect("hits");
-        let lost: f64 = hits.iter().map(|h| h.lost_ns).sum::<f64>() / 1e9;
-        let exposure: f64 = hits.iter().map(|h| h.exposure_ns).sum();
-        let conf = hits
-            .iter()
-            .map(|h| h.classification.confidence)
-            .sum::<f64>()
-            / hits.len() as f64;
         let (id, event) = match t.verdict.and_then(|id| self.verdicts.get_mut(&id)) {
             Some(v) => {
-                v.active = true;
-                v.episodes += 1;
-                v.closed_iteration = None;
-                v.confidence = conf;
-                v.evidence = latest.classification.evidence.clone();
-                v.lost_gpu_seconds += lost;
-                v.exposure_ns += exposure;
-                if v.kind != kind {
-                    v.reset_cost();
-                }
-                v.kind = kind;
-                for h in hits.iter().filter(|h| h.classification.kind == kind) {
-                    v.account(h.saved_ns, h.step_ns, h.once_fixed);
-                }
-                v.last_seen_iteration = it;
-                v.opened_iteration = it;
+                reopen(v, &w, it);
                 (v.id, EventKind::Reopened)
             }
             None => {
@@ -398,19 +370,17 @@ impl Lifecycle {
                     id,
                     s,
                     it,
-                    kind,
-                    conf,
-                    latest,
+                    w.kind,
+                    w.confidence,
+                    w.latest,
                     (first_it, first),
-                    lost,
-                    exposure,
+                    w.lost_gpu_seconds,
+                    w.exposure_ns,
                 );
                 // Costed as what it is: a window's minority of host-side
                 // readings replayed a compute-slow GPU's cost from
                 // host-side arrivals (random 5407-16: 4% for 52%).
-                for h in hits.iter().filter(|h| h.classification.kind == kind) {
-                    v.account(h.saved_ns, h.step_ns, h.once_fixed);
-                }
+                account_kind(&mut v, &w);
                 self.verdicts.insert(id, v);
                 t.verdict = Some(id);
                 (id, EventKind::Opened)
@@ -418,6 +388,72 @@ impl Lifecycle {
         };
         let v = self.verdicts.get(&id)?.clone();
         Some(opened_event(v, event, it))
+    }
+}
+
+/// What a subject's window of observations says when it opens (or
+/// reopens) a verdict.
+struct WindowCase<'a> {
+    hits: Vec<&'a Observation>,
+    /// The majority class over the window.
+    kind: Kind,
+    /// The latest observation of that class: its evidence speaks.
+    latest: &'a Observation,
+    /// Mean confidence over the window.
+    confidence: f64,
+    lost_gpu_seconds: f64,
+    exposure_ns: f64,
+}
+
+/// Majority class over the window; the latest observation of it speaks.
+fn window_case(hits: Vec<&Observation>) -> Option<WindowCase<'_>> {
+    let mut votes: BTreeMap<Kind, usize> = BTreeMap::new();
+    for h in &hits {
+        *votes.entry(h.classification.kind).or_default() += 1;
+    }
+    let kind = votes.iter().max_by_key(|(_, n)| **n).map(|(k, _)| *k)?;
+    let latest = *hits.iter().rev().find(|h| h.classification.kind == kind)?;
+    let lost_gpu_seconds: f64 = hits.iter().map(|h| h.lost_ns).sum::<f64>() / 1e9;
+    let exposure_ns: f64 = hits.iter().map(|h| h.exposure_ns).sum();
+    let confidence = hits
+        .iter()
+        .map(|h| h.classification.confidence)
+        .sum::<f64>()
+        / hits.len() as f64;
+    Some(WindowCase {
+        hits,
+        kind,
+        latest,
+        confidence,
+        lost_gpu_seconds,
+        exposure_ns,
+    })
+}
+
+/// A closed verdict of the subject opens again: a new episode, its costs
+/// added (measured anew when its class changed).
+fn reopen(v: &mut Verdict, w: &WindowCase<'_>, it: u64) {
+    v.active = true;
+    v.episodes += 1;
+    v.closed_iteration = None;
+    v.confidence = w.confidence;
+    v.evidence = w.latest.classification.evidence.clone();
+    v.lost_gpu_seconds += w.lost_gpu_seconds;
+    v.exposure_ns += w.exposure_ns;
+    if v.kind != w.kind {
+        v.reset_cost();
+    }
+    v.kind = w.kind;
+    account_kind(v, w);
+    v.last_seen_iteration = it;
+    v.opened_iteration = it;
+}
+
+/// Accounts the window's readings of the verdict's class (and only
+/// those) to its cost.
+fn account_kind(v: &mut Verdict, w: &WindowCase<'_>) {
+    for h in w.hits.iter().filter(|h| h.classification.kind == w.kind) {
+        v.account(h.saved_ns, h.step_ns, h.once_fixed);
     }
 }
 
