@@ -286,38 +286,7 @@ fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
          <th class=\"num\">cost</th><th class=\"num\">clock error</th></tr></thead><tbody>",
     );
     for v in &r.verdicts {
-        let who = match &v.link {
-            Some(l) => format!("link {}↔{} (from {})", l.ranks[0], l.ranks[1], v.host),
-            None if !v.ranks.is_empty() => format!(
-                "host {} ({}; rank {} costs most)",
-                v.host,
-                crate::verdict::span(&v.ranks),
-                v.rank
-            ),
-            None => format!("rank {} on {}", v.rank, v.host),
-        };
-        let since = match v.closed_iteration {
-            Some(c) if !v.active => format!("{}–{}", v.first_seen_iteration, c),
-            _ => v.first_seen_iteration.to_string(),
-        };
-        let _ = write!(
-            s,
-            "<tr class=\"verdict {}\" id=\"verdict-{}\" data-rank=\"{}\"><td><span class=\"tag {}\">{}</span></td>\
-             <td><b>{}</b></td><td>{}-slow</td><td class=\"num\">{:.2}</td><td class=\"num\">{}</td>\
-             <td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{:.0} µs</td></tr>",
-            if v.active { "active" } else { "closed" },
-            v.id,
-            v.rank,
-            if v.active { "now" } else { "was" },
-            if v.active { "NOW" } else { "WAS" },
-            esc(&who),
-            esc(v.kind.as_str()),
-            v.confidence,
-            since,
-            v.lost_gpu_seconds,
-            esc(&v.cost_cell()),
-            v.clock_error_us
-        );
+        verdict_row(s, v);
         let _ = write!(
             s,
             "<tr class=\"evidence\"><td></td><td colspan=\"7\"><ul class=\"evidence\">"
@@ -327,39 +296,86 @@ fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
         }
         s.push_str("</ul>");
         if let Some(f) = &v.flamegraph {
-            let top: Vec<String> = f
-                .top_frames
-                .iter()
-                .take(3)
-                .map(|t| {
-                    format!(
-                        "<code>{}</code> {:.1}% vs {:.1}%",
-                        esc(crate::report::short_frame(&t.frame)),
-                        100.0 * t.flagged_share,
-                        100.0 * t.reference_share
-                    )
-                })
-                .collect();
-            let link = if flames.iter().any(|g| g.verdict == v.id) {
-                format!(" (<a href=\"#flame-{}\">flame graph</a>)", v.id)
-            } else {
-                String::new()
-            };
-            let _ = write!(
-                s,
-                "<div class=\"note\">Where it differs from rank {} ({} view){link}: {}</div>",
-                f.reference_rank,
-                esc(&f.view),
-                if top.is_empty() {
-                    "no frame stands out".to_owned()
-                } else {
-                    top.join(" · ")
-                }
-            );
+            where_it_differs(s, v, f, flames);
         }
         s.push_str("</td></tr>");
     }
     s.push_str("</tbody></table></section>");
+}
+
+/// A verdict's row: who, what, since when, what it cost.
+fn verdict_row(s: &mut String, v: &Verdict) {
+    let who = match &v.link {
+        Some(l) => format!("link {}↔{} (from {})", l.ranks[0], l.ranks[1], v.host),
+        None if !v.ranks.is_empty() => format!(
+            "host {} ({}; rank {} costs most)",
+            v.host,
+            crate::verdict::span(&v.ranks),
+            v.rank
+        ),
+        None => format!("rank {} on {}", v.rank, v.host),
+    };
+    let since = match v.closed_iteration {
+        Some(c) if !v.active => format!("{}–{}", v.first_seen_iteration, c),
+        _ => v.first_seen_iteration.to_string(),
+    };
+    let _ = write!(
+        s,
+        "<tr class=\"verdict {}\" id=\"verdict-{}\" data-rank=\"{}\"><td><span class=\"tag {}\">{}</span></td>\
+         <td><b>{}</b></td><td>{}-slow</td><td class=\"num\">{:.2}</td><td class=\"num\">{}</td>\
+         <td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{:.0} µs</td></tr>",
+        if v.active { "active" } else { "closed" },
+        v.id,
+        v.rank,
+        if v.active { "now" } else { "was" },
+        if v.active { "NOW" } else { "WAS" },
+        esc(&who),
+        esc(v.kind.as_str()),
+        v.confidence,
+        since,
+        v.lost_gpu_seconds,
+        esc(&v.cost_cell()),
+        v.clock_error_us
+    );
+}
+
+/// The verdict's flame-graph diff in a line: its top frames against the
+/// reference rank's, linked to the graph when the page has it.
+fn where_it_differs(
+    s: &mut String,
+    v: &Verdict,
+    f: &crate::verdict::FlameRef,
+    flames: &[FlameSvg],
+) {
+    let top: Vec<String> = f
+        .top_frames
+        .iter()
+        .take(3)
+        .map(|t| {
+            format!(
+                "<code>{}</code> {:.1}% vs {:.1}%",
+                esc(crate::report::short_frame(&t.frame)),
+                100.0 * t.flagged_share,
+                100.0 * t.reference_share
+            )
+        })
+        .collect();
+    let link = if flames.iter().any(|g| g.verdict == v.id) {
+        format!(" (<a href=\"#flame-{}\">flame graph</a>)", v.id)
+    } else {
+        String::new()
+    };
+    let _ = write!(
+        s,
+        "<div class=\"note\">Where it differs from rank {} ({} view){link}: {}</div>",
+        f.reference_rank,
+        esc(&f.view),
+        if top.is_empty() {
+            "no frame stands out".to_owned()
+        } else {
+            top.join(" · ")
+        }
+    );
 }
 
 fn frame_table(s: &mut String, frames: &[crate::verdict::flame::FrameDiff]) {
@@ -554,36 +570,42 @@ fn ingest(s: &mut String, r: &Report) {
         s.push_str("</p>");
     }
     if !r.agents.is_empty() {
-        s.push_str("<table><thead><tr><th>agent</th><th>host</th><th>state</th><th class=\"num\">batches</th></tr></thead><tbody>");
-        for a in &r.agents {
-            let state = if a.connected {
-                "connected".to_owned()
-            } else {
-                format!(
-                    "gone ({}){}",
-                    a.reason.as_deref().unwrap_or("?"),
-                    if a.ranks_unobserved.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; ranks {} no longer observed",
-                            join_u32(&a.ranks_unobserved)
-                        )
-                    }
-                )
-            };
-            let _ = write!(
-                s,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
-                esc(&a.agent_id),
-                esc(&a.host),
-                esc(&state),
-                a.batches
-            );
-        }
-        s.push_str("</tbody></table>");
+        agents_table(s, &r.agents);
     }
     s.push_str("</section>");
+}
+
+/// Each agent: its host, whether it is connected (or why it went, and
+/// the ranks no longer observed since), its batches.
+fn agents_table(s: &mut String, agents: &[crate::report::AgentReport]) {
+    s.push_str("<table><thead><tr><th>agent</th><th>host</th><th>state</th><th class=\"num\">batches</th></tr></thead><tbody>");
+    for a in agents {
+        let state = if a.connected {
+            "connected".to_owned()
+        } else {
+            format!(
+                "gone ({}){}",
+                a.reason.as_deref().unwrap_or("?"),
+                if a.ranks_unobserved.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; ranks {} no longer observed",
+                        join_u32(&a.ranks_unobserved)
+                    )
+                }
+            )
+        };
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
+            esc(&a.agent_id),
+            esc(&a.host),
+            esc(&state),
+            a.batches
+        );
+    }
+    s.push_str("</tbody></table>");
 }
 
 fn join_u32(v: &[u32]) -> String {
