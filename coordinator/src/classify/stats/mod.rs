@@ -542,77 +542,98 @@ impl Stats {
             let c = *peer_cache
                 .entry(comm)
                 .or_insert_with(|| PeerCenter::of(peers, bucket));
-            let (wait_med, sync_med, unexpl_med, unexpl_mad) =
-                (c.wait_med, c.sync_med, c.unexpl_med, c.unexpl_mad);
-            let excess_wait = acc.wait_nonref - wait_med;
-            // Time in transfers beyond its peers' (a slow NIC on its ring:
-            // the all-reduce ends late, so the rank reaches the next
-            // collective late) is the transfer's, not its own lateness.
-            let excess_xfer = (acc.xfer_ns - c.xfer_med).max(0.0);
-            let unexplained = acc.late_sum - excess_wait.max(0.0) - excess_xfer;
-            let mad_floor = (0.005 * step_ns).max(10_000.0);
-            let z = robust_z(unexplained, unexpl_med, unexpl_mad.max(mad_floor));
-            let err_floor = acc.err_max * acc.ref_n as f64;
-            let significant = |x: f64, z: f64| {
-                step_ns.is_finite()
-                    && x >= self.cfg.min_step_fraction * step_ns
-                    && x >= self.cfg.min_late_ns
-                    && x > err_floor
-                    && z >= self.cfg.min_robust_z
-                    && peers.len() >= 2
-            };
-            // A host-bound root: when replicas re-synchronise every step
-            // (pipelines coupled through later stages' DP groups, end-of-step
-            // syncs), the slow host sets everyone's pace and its GPU is not
-            // late among its peers — but its host is, and its GPU drained
-            // while the peers' hosts waited in syncs for theirs.
-            let sync_excess = acc.sync_wait - sync_med;
-            let host_mean = acc.host_late_sum / acc.ref_n.max(1) as f64;
-            let host_z = robust_z(acc.host_late_sum, c.host_med, c.host_mad.max(mad_floor));
-            //
-            // On a loaded machine host-side arrivals are noisy (a descheduled
-            // rank is late by milliseconds in one iteration, another rank in
-            // the next), so a MAD-based z-score over the peers is swamped.
-            // What noise does not do is persist *and* drain the GPU: the
-            // rank is last in most of its reference instances, late on
-            // average by a material share of the step, and its GPU syncs
-            // are shorter than its peers' by about that lateness (its GPU
-            // idled waiting for its host). Persistence across iterations is
-            // left to the verdict hysteresis.
-            let ordered = acc.last_n as f64 >= 0.5 * acc.ref_n as f64 && peers.len() >= 3;
-            let material = step_ns.is_finite()
-                && host_mean >= self.cfg.min_host_step_fraction * step_ns
-                && host_mean > acc.err_max
-                && host_mean >= self.cfg.min_late_ns;
-            let host_root = (significant(acc.host_late_sum, host_z) || (ordered && material))
-                && -sync_excess >= 0.5 * host_mean;
-            let suspicious = significant(unexplained, z) || host_root;
-            out.push(RankScore {
-                rank,
-                iteration: it,
-                ref_n: acc.ref_n,
-                late_ns: acc.late_sum,
-                host_late_ns: acc.host_late_sum,
-                gpu_late_ns: (acc.gpu_n > 0).then_some(acc.gpu_late_sum),
-                gpu_n: acc.gpu_n,
-                excess_wait_ns: excess_wait,
-                unexplained_ns: unexplained,
-                sync_excess_ns: sync_excess,
-                last_frac: acc.last_n as f64 / acc.ref_n as f64,
-                mean_pos: acc.pos_sum / acc.ref_n as f64,
-                inflicted_ns: acc.inflicted,
-                blame_ns: 0.0,
-                blame_excess_ns: 0.0,
-                blame_z: 0.0,
-                err_ns: acc.err_max,
-                step_ns,
-                peers: peers.len(),
-                suspicious,
-                first_t: acc.first_t,
-            });
+            out.push(self.score_rank(it, rank, acc, &c, peers.len(), step_ns));
         }
         out.sort_by_key(|s| s.rank);
         out
+    }
+
+    /// One rank's score in one iteration against its peers' center `c`.
+    fn score_rank(
+        &self,
+        it: u64,
+        rank: u32,
+        acc: &RankIter,
+        c: &PeerCenter,
+        peers: usize,
+        step_ns: f64,
+    ) -> RankScore {
+        let (wait_med, unexpl_med, unexpl_mad) = (c.wait_med, c.unexpl_med, c.unexpl_mad);
+        let excess_wait = acc.wait_nonref - wait_med;
+        // Time in transfers beyond its peers' (a slow NIC on its ring:
+        // the all-reduce ends late, so the rank reaches the next
+        // collective late) is the transfer's, not its own lateness.
+        let excess_xfer = (acc.xfer_ns - c.xfer_med).max(0.0);
+        let unexplained = acc.late_sum - excess_wait.max(0.0) - excess_xfer;
+        let mad_floor = (0.005 * step_ns).max(10_000.0);
+        let z = robust_z(unexplained, unexpl_med, unexpl_mad.max(mad_floor));
+        let sync_excess = acc.sync_wait - c.sync_med;
+        let suspicious = self.significant(unexplained, z, acc, peers, step_ns)
+            || self.host_root(acc, c, peers, step_ns);
+        RankScore {
+            rank,
+            iteration: it,
+            ref_n: acc.ref_n,
+            late_ns: acc.late_sum,
+            host_late_ns: acc.host_late_sum,
+            gpu_late_ns: (acc.gpu_n > 0).then_some(acc.gpu_late_sum),
+            gpu_n: acc.gpu_n,
+            excess_wait_ns: excess_wait,
+            unexplained_ns: unexplained,
+            sync_excess_ns: sync_excess,
+            last_frac: acc.last_n as f64 / acc.ref_n as f64,
+            mean_pos: acc.pos_sum / acc.ref_n as f64,
+            inflicted_ns: acc.inflicted,
+            blame_ns: 0.0,
+            blame_excess_ns: 0.0,
+            blame_z: 0.0,
+            err_ns: acc.err_max,
+            step_ns,
+            peers,
+            suspicious,
+            first_t: acc.first_t,
+        }
+    }
+
+    /// Whether lateness `x` (robust z-score `z`) is material: a share of
+    /// the step, above the floor and the clock error, an outlier, among
+    /// at least two peers.
+    fn significant(&self, x: f64, z: f64, acc: &RankIter, peers: usize, step_ns: f64) -> bool {
+        let err_floor = acc.err_max * acc.ref_n as f64;
+        step_ns.is_finite()
+            && x >= self.cfg.min_step_fraction * step_ns
+            && x >= self.cfg.min_late_ns
+            && x > err_floor
+            && z >= self.cfg.min_robust_z
+            && peers >= 2
+    }
+
+    /// A host-bound root: when replicas re-synchronise every step
+    /// (pipelines coupled through later stages' DP groups, end-of-step
+    /// syncs), the slow host sets everyone's pace and its GPU is not
+    /// late among its peers — but its host is, and its GPU drained
+    /// while the peers' hosts waited in syncs for theirs.
+    fn host_root(&self, acc: &RankIter, c: &PeerCenter, peers: usize, step_ns: f64) -> bool {
+        let mad_floor = (0.005 * step_ns).max(10_000.0);
+        let sync_excess = acc.sync_wait - c.sync_med;
+        let host_mean = acc.host_late_sum / acc.ref_n.max(1) as f64;
+        let host_z = robust_z(acc.host_late_sum, c.host_med, c.host_mad.max(mad_floor));
+        // On a loaded machine host-side arrivals are noisy (a descheduled
+        // rank is late by milliseconds in one iteration, another rank in
+        // the next), so a MAD-based z-score over the peers is swamped.
+        // What noise does not do is persist *and* drain the GPU: the
+        // rank is last in most of its reference instances, late on
+        // average by a material share of the step, and its GPU syncs
+        // are shorter than its peers' by about that lateness (its GPU
+        // idled waiting for its host). Persistence across iterations is
+        // left to the verdict hysteresis.
+        let ordered = acc.last_n as f64 >= 0.5 * acc.ref_n as f64 && peers >= 3;
+        let material = step_ns.is_finite()
+            && host_mean >= self.cfg.min_host_step_fraction * step_ns
+            && host_mean > acc.err_max
+            && host_mean >= self.cfg.min_late_ns;
+        (self.significant(acc.host_late_sum, host_z, acc, peers, step_ns) || (ordered && material))
+            && -sync_excess >= 0.5 * host_mean
     }
 }
 
