@@ -212,62 +212,11 @@ impl IterationClock {
     /// The reference: the largest communicator (lowest id on ties) with
     /// enough instances, once no larger repeating one is still to come.
     fn try_lock(&mut self) {
-        let need = if self.cfg.override_period.is_some() {
-            1
-        } else {
-            self.cfg.detect_instances
-        };
-        let Some((&comm_id, &(nranks, _))) = self
-            .pending
-            .iter()
-            .filter(|(_, (_, q))| q.len() >= need)
-            .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0)))
-        else {
+        let Some((comm_id, nranks)) = self.reference_candidate() else {
             return;
         };
-        let patience_over = self
-            .pending
-            .values()
-            .any(|(_, q)| q.len() >= PATIENCE * self.cfg.detect_instances.max(1));
-        if nranks < self.largest_repeating && !patience_over {
+        let Some((p, o, method)) = self.infer_period(&self.pending[&comm_id].1) else {
             return;
-        }
-        let cap = PATIENCE * self.cfg.detect_instances.max(1);
-        let q = &self.pending[&comm_id].1;
-        // Longest run of consecutive sequence numbers from the lowest one.
-        let mut run: Vec<(u64, CoordNs, CoordNs, Marks)> = Vec::new();
-        for (&s, &(a, b, m)) in q {
-            if let Some(&(last, _, _, _)) = run.last() {
-                if s != last + 1 {
-                    break;
-                }
-            }
-            run.push((s, a, b, m));
-        }
-        let (p, o, method) = match self.cfg.override_period {
-            Some(p) => (p.max(1), 0, Method::Override),
-            None => {
-                if run.len() < self.cfg.detect_instances.min(q.len()).max(8) {
-                    if q.len() > 4 * self.cfg.detect_instances {
-                        // Sequence holes everywhere: give up on structure.
-                        (1, 0, Method::Undetermined)
-                    } else {
-                        return;
-                    }
-                } else {
-                    let found = detect_by_marks(&run)
-                        .unwrap_or_else(|| detect_period(&run, self.cfg.even_jump));
-                    // A step longer than a third of what was collected
-                    // cannot show yet (a tensor-parallel group carries a
-                    // collective per layer and micro-batch: 24 a step in
-                    // a tp2×pp2×dp2 job with 3 layers and 4 micro-batches):
-                    // collect more before calling it undetermined.
-                    if found.2 == Method::Undetermined && q.len() < cap {
-                        return;
-                    }
-                    found
-                }
-            }
         };
         tracing::info!(
             instances_per_step = p,
@@ -291,6 +240,62 @@ impl IterationClock {
             let k = self.iteration_of_seq(s).expect("period known");
             self.record_end(k, end);
         }
+    }
+
+    /// The communicator to take as the reference now, with its size: the
+    /// largest with enough instances, unless a larger repeating one may
+    /// still come (and patience has not run out).
+    fn reference_candidate(&self) -> Option<(u64, u32)> {
+        let need = if self.cfg.override_period.is_some() {
+            1
+        } else {
+            self.cfg.detect_instances
+        };
+        let (&comm_id, &(nranks, _)) = self
+            .pending
+            .iter()
+            .filter(|(_, (_, q))| q.len() >= need)
+            .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0)))?;
+        let patience_over = self
+            .pending
+            .values()
+            .any(|(_, q)| q.len() >= PATIENCE * self.cfg.detect_instances.max(1));
+        if nranks < self.largest_repeating && !patience_over {
+            return None;
+        }
+        Some((comm_id, nranks))
+    }
+
+    /// The step (instances per iteration, phase, how it was found) in the
+    /// reference's instances `q`; `None` while more are needed to tell.
+    fn infer_period(&self, q: &Instances) -> Option<(u64, u64, Method)> {
+        let cap = PATIENCE * self.cfg.detect_instances.max(1);
+        let run = consecutive_run(q);
+        Some(match self.cfg.override_period {
+            Some(p) => (p.max(1), 0, Method::Override),
+            None => {
+                if run.len() < self.cfg.detect_instances.min(q.len()).max(8) {
+                    if q.len() > 4 * self.cfg.detect_instances {
+                        // Sequence holes everywhere: give up on structure.
+                        (1, 0, Method::Undetermined)
+                    } else {
+                        return None;
+                    }
+                } else {
+                    let found = detect_by_marks(&run)
+                        .unwrap_or_else(|| detect_period(&run, self.cfg.even_jump));
+                    // A step longer than a third of what was collected
+                    // cannot show yet (a tensor-parallel group carries a
+                    // collective per layer and micro-batch: 24 a step in
+                    // a tp2×pp2×dp2 job with 3 layers and 4 micro-batches):
+                    // collect more before calling it undetermined.
+                    if found.2 == Method::Undetermined && q.len() < cap {
+                        return None;
+                    }
+                    found
+                }
+            }
+        })
     }
 
     fn record_end(&mut self, k: u64, end: CoordNs) {
@@ -367,6 +372,20 @@ impl IterationClock {
         let (last_k, _) = *self.ends.back()?;
         last_k.checked_sub(self.cfg.seal_lag)
     }
+}
+
+/// Longest run of consecutive sequence numbers from the lowest one.
+fn consecutive_run(q: &Instances) -> Vec<(u64, CoordNs, CoordNs, Marks)> {
+    let mut run: Vec<(u64, CoordNs, CoordNs, Marks)> = Vec::new();
+    for (&s, &(a, b, m)) in q {
+        if let Some(&(last, _, _, _)) = run.last() {
+            if s != last + 1 {
+                break;
+            }
+        }
+        run.push((s, a, b, m));
+    }
+    run
 }
 
 #[cfg(test)]
