@@ -26,19 +26,44 @@ pub struct StructureConfig {
     pub stage_excess: f64,
     /// Smallest saving (share of the step) worth a structural finding.
     pub min_cost: f64,
-    /// Iterations a work-imbalance finding looks back over.
+    /// Iterations a work-imbalance finding looks back over. Its
+    /// iterations must be GPU-side, which they are only in deep windows,
+    /// and those open once the job slowed: in random 1127-32 moved to an
+    /// onset at 30 (dp8 on 4 hosts, work ×1.22) the window opened at
+    /// iteration 37 and 18 GPU-side steps followed to the end, too few for
+    /// 20. 12 finds it; a straggler is kept apart by `max_top_share` and
+    /// `max_persistence`, and by any rank verdict, which comes first.
     pub window: usize,
     /// Work imbalance moves: no rank may be the costliest in more than this
     /// share of the window (a rank that is, is a straggler, and the
-    /// sequential test's business).
+    /// sequential test's business). Over 12 steps of 8 ranks taking turns
+    /// at random one rank's turns reached 5 (1127-32 at 30: 0.42): half.
     pub max_top_share: f64,
     /// Work imbalance moves: no rank's mean excess work over the window may
     /// reach this share of the mean per-iteration largest excess. A slow
     /// rank or a slow host has the same ranks in excess every iteration
     /// (ratio ≈ 1; on a slow host the costliest of its equally late ranks
     /// rotates, so `max_top_share` alone would take it for imbalance);
-    /// imbalance spread over n ranks has about 1/n.
+    /// imbalance spread over n ranks has less, though more than 1/n over a
+    /// 20-step window: random 1127-32 (dp8, work ×1.22 drawn anew every
+    /// step) read 0.37–0.48 over 20 steps, 0.43–0.65 over 12, so at the
+    /// first choice, 0.4, its finding flickered and never opened. 0.7
+    /// sits between that and a fixed slow rank's ≈ 1 (chosen on seed 1127;
+    /// BENCHMARKS.md).
     pub max_persistence: f64,
+    /// Recent iterations the rotation gate looks back over
+    /// ([`Rotation`]): short, so that a rank is held back from the first
+    /// iterations of an imbalance on, long before `window` fills.
+    pub rotation_window: usize,
+    /// A rank's what-if share that makes it the iteration's costliest in
+    /// the rotation gate's eyes: the sequential test's allowance, below
+    /// which a rank builds no evidence either (healthy runs' costliest
+    /// ranks stay under 2%).
+    pub rotation_min_share: f64,
+    /// Distinct costliest ranks in the rotation window that make the
+    /// slowest rank "move": two can be two stragglers taking turns, three
+    /// is what no fixed set of slow ranks does.
+    pub rotation_distinct: usize,
 }
 
 impl Default for StructureConfig {
@@ -46,9 +71,12 @@ impl Default for StructureConfig {
         Self {
             stage_excess: 0.15,
             min_cost: 0.03,
-            window: 20,
-            max_top_share: 0.35,
-            max_persistence: 0.4,
+            window: 12,
+            max_top_share: 0.5,
+            max_persistence: 0.7,
+            rotation_window: 8,
+            rotation_min_share: 0.05,
+            rotation_distinct: 3,
         }
     }
 }
@@ -156,6 +184,78 @@ pub fn stragglers_explain(stage: &[u32], named: impl Fn(u32) -> bool) -> bool {
     explained
 }
 
+/// The rotation gate: a straggler is the iteration's costliest rank again
+/// and again; under work imbalance the costliest rank changes from one
+/// iteration to the next, and a rank whose turn came twice in a short
+/// while adds up the sequential test's evidence like a straggler (random
+/// 5407-34, dp8, work ×2.32: five ranks named compute-slow in turn). The
+/// gate holds a rank back from a *new* verdict while the costliest rank
+/// moves and it is not the costliest in at least half of the recent
+/// iterations that had one; and a one-iteration spike (one costly turn)
+/// is no alarm until the rank is the costliest a second time. An active
+/// verdict is never held: a straggler named before an imbalance began
+/// stays named. Pure.
+#[derive(Debug, Clone, Default)]
+pub struct Rotation {
+    cfg: StructureConfig,
+    /// Per recent iteration, its costliest rank if it cost at least
+    /// `rotation_min_share` of the step.
+    tops: VecDeque<Option<u32>>,
+}
+
+impl Rotation {
+    pub fn with_config(cfg: StructureConfig) -> Self {
+        Self {
+            cfg,
+            tops: VecDeque::new(),
+        }
+    }
+
+    /// One iteration's what-if shares (share of the step per rank).
+    pub fn observe(&mut self, shares: &BTreeMap<u32, f64>) {
+        let top = shares
+            .iter()
+            .filter(|(_, x)| **x >= self.cfg.rotation_min_share && **x <= 1.0)
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(r, _)| *r);
+        self.tops.push_back(top);
+        while self.tops.len() > self.cfg.rotation_window.max(1) {
+            self.tops.pop_front();
+        }
+    }
+
+    /// Times `rank` was the costliest in the window, and how many of the
+    /// window's iterations had a costliest rank at all.
+    fn turns(&self, rank: u32) -> (usize, usize) {
+        let costly = self.tops.iter().flatten();
+        let n = costly.clone().count();
+        (costly.filter(|r| **r == rank).count(), n)
+    }
+
+    /// Whether the costliest rank moves: at least `rotation_distinct`
+    /// different ranks were the costliest in the window.
+    pub fn rotating(&self) -> bool {
+        let distinct: std::collections::BTreeSet<u32> =
+            self.tops.iter().flatten().copied().collect();
+        distinct.len() >= self.cfg.rotation_distinct.max(2)
+    }
+
+    /// Whether a new verdict on `rank` is held back: the costliest rank
+    /// moves and `rank` was the costliest in fewer than half of the
+    /// window's costly iterations.
+    pub fn holds(&self, rank: u32) -> bool {
+        let (mine, n) = self.turns(rank);
+        self.rotating() && 2 * mine < n
+    }
+
+    /// Whether the sequential test's alarm on `rank` may open a verdict:
+    /// not on one costly turn (the first iteration of an imbalance looks
+    /// like a straggler's), nor while the gate holds it.
+    pub fn confirms(&self, rank: u32) -> bool {
+        self.turns(rank).0 >= 2 && !self.holds(rank)
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Imbalance {
     cfg: StructureConfig,
@@ -227,6 +327,12 @@ impl Imbalance {
         }
     }
 
+    /// Mean balanced saving over the window, as a share of the step.
+    fn share(&self) -> f64 {
+        let n = self.window.len().max(1) as f64;
+        self.window.iter().map(|w| w.2 / w.3).sum::<f64>() / n
+    }
+
     /// The most persistent rank's mean excess over the mean per-iteration
     /// largest excess (see [`StructureConfig::max_persistence`]).
     fn persistence(&self) -> f64 {
@@ -252,14 +358,17 @@ impl Imbalance {
     }
 
     /// Work imbalance over the window: balancing would save ≥ `min_cost`
-    /// on average, and the costliest rank keeps changing.
+    /// on average, and the costliest rank keeps changing. A healthy job
+    /// is imbalanced too (random 2027-15, dp16, no fault: balancing would
+    /// have saved 10% of every step, with 8–12 different costliest ranks):
+    /// the analyzer says it only of a job that slowed.
     pub fn finding(&self) -> Option<ImbalanceFinding> {
         if self.window.len() < self.cfg.window {
             return None;
         }
         let n = self.window.len() as f64;
 
-        let share: f64 = self.window.iter().map(|w| w.2 / w.3).sum::<f64>() / n;
+        let share = self.share();
         let saved: f64 = self.window.iter().map(|w| w.2).sum::<f64>() / n;
         let mut tops: BTreeMap<u32, usize> = BTreeMap::new();
         for w in &self.window {
@@ -291,6 +400,55 @@ impl Imbalance {
 mod tests {
     use super::*;
     use crate::graph::whatif::{Arrival, Event, IterGraph};
+
+    fn costliest(r: u32, x: f64) -> BTreeMap<u32, f64> {
+        [(r, x)].into()
+    }
+
+    #[test]
+    fn a_rank_costliest_once_in_turn_is_held_a_straggler_is_not() {
+        let mut moving = Rotation::with_config(StructureConfig::default());
+        for r in [3, 5, 1, 3, 6, 2, 7, 0] {
+            moving.observe(&costliest(r, 0.3));
+        }
+        assert!(moving.rotating());
+        // Rank 3 was the costliest twice in 8: its turn, not a straggler.
+        assert!(moving.holds(3));
+        assert!(!moving.confirms(3));
+
+        let mut straggler = Rotation::with_config(StructureConfig::default());
+        for r in [4, 4, 1, 4, 4, 6, 4, 4] {
+            straggler.observe(&costliest(r, 0.2));
+        }
+        assert!(straggler.rotating(), "noise tops beside it");
+        assert!(!straggler.holds(4));
+        assert!(straggler.confirms(4));
+        // The others' occasional turns are held.
+        assert!(straggler.holds(6));
+    }
+
+    #[test]
+    fn one_costly_turn_is_no_alarm_and_small_shares_are_not_turns() {
+        let mut g = Rotation::with_config(StructureConfig::default());
+        // A healthy job: its costliest ranks cost under the allowance.
+        for r in 0..8 {
+            g.observe(&costliest(r, 0.02));
+        }
+        assert!(!g.rotating());
+        assert!(!g.holds(5));
+        // The first iteration of an imbalance, or of a big straggler.
+        g.observe(&costliest(5, 0.6));
+        assert!(!g.confirms(5), "one turn");
+        g.observe(&costliest(5, 0.6));
+        assert!(g.confirms(5), "a second turn in a row");
+        // Two stragglers taking turns are not a rotation.
+        let mut two = Rotation::with_config(StructureConfig::default());
+        for r in [1, 6, 1, 6, 6, 1, 1, 6] {
+            two.observe(&costliest(r, 0.2));
+        }
+        assert!(!two.rotating());
+        assert!(two.confirms(1) && two.confirms(6));
+    }
 
     #[test]
     fn a_stage_with_a_few_named_ranks_is_theirs_to_explain() {

@@ -453,8 +453,8 @@ pub fn stretch_lines(r: &Report) -> Vec<String> {
                 })
                 .map(|v| match &v.structural {
                     Some(x) => match x.stage {
-                        Some(stage) => format!("stage {stage} ({})", x.cause),
-                        None => x.cause.clone(),
+                        Some(stage) => format!("stage {stage} ({})", x.cause.replace('_', " ")),
+                        None => x.cause.replace('_', " "),
                     },
                     None => format!("rank {} ({})", v.rank, v.kind.as_str()),
                 })
