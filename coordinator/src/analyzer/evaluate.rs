@@ -5,16 +5,16 @@
 use super::*;
 
 /// What one iteration's judgement needs to know of the iteration itself.
-struct IterCtx {
-    k: u64,
+pub(super) struct IterCtx {
+    pub(super) k: u64,
     /// The step's length (ns; infinite while none is known).
-    step: f64,
+    pub(super) step: f64,
     /// Where the iteration began and ended on the coordinator's clock
     /// (`MIN` / `MAX` while unknown).
-    from: CoordNs,
-    to: CoordNs,
+    pub(super) from: CoordNs,
+    pub(super) to: CoordNs,
     /// Rank time the iteration exposed: world size × step.
-    exposure: f64,
+    pub(super) exposure: f64,
 }
 
 /// Why the suspects are suspects: the iteration's blame (ns per node), the
@@ -154,45 +154,6 @@ impl Analyzer {
             .filter(|_| k >= first + self.cfg.stretches.first_step)
         {
             core.pace.record_step(k, d);
-        }
-    }
-
-    /// Stage and work imbalance ([`Self::structural`]) on a warm iteration.
-    /// Own work is GPU work only on GPU-side times: on host-side ones a
-    /// host that ran ahead, or waited, looks like work (and a restarted
-    /// coordinator's partial iterations look balanced badly). Structure is
-    /// judged on GPU-side iterations only. A model of an iteration's
-    /// GPU-side instances alone (a tensor-parallel job's pipeline transfers
-    /// across hosts) was tried on random 3119-11 (work imbalance ×2.77, tp2
-    /// pp2 dp2 on two hosts): balancing its work saved 0.05% of a step that
-    /// ran at twice the job's pace. The gaps between those arrivals do not
-    /// carry the work, so it is not used.
-    fn judge_structure(
-        &self,
-        core: &mut Core,
-        it: &IterCtx,
-        m: &crate::graph::whatif::WhatIf,
-        shares: &BTreeMap<u32, f64>,
-        obs: &mut BTreeMap<Subject, Observation>,
-    ) {
-        let gpu_side = core
-            .recent
-            .iter()
-            .filter(|(i, _)| *i == it.k)
-            .all(|(_, a)| a.basis == crate::classify::stats::Basis::Gpu);
-        let host_side = core
-            .recent
-            .iter()
-            .filter(|(i, a)| *i == it.k && a.basis != crate::classify::stats::Basis::Gpu)
-            .count();
-        tracing::trace!(
-            iteration = it.k,
-            host_side,
-            "instances not GPU-side (structure needs none)"
-        );
-        if gpu_side {
-            core.imbalance.observe(m, it.step, shares);
-            self.structural(core, m, it.step, it.from, obs);
         }
     }
 
@@ -366,19 +327,9 @@ impl Analyzer {
         } = *why;
         let mut obs: BTreeMap<Subject, Observation> = BTreeMap::new();
         for s in scores {
-            let hist = core.score_hist.entry(s.rank).or_default();
-            if s.suspicious {
-                hist.push_back(s.clone());
-                while hist.len() > 5 {
-                    hist.pop_front();
-                }
-            } else {
-                hist.retain(|h| h.iteration + 5 > k);
-            }
-            if !s.suspicious {
+            let Some(window) = Self::suspect_window(core, s, k) else {
                 continue;
-            }
-            let window: Vec<RankScore> = hist.iter().cloned().collect();
+            };
             let (mut c, cpu) = Self::classify_suspect(core, s.rank, &window, it);
             // Said first where it is what named the rank: the lateness
             // lines below then read as "barely late", which is the point.
@@ -387,31 +338,7 @@ impl Analyzer {
                     c.evidence.insert(0, Self::what_if_named(core, *x, step));
                 }
             }
-            // Host-side times say only that this rank's GPU work ran long:
-            // kernels or transfers (a slow NIC drains the stream just the
-            // same). Where the deep set can tell the two apart, it is asked
-            // to, and the rank waits for its answer instead of being named
-            // compute-slow on a guess.
-            if c.kind == classify::Kind::Compute
-                && !c.gpu_side
-                && core.stats.gpu_time_missing(s.rank, k)
-            {
-                tracing::debug!(
-                    rank = s.rank,
-                    iteration = k,
-                    "GPU-bound suspect held for the deep set"
-                );
-                core.held_for_deep = Some(k);
-                continue;
-            }
-            // Two ranks: no majority says who is odd (see `stands_alone`).
-            if s.peers < 3 && !classify::stands_alone(&c, &window, cpu.as_ref()) {
-                tracing::debug!(
-                    rank = s.rank,
-                    iteration = k,
-                    kind = c.kind.as_str(),
-                    "suspect on a two-rank communicator without direct evidence of its class: not named"
-                );
+            if Self::held_back(core, s, &c, &window, cpu.as_ref(), k) {
                 continue;
             }
             let at = s.first_t.unwrap_or(from);
@@ -439,6 +366,62 @@ impl Analyzer {
         }
         core.score_hist.retain(|_, h| !h.is_empty());
         obs
+    }
+
+    /// Keeps the rank's last 5 suspicious scores (dropping those older
+    /// than 5 iterations while it is not suspicious); the window to
+    /// classify it over, if it is a suspect this iteration.
+    fn suspect_window(core: &mut Core, s: &RankScore, k: u64) -> Option<Vec<RankScore>> {
+        let hist = core.score_hist.entry(s.rank).or_default();
+        if !s.suspicious {
+            hist.retain(|h| h.iteration + 5 > k);
+            return None;
+        }
+        hist.push_back(s.clone());
+        while hist.len() > 5 {
+            hist.pop_front();
+        }
+        Some(hist.iter().cloned().collect())
+    }
+
+    /// A suspect not named this iteration: one only the deep set can
+    /// class, or one of two ranks with nothing saying which is odd.
+    fn held_back(
+        core: &mut Core,
+        s: &RankScore,
+        c: &classify::Classification,
+        window: &[RankScore],
+        cpu: Option<&classify::intervals::CpuEvidence>,
+        k: u64,
+    ) -> bool {
+        // Host-side times say only that this rank's GPU work ran long:
+        // kernels or transfers (a slow NIC drains the stream just the
+        // same). Where the deep set can tell the two apart, it is asked
+        // to, and the rank waits for its answer instead of being named
+        // compute-slow on a guess.
+        if c.kind == classify::Kind::Compute
+            && !c.gpu_side
+            && core.stats.gpu_time_missing(s.rank, k)
+        {
+            tracing::debug!(
+                rank = s.rank,
+                iteration = k,
+                "GPU-bound suspect held for the deep set"
+            );
+            core.held_for_deep = Some(k);
+            return true;
+        }
+        // Two ranks: no majority says who is odd (see `stands_alone`).
+        if s.peers < 3 && !classify::stands_alone(c, window, cpu) {
+            tracing::debug!(
+                rank = s.rank,
+                iteration = k,
+                kind = c.kind.as_str(),
+                "suspect on a two-rank communicator without direct evidence of its class: not named"
+            );
+            return true;
+        }
+        false
     }
 
     /// A suspect's class over its last suspicious iterations (`window`),
@@ -500,38 +483,10 @@ impl Analyzer {
             );
         }
         let min_link_cost = self.cfg.links.min_cost_fraction;
-        let max_err = self.max_error_ns();
-        // A NIC's or link's observation, at the iteration's start.
-        let observe = |classification, rank, link, lost_ns, saved_ns| Observation {
-            classification,
-            rank,
-            host: self.host_of(rank),
-            link,
-            ranks: Vec::new(),
-            clock_error_ns: max_err,
-            late_ns: 0.0,
-            lost_ns,
-            exposure_ns: it.exposure,
-            saved_ns,
-            step_ns: 0.0,
-            once_fixed: None,
-            alarm: false,
-            structural: None,
-            at: it.from,
-            wall: self.wall(it.from),
+        let observe = |c, rank, link, lost_ns, saved_ns| {
+            self.transfer_observation(it, c, rank, link, lost_ns, saved_ns)
         };
-        // The GPU time lost on `ranks`' transfers at `ratio` × their peers'
-        // time, and the step's share: the what-if with those transfers at
-        // the peers' rate (the members' sum is GPU time, not step time).
-        let costs = |ranks: &[u32], ratio: f64| {
-            let excess = 1.0 - 1.0 / ratio.max(1.0);
-            let lost = bucket
-                .ranks
-                .get(&ranks[0])
-                .map_or(0.0, |a| a.xfer_member_ns * excess);
-            let saved = model.and_then(|m| m.transfer_cost(ranks, 1.0 / ratio.max(1.0)));
-            (lost, saved)
-        };
+        let costs = |ranks: &[u32], ratio: f64| transfer_costs(bucket, model, ranks, ratio);
         for n in &f.nics {
             let (lost, saved) = costs(&[n.rank], n.ratio);
             if !costs_enough(lost, it.exposure, min_link_cost) {
@@ -567,6 +522,36 @@ impl Analyzer {
                 Subject::Link(l.a, l.b),
                 observe(c, l.a, Some([l.a, l.b]), lost, saved),
             );
+        }
+    }
+
+    /// A NIC's or link's observation, at the iteration's start.
+    fn transfer_observation(
+        &self,
+        it: &IterCtx,
+        classification: classify::Classification,
+        rank: u32,
+        link: Option<[u32; 2]>,
+        lost_ns: f64,
+        saved_ns: Option<f64>,
+    ) -> Observation {
+        Observation {
+            classification,
+            rank,
+            host: self.host_of(rank),
+            link,
+            ranks: Vec::new(),
+            clock_error_ns: self.max_error_ns(),
+            late_ns: 0.0,
+            lost_ns,
+            exposure_ns: it.exposure,
+            saved_ns,
+            step_ns: 0.0,
+            once_fixed: None,
+            alarm: false,
+            structural: None,
+            at: it.from,
+            wall: self.wall(it.from),
         }
     }
 
@@ -624,170 +609,6 @@ impl Analyzer {
             },
         );
         crate::classify::hostwide::merge(obs, &self.live_ranks_by_host());
-    }
-
-    /// Structural findings of the iteration ([`crate::graph::structure`]): a stage
-    /// slower on every replica, work imbalance that moves. Each replaces
-    /// the rank observations it explains (its ranks are not stragglers).
-    pub(super) fn structural(
-        &self,
-        core: &Core,
-        m: &crate::graph::whatif::WhatIf,
-        step: f64,
-        at: CoordNs,
-        obs: &mut BTreeMap<Subject, Observation>,
-    ) {
-        let found = [
-            self.stage_finding(core, m, step, obs),
-            self.imbalance_finding(core, step),
-        ];
-        for (subject, ranks, saved, evidence, st) in found.into_iter().flatten() {
-            for r in &ranks {
-                obs.remove(&Subject::Rank(*r));
-            }
-            let o = self.structural_observation(ranks, saved, evidence, st, step, at);
-            obs.insert(subject, o);
-        }
-    }
-
-    /// The stage slower on every replica, unless a few of its ranks are
-    /// named stragglers ([`crate::graph::structure::stragglers_explain`]).
-    fn stage_finding(
-        &self,
-        core: &Core,
-        m: &crate::graph::whatif::WhatIf,
-        step: f64,
-        obs: &BTreeMap<Subject, Observation>,
-    ) -> Option<StructuralFinding> {
-        let named = |r: u32| {
-            obs.get(&Subject::Rank(r))
-                .is_some_and(|o| o.structural.is_none())
-                || core
-                    .lifecycle
-                    .verdicts()
-                    .any(|v| v.active && v.structural.is_none() && v.subject == Subject::Rank(r))
-        };
-        let f = crate::graph::structure::stage_imbalance(m, step, &self.cfg.structure)
-            .filter(|f| !crate::graph::structure::stragglers_explain(&f.ranks, named))?;
-        Some((
-            Subject::Stage(f.stage),
-            f.ranks.clone(),
-            f.saved_ns,
-            vec![
-                format!(
-                    "every replica of stage {} works {:.0}% more per step than the median stage",
-                    f.stage,
-                    100.0 * (f.ratio - 1.0)
-                ),
-                format!(
-                    "with that stage at the median stage's work the step would be {} shorter",
-                    classify::fmt_ns(f.saved_ns)
-                ),
-            ],
-            crate::verdict::Structural {
-                cause: "stage_imbalance".into(),
-                stage: Some(f.stage),
-            },
-        ))
-    }
-
-    /// Work imbalance is what is left when no rank explains the waiting:
-    /// not while the sequential test names one (past the rotation gate),
-    /// nor while a rank, host, NIC or link verdict is open. And only as
-    /// the explanation of a slowdown: a job balanced no worse than it
-    /// always was is not told it is imbalanced (random 2027-15, healthy
-    /// dp16, would have saved 10% balanced, at its own pace throughout).
-    fn imbalance_finding(&self, core: &Core, step: f64) -> Option<StructuralFinding> {
-        let named = core
-            .lifecycle
-            .verdicts()
-            .any(|v| v.active && v.structural.is_none());
-        let alarmed = core
-            .sequential
-            .alarms()
-            .into_iter()
-            .any(|r| core.rotation.confirms(r));
-        if !self.cfg.work_imbalance || alarmed || named {
-            return None;
-        }
-        let f = core.imbalance.finding()?;
-        let Some(rise) = Self::job_rise(core) else {
-            tracing::debug!("work imbalance, but the job keeps its pace: the job's own");
-            return None;
-        };
-        // Balancing saves what the job's own jitter costs too (a healthy
-        // dp16 run: 10%): the finding costs no more than the job slowed.
-        let saved = f.saved_ns.min(rise / (1.0 + rise) * step);
-        Some((
-            Subject::Imbalance,
-            Vec::new(),
-            saved,
-            vec![
-                format!(
-                    "over the last {} steps {} different ranks were the one the step waited for; none in more than {:.0}% of them",
-                    core.imbalance.window(),
-                    f.distinct_tops,
-                    100.0 * f.top_share
-                ),
-                format!(
-                    "with every rank at its peers' median work the step would be {} shorter",
-                    classify::fmt_ns(f.saved_ns)
-                ),
-            ],
-            crate::verdict::Structural {
-                cause: "work_imbalance".into(),
-                stage: None,
-            },
-        ))
-    }
-
-    /// How much slower than its pace the job runs now: the pace test's
-    /// slowdown, else an ongoing slow stretch (a slowdown that began
-    /// before the pace's baseline filled).
-    fn job_rise(core: &Core) -> Option<f64> {
-        core.pace.slowing().map(|s| s.rise).or_else(|| {
-            core.pace
-                .stretches()
-                .into_iter()
-                .find(|s| s.ongoing)
-                .map(|s| s.rise)
-        })
-    }
-
-    /// A structural finding's observation: costed where it was found
-    /// (`saved`), never replayed as one rank.
-    fn structural_observation(
-        &self,
-        ranks: Vec<u32>,
-        saved: f64,
-        evidence: Vec<String>,
-        st: crate::verdict::Structural,
-        step: f64,
-        at: CoordNs,
-    ) -> Observation {
-        Observation {
-            classification: classify::Classification {
-                kind: classify::Kind::Structural,
-                confidence: 0.9,
-                evidence,
-                gpu_side: false,
-            },
-            rank: ranks.first().copied().unwrap_or(0),
-            host: String::new(),
-            link: None,
-            ranks,
-            clock_error_ns: self.max_error_ns(),
-            late_ns: 0.0,
-            lost_ns: 0.0,
-            exposure_ns: 0.0,
-            saved_ns: Some(saved),
-            step_ns: step,
-            once_fixed: None,
-            alarm: false,
-            structural: Some(st),
-            at,
-            wall: self.wall(at),
-        }
     }
 
     /// Iteration `k` (which began at `from`) as a replayable what-if model,
@@ -934,16 +755,6 @@ fn what_if_shares(m: &crate::graph::whatif::WhatIf, step: f64) -> BTreeMap<u32, 
     }
     shares
 }
-
-/// A structural finding before it becomes an observation: its subject,
-/// the ranks it replaces, its saving (ns), evidence and cause.
-type StructuralFinding = (
-    Subject,
-    Vec<u32>,
-    f64,
-    Vec<String>,
-    crate::verdict::Structural,
-);
 
 /// What an iteration's GPU-side arrivals time: the ranks the replay times
 /// ([`crate::classify::align::gpu_timed_ranks`]) and each rank's largest

@@ -52,6 +52,7 @@ use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject
 mod evaluate;
 mod ingest;
 mod outputs;
+mod structural;
 #[cfg(test)]
 mod tests;
 mod tick;
@@ -638,6 +639,24 @@ impl ClockMaps {
 /// measured cost is.
 fn costs_enough(lost: f64, exposure: f64, min_fraction: f64) -> bool {
     lost > 0.0 && (exposure <= 0.0 || lost >= min_fraction * exposure)
+}
+
+/// The GPU time lost on `ranks`' transfers at `ratio` × their peers' time,
+/// and the step's share: the what-if with those transfers at the peers'
+/// rate (the members' sum is GPU time, not step time).
+fn transfer_costs(
+    bucket: &IterBucket,
+    model: Option<&crate::graph::whatif::WhatIf>,
+    ranks: &[u32],
+    ratio: f64,
+) -> (f64, Option<f64>) {
+    let excess = 1.0 - 1.0 / ratio.max(1.0);
+    let lost = bucket
+        .ranks
+        .get(&ranks[0])
+        .map_or(0.0, |a| a.xfer_member_ns * excess);
+    let saved = model.and_then(|m| m.transfer_cost(ranks, 1.0 / ratio.max(1.0)));
+    (lost, saved)
 }
 
 /// Mean transfer of instances containing `rank` vs all instances, this iteration.
