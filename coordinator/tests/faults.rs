@@ -446,3 +446,98 @@ fn every_rank_of_one_host_slow_is_one_host_verdict() {
         .headline()
         .starts_with("host node-2 (ranks 8–11) is host-slow"));
 }
+
+#[test]
+fn work_imbalance_that_moves_is_named_as_such_and_no_rank_is() {
+    // dp8 on 8 hosts: every rank's GPU work ×1–2.5 drawn anew each step
+    // from iteration 40 on; the slowest rank changes from step to step, and
+    // now and then one rank's turn comes twice in a few steps.
+    for seed in 1..=6 {
+        let mut spec = SynthSpec::dp(8, 1);
+        spec.seed = seed;
+        spec.faults.push(Fault::persistent(
+            FaultKind::WorkImbalance { factor: 4.0 },
+            40,
+        ));
+        let r = common::run(spec, 100);
+        let rep = r.report();
+        let text = slowrank_coordinator::render_human(&rep);
+        let ranks: Vec<&Verdict> = rep
+            .verdicts
+            .iter()
+            .filter(|v| v.structural.is_none())
+            .collect();
+        assert!(
+            ranks.is_empty(),
+            "seed {seed}: a rank named for its turns: {text}"
+        );
+        let v = only(&rep);
+        let st = v.structural.as_ref().expect("structural");
+        assert_eq!(
+            (v.kind, st.cause.as_str()),
+            (Kind::Structural, "work_imbalance")
+        );
+        assert!(
+            v.first_seen_iteration >= 40 && v.first_seen_iteration <= 40 + 25,
+            "seed {seed}: first seen at {}: {text}",
+            v.first_seen_iteration
+        );
+        assert!(v.cost_fraction > 0.03 && v.cost_fraction < 0.6, "{v:?}");
+    }
+}
+
+#[test]
+fn a_balanced_job_is_not_told_it_is_imbalanced_nor_a_straggler_its_turns() {
+    // The same job without the fault: its jitter is imbalance of its own,
+    // at its own pace: nothing to say.
+    let mut spec = SynthSpec::dp(8, 1);
+    spec.seed = 11;
+    spec.jitter = 0.2;
+    let r = common::run(spec, 100);
+    let rep = r.report();
+    assert!(
+        rep.verdicts.is_empty(),
+        "{}",
+        slowrank_coordinator::render_human(&rep)
+    );
+}
+
+#[test]
+fn a_straggler_that_begins_during_work_imbalance_is_still_named() {
+    // Work ×1–2.5 moving from iteration 30; rank 3's GPU 2× slower from 50
+    // on: it is the slowest step after step, not by turns.
+    let mut spec = SynthSpec::dp(8, 1);
+    spec.seed = 5;
+    spec.faults.push(Fault::persistent(
+        FaultKind::WorkImbalance { factor: 2.5 },
+        30,
+    ));
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 3,
+            factor: 2.0,
+        },
+        50,
+    ));
+    let r = common::run(spec, 110);
+    let rep = r.report();
+    let text = slowrank_coordinator::render_human(&rep);
+    let v = rep
+        .verdicts
+        .iter()
+        .find(|v| v.structural.is_none() && v.rank == 3)
+        .unwrap_or_else(|| panic!("rank 3 not named: {text}"));
+    assert_eq!(v.kind, Kind::Compute, "{text}");
+    assert!(
+        v.first_seen_iteration >= 49 && v.first_seen_iteration <= 50 + 25,
+        "first seen at {}: {text}",
+        v.first_seen_iteration
+    );
+    assert!(v.active, "{text}");
+    assert!(
+        rep.verdicts
+            .iter()
+            .all(|v| v.structural.is_some() || v.rank == 3),
+        "only rank 3 is a slow rank: {text}"
+    );
+}

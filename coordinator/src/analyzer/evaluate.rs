@@ -243,6 +243,7 @@ impl Analyzer {
             .iteration
             .period()
             .is_some_and(|p| p.method != crate::graph::iteration::Method::Undetermined);
+        Self::hold_turns(core, k, scores);
         let mut by_what_if: std::collections::HashSet<u32> = Default::default();
         for s in scores.iter_mut() {
             if told && core.sequential.decisive(s.rank) && !s.suspicious {
@@ -286,6 +287,38 @@ impl Analyzer {
             );
         }
         (alarms, by_what_if)
+    }
+
+    /// While work imbalance is named, a rank's turn as the slowest is no
+    /// suspicion by any rule (the lateness window, three late steps in a
+    /// row) unless it stands out: the costliest in at least half of the
+    /// costly steps of the rotation windows, short and long
+    /// ([`crate::graph::structure::Rotation`]).
+    /// A synthetic dp8 job with work ×1–4 named rank 1 compute-slow from
+    /// three late steps in a row beside the imbalance finding. Ranks under
+    /// an open verdict keep their suspicion.
+    fn hold_turns(core: &Core, k: u64, scores: &mut [RankScore]) {
+        let imbalance = core
+            .lifecycle
+            .verdicts()
+            .any(|v| v.active && v.subject == Subject::Imbalance);
+        if !imbalance {
+            return;
+        }
+        for s in scores.iter_mut().filter(|s| s.suspicious) {
+            let active = core
+                .lifecycle
+                .verdicts()
+                .any(|v| v.active && v.rank == s.rank && v.structural.is_none());
+            if !active && core.rotation.holds_during_imbalance(s.rank) {
+                tracing::debug!(
+                    rank = s.rank,
+                    iteration = k,
+                    "a turn of the work imbalance, not a suspect"
+                );
+                s.suspicious = false;
+            }
+        }
     }
 
     /// Whether the sequential test's alarm on `rank` may open a verdict: an

@@ -64,6 +64,12 @@ pub struct StructureConfig {
     /// slowest rank "move": two can be two stragglers taking turns, three
     /// is what no fixed set of slow ranks does.
     pub rotation_distinct: usize,
+    /// While work imbalance is named, a rank must have been the costliest
+    /// in half of this many recent steps' costly ones to be a suspect: 8
+    /// ranks taking turns at random give one of them 4 turns of 6 now and
+    /// then (a synthetic dp8 job with work ×1–4 named rank 1 so, for 30
+    /// steps), rarely half of 24.
+    pub rotation_hold_window: usize,
 }
 
 impl Default for StructureConfig {
@@ -77,6 +83,7 @@ impl Default for StructureConfig {
             rotation_window: 8,
             rotation_min_share: 0.05,
             rotation_distinct: 3,
+            rotation_hold_window: 24,
         }
     }
 }
@@ -219,24 +226,35 @@ impl Rotation {
             .max_by(|a, b| a.1.total_cmp(b.1))
             .map(|(r, _)| *r);
         self.tops.push_back(top);
-        while self.tops.len() > self.cfg.rotation_window.max(1) {
+        let keep = self
+            .cfg
+            .rotation_window
+            .max(self.cfg.rotation_hold_window)
+            .max(1);
+        while self.tops.len() > keep {
             self.tops.pop_front();
         }
     }
 
-    /// Times `rank` was the costliest in the window, and how many of the
-    /// window's iterations had a costliest rank at all.
-    fn turns(&self, rank: u32) -> (usize, usize) {
-        let costly = self.tops.iter().flatten();
+    /// The last `window` iterations' costliest ranks (costly ones only).
+    fn recent(&self, window: usize) -> impl Iterator<Item = u32> + Clone + '_ {
+        let skip = self.tops.len().saturating_sub(window);
+        self.tops.iter().skip(skip).flatten().copied()
+    }
+
+    /// Times `rank` was the costliest in the last `window` iterations, and
+    /// how many of them had a costliest rank at all.
+    fn turns(&self, rank: u32, window: usize) -> (usize, usize) {
+        let costly = self.recent(window);
         let n = costly.clone().count();
-        (costly.filter(|r| **r == rank).count(), n)
+        (costly.filter(|r| *r == rank).count(), n)
     }
 
     /// Whether the costliest rank moves: at least `rotation_distinct`
     /// different ranks were the costliest in the window.
     pub fn rotating(&self) -> bool {
         let distinct: std::collections::BTreeSet<u32> =
-            self.tops.iter().flatten().copied().collect();
+            self.recent(self.cfg.rotation_window).collect();
         distinct.len() >= self.cfg.rotation_distinct.max(2)
     }
 
@@ -244,15 +262,23 @@ impl Rotation {
     /// moves and `rank` was the costliest in fewer than half of the
     /// window's costly iterations.
     pub fn holds(&self, rank: u32) -> bool {
-        let (mine, n) = self.turns(rank);
+        let (mine, n) = self.turns(rank, self.cfg.rotation_window);
         self.rotating() && 2 * mine < n
+    }
+
+    /// While work imbalance is named: whether `rank` does not stand out
+    /// of the turns, over the short window or the longer
+    /// `rotation_hold_window`.
+    pub fn holds_during_imbalance(&self, rank: u32) -> bool {
+        let (mine, n) = self.turns(rank, self.cfg.rotation_hold_window);
+        self.holds(rank) || 2 * mine < n
     }
 
     /// Whether the sequential test's alarm on `rank` may open a verdict:
     /// not on one costly turn (the first iteration of an imbalance looks
     /// like a straggler's), nor while the gate holds it.
     pub fn confirms(&self, rank: u32) -> bool {
-        self.turns(rank).0 >= 2 && !self.holds(rank)
+        self.turns(rank, self.cfg.rotation_window).0 >= 2 && !self.holds(rank)
     }
 }
 

@@ -131,6 +131,18 @@ pub enum FaultKind {
     Link { a: u32, b: u32, factor: f64 },
     /// `rank` stops issuing collectives.
     Hang { rank: u32 },
+    /// Every rank's GPU work × `1 + (factor − 1)·u²`, `u` drawn anew per
+    /// rank and iteration (sequence lengths): the slowest rank moves.
+    WorkImbalance { factor: f64 },
+}
+
+/// Rank `r`'s share of moving work in iteration `it` (see
+/// [`FaultKind::WorkImbalance`]).
+pub fn work_factor(factor: f64, seed: u64, r: u32, it: u64) -> f64 {
+    let mut g = Rng::new(seed ^ (u64::from(r) << 40) ^ it.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    g.next_u64();
+    let u = g.f64();
+    1.0 + (factor - 1.0) * u * u
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -769,7 +781,15 @@ impl Generator {
                             },
                         )
                     })
-                    .unwrap_or(1.0);
+                    .unwrap_or(1.0)
+                    * self
+                        .fault_active(it, |k| match k {
+                            FaultKind::WorkImbalance { factor } => {
+                                Some(work_factor(*factor, s.seed, r, it))
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or(1.0);
                 while pc[ri] < programs[ri].len() {
                     let op = programs[ri][pc[ri]];
                     match op {
