@@ -70,6 +70,12 @@ pub struct StructureConfig {
     /// then (a synthetic dp8 job with work ×1–4 named rank 1 so, for 30
     /// steps), rarely half of 24.
     pub rotation_hold_window: usize,
+    /// Where no step is wholly GPU-side (partners on one host), work
+    /// imbalance is read from the rotation alone: at least this many of the
+    /// last `rotation_hold_window` steps must have had a costliest rank
+    /// (random 1127-7, tp2 dp4 on 4 hosts, work ×1.3: 9 of its last 25
+    /// steps; the healthy runs of seeds 1127 and 2027 replayed: none).
+    pub rotation_min_costly: usize,
 }
 
 impl Default for StructureConfig {
@@ -84,6 +90,7 @@ impl Default for StructureConfig {
             rotation_min_share: 0.05,
             rotation_distinct: 3,
             rotation_hold_window: 24,
+            rotation_min_costly: 6,
         }
     }
 }
@@ -191,6 +198,17 @@ pub fn stragglers_explain(stage: &[u32], named: impl Fn(u32) -> bool) -> bool {
     explained
 }
 
+/// Work imbalance read from the rotation alone ([`Rotation::moving`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RotationFinding {
+    /// Steps of the window that had a costliest rank.
+    pub costly: usize,
+    /// Different ranks that were.
+    pub distinct: usize,
+    /// The most turns any one of them had.
+    pub most: usize,
+}
+
 /// The rotation gate: a straggler is the iteration's costliest rank again
 /// and again; under work imbalance the costliest rank changes from one
 /// iteration to the next, and a rank whose turn came twice in a short
@@ -230,6 +248,7 @@ impl Rotation {
             .cfg
             .rotation_window
             .max(self.cfg.rotation_hold_window)
+            .max(self.cfg.window)
             .max(1);
         while self.tops.len() > keep {
             self.tops.pop_front();
@@ -272,6 +291,35 @@ impl Rotation {
     pub fn holds_during_imbalance(&self, rank: u32) -> bool {
         let (mine, n) = self.turns(rank, self.cfg.rotation_hold_window);
         self.holds(rank) || 2 * mine < n
+    }
+
+    /// Work imbalance as the rotation alone shows it, over the last
+    /// `rotation_hold_window` steps (a mild imbalance makes a costly step
+    /// one in three: over 12 the count flickered around its floor and the
+    /// finding never held 6 steps of 8): at least `rotation_min_costly`
+    /// had a costliest rank,
+    /// `rotation_distinct` different ones, none the costliest in half of
+    /// them, and not all of one pipeline stage (`stage_of`: a slower
+    /// stage's replicas take turns too, and that is a stage's business).
+    pub fn moving(&self, stage_of: impl Fn(u32) -> Option<u32>) -> Option<RotationFinding> {
+        let tops: Vec<u32> = self.recent(self.cfg.rotation_hold_window).collect();
+        let mut turns: BTreeMap<u32, usize> = BTreeMap::new();
+        for r in &tops {
+            *turns.entry(*r).or_default() += 1;
+        }
+        let most = turns.values().copied().max().unwrap_or(0);
+        let stages: std::collections::BTreeSet<Option<u32>> =
+            turns.keys().map(|r| stage_of(*r)).collect();
+        let one_stage = stages.len() == 1 && stages.iter().next().is_some_and(|s| s.is_some());
+        (tops.len() >= self.cfg.rotation_min_costly.max(1)
+            && turns.len() >= self.cfg.rotation_distinct.max(2)
+            && 2 * most < tops.len()
+            && !one_stage)
+            .then_some(RotationFinding {
+                costly: tops.len(),
+                distinct: turns.len(),
+                most,
+            })
     }
 
     /// Whether the sequential test's alarm on `rank` may open a verdict:
@@ -451,6 +499,35 @@ mod tests {
         assert!(straggler.confirms(4));
         // The others' occasional turns are held.
         assert!(straggler.holds(6));
+    }
+
+    #[test]
+    fn turns_that_move_are_imbalance_turns_within_one_stage_are_not() {
+        let mut g = Rotation::with_config(StructureConfig::default());
+        let turns = [3u32, 5, 1, 3, 6, 2, 7, 0, 4, 1, 5, 2];
+        for (k, r) in turns.iter().chain(&turns).enumerate() {
+            // Costly every other step.
+            g.observe(&costliest(*r, if k % 2 == 0 { 0.2 } else { 0.01 }));
+        }
+        let f = g.moving(|_| None).expect("moving");
+        assert_eq!((f.costly, f.distinct, f.most), (12, 6, 2));
+        // The same turns, all ranks of pipeline stage 1: a stage.
+        assert_eq!(g.moving(|_| Some(1)), None);
+        // A straggler with others' occasional turns is not.
+        let mut s = Rotation::with_config(StructureConfig::default());
+        for r in [4, 4, 1, 4, 4, 6, 4, 4, 2, 4, 4, 4].repeat(2) {
+            s.observe(&costliest(r, 0.2));
+        }
+        assert_eq!(s.moving(|_| None), None);
+        // Too few costly steps: noise.
+        let mut q = Rotation::with_config(StructureConfig::default());
+        for r in [1, 2, 3, 4, 5] {
+            q.observe(&costliest(r, 0.2));
+        }
+        for _ in 0..19 {
+            q.observe(&BTreeMap::new());
+        }
+        assert_eq!(q.moving(|_| None), None);
     }
 
     #[test]
