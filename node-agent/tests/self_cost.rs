@@ -117,13 +117,18 @@ fn calibration_measures_a_trap_cost_and_leaves_nothing_behind() {
     let me = std::process::id();
     let mut probes = Probes::load().expect("load eBPF object");
     let t = selfcost::measure(&mut probes).expect("calibration");
-    // A trap is a kernel round trip: far above a plain call, on any host.
-    assert!(t.entry_ns > 50.0, "uprobe cost {t:?}");
+    // Both probes trapped: a trap is a kernel round trip, far above a
+    // plain call on any host. How a pair compares with its entry is a
+    // figure for the overhead benchmark, not this test: on 2 vCPUs beside
+    // another trapping test, or a CPU hog, every round is preempted and
+    // the entry read slower than the pair in 4 of 20 runs (12.6 µs
+    // against 10.1 µs in CI; 81 µs against 40–68 µs under a hog).
     assert!(
-        t.pair_ns > t.entry_ns,
-        "a pair costs more than its entry: {t:?}"
+        t.entry_ns > 50.0 && t.entry_ns.is_finite(),
+        "uprobe cost {t:?}"
     );
-    assert!(t.bare_ns < t.entry_ns, "{t:?}");
+    assert!(t.pair_ns > 50.0 && t.pair_ns.is_finite(), "pair cost {t:?}");
+    assert!(t.bare_ns < t.entry_ns.min(t.pair_ns), "{t:?}");
     assert!(
         probes
             .followed_hits()
