@@ -447,6 +447,14 @@ fn every_rank_of_one_host_slow_is_one_host_verdict() {
         .starts_with("host node-2 (ranks 8–11) is host-slow"));
 }
 
+/// The analyzer with work imbalance named (off by default).
+fn imbalance_on() -> AnalyzerConfig {
+    AnalyzerConfig {
+        work_imbalance: true,
+        ..AnalyzerConfig::default()
+    }
+}
+
 #[test]
 fn work_imbalance_that_moves_is_named_as_such_and_no_rank_is() {
     // dp8 on 8 hosts: every rank's GPU work ×1–2.5 drawn anew each step
@@ -459,7 +467,7 @@ fn work_imbalance_that_moves_is_named_as_such_and_no_rank_is() {
             FaultKind::WorkImbalance { factor: 4.0 },
             40,
         ));
-        let r = common::run(spec, 100);
+        let r = common::run_with(spec, 100, imbalance_on());
         let rep = r.report();
         let text = slowrank_coordinator::render_human(&rep);
         let ranks: Vec<&Verdict> = rep
@@ -493,7 +501,7 @@ fn a_balanced_job_is_not_told_it_is_imbalanced_nor_a_straggler_its_turns() {
     let mut spec = SynthSpec::dp(8, 1);
     spec.seed = 11;
     spec.jitter = 0.2;
-    let r = common::run(spec, 100);
+    let r = common::run_with(spec, 100, imbalance_on());
     let rep = r.report();
     assert!(
         rep.verdicts.is_empty(),
@@ -519,7 +527,7 @@ fn a_straggler_that_begins_during_work_imbalance_is_still_named() {
         },
         50,
     ));
-    let r = common::run(spec, 110);
+    let r = common::run_with(spec, 110, imbalance_on());
     let rep = r.report();
     let text = slowrank_coordinator::render_human(&rep);
     let v = rep
