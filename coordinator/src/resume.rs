@@ -377,7 +377,22 @@ impl Earlier {
         };
         let observed = r.job.iterations_observed;
         let current = std::mem::take(&mut r.verdicts);
-        r.verdicts = merged_verdicts(&prev.verdicts, current, observed, started);
+        // Ids go on after every earlier one, transients' included.
+        let offset = prev
+            .verdicts
+            .iter()
+            .chain(&prev.transients)
+            .map(|v| v.id)
+            .max()
+            .unwrap_or(0);
+        r.verdicts = merged_verdicts(&prev.verdicts, current, observed, started, offset);
+        // Earlier lives' transients, then this life's.
+        let mut transients = prev.transients.clone();
+        transients.extend(std::mem::take(&mut r.transients).into_iter().map(|mut t| {
+            t.id += offset;
+            t
+        }));
+        r.transients = transients;
         r.resumed = Some(ResumeInfo {
             lives: self.lives() + 1,
             restarted_at,
@@ -409,8 +424,8 @@ fn merged_verdicts(
     mut current: Vec<Verdict>,
     observed: u64,
     started: chrono::DateTime<chrono::Utc>,
+    offset: u64,
 ) -> Vec<Verdict> {
-    let offset = prev.iter().map(|v| v.id).max().unwrap_or(0);
     let mut out = Vec::with_capacity(prev.len() + current.len());
     for e in prev {
         match current.iter().position(|c| same_subject(c, e)) {
@@ -625,6 +640,22 @@ mod tests {
             third.resumed.as_ref().unwrap().earlier_ingest.batches,
             first.ingest.counters.batches + second.ingest.counters.batches
         );
+    }
+
+    /// An earlier life's transient stays a transient, once, and this
+    /// life's verdicts are numbered after it.
+    #[test]
+    fn an_earlier_lifes_transient_is_kept_apart() {
+        let mut first = life(false, 40);
+        let mut t = life(true, 40).verdicts[0].clone();
+        t.id = 7;
+        t.active = false;
+        first.transients = vec![t.clone()];
+        let mut second = life(true, 40);
+        earlier(first).merge_into(&mut second, chrono::Utc::now());
+        assert_eq!(second.transients, vec![t]);
+        assert_eq!(second.verdicts.len(), 1);
+        assert!(second.verdicts[0].id > 7, "{}", second.verdicts[0].id);
     }
 
     #[test]

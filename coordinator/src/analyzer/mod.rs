@@ -53,6 +53,7 @@ mod evaluate;
 mod ingest;
 mod outputs;
 mod structural;
+mod suspects;
 #[cfg(test)]
 mod tests;
 mod tick;

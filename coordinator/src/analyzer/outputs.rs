@@ -89,7 +89,7 @@ impl Analyzer {
         };
         let slowdown = core.pace.slowing();
         let slow_stretches = core.pace.stretches();
-        let verdicts = report_verdicts(&core, slowdown.as_ref(), &slow_stretches);
+        let (verdicts, transients) = report_verdicts(&core, slowdown.as_ref(), &slow_stretches);
         let counters = self.ingest_counters();
         let join = self.joiner.counters();
         let (roots, blocked) = split_hangs(&core.hangs);
@@ -112,6 +112,7 @@ impl Analyzer {
                 hosts,
             },
             verdicts,
+            transients,
             hangs: roots.iter().map(|h| hang_report(h)).collect(),
             blocked_hangs: blocked.iter().map(|h| hang_report(h)).collect(),
             resolved_stalls: core
@@ -284,13 +285,18 @@ impl Analyzer {
 /// Every verdict, active first and costliest first, the rise of the job's
 /// step put on the one it belongs to: the slowdown against the baseline,
 /// or, where the baseline itself was slow (a fault from the first steps),
-/// the stretch the run is in against its best pace.
+/// the stretch the run is in against its best pace. Transients apart.
 fn report_verdicts(
     core: &Core,
     slowdown: Option<&crate::classify::pace::Slowing>,
     stretches: &[crate::classify::stretches::Stretch],
-) -> Vec<crate::verdict::Verdict> {
-    let mut verdicts: Vec<crate::verdict::Verdict> = core.lifecycle.verdicts().cloned().collect();
+) -> (Vec<crate::verdict::Verdict>, Vec<crate::verdict::Verdict>) {
+    let below = core.lifecycle.config().transient_below;
+    let (mut verdicts, transients): (Vec<_>, Vec<_>) = core
+        .lifecycle
+        .verdicts()
+        .cloned()
+        .partition(|v| !v.is_transient(below));
     verdicts.sort_by(|a, b| {
         b.active
             .cmp(&a.active)
@@ -305,7 +311,7 @@ fn report_verdicts(
     if let Some(sd) = &rise {
         put_rise_on_its_verdict(sd, core.pace.config().onset_match, &mut verdicts);
     }
-    verdicts
+    (verdicts, transients)
 }
 
 /// The job slowed and the what-if could not cost the verdict that began

@@ -268,6 +268,7 @@ impl Analyzer {
             step_ns: step,
             once_fixed: None,
             alarm: false,
+            held: false,
             structural: Some(st),
             at,
             wall: self.wall(at),

@@ -517,6 +517,9 @@ pub struct Observation {
     /// The per-rank sequential test is in alarm ([`crate::classify::sequential`]):
     /// opens without waiting for the window's majority.
     pub alarm: bool,
+    /// Named only because an open verdict's sequential evidence still
+    /// stands, not by its own lateness this iteration.
+    pub held: bool,
     /// A structural finding's cause (then `rank` is its first rank).
     pub structural: Option<Structural>,
     pub at: crate::clock::CoordNs,
@@ -547,6 +550,7 @@ impl Observation {
             step_ns: 0.0,
             once_fixed: None,
             alarm: false,
+            held: false,
             structural: None,
             at: 0,
             wall: None,

@@ -39,6 +39,11 @@ pub struct Report {
     pub job: JobInfo,
     pub clock: ClockInfo,
     pub verdicts: Vec<Verdict>,
+    /// Slow episodes that ended before they lasted
+    /// `[lifecycle] transient_below` iterations: alerted when they began,
+    /// not stragglers ([`Verdict::is_transient`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transients: Vec<Verdict>,
     /// Hung instances still stuck (every member that never arrived named).
     pub hangs: Vec<HangReport>,
     /// Instances that looked hung past the timeout but whose missing members

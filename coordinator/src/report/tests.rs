@@ -171,3 +171,40 @@ fn a_past_slow_stretch_is_told_and_never_called_kept_pace() {
     });
     assert!(!render_human(&named).contains("SLOWER"));
 }
+
+/// A transient is told on its own line and page list, never as a verdict:
+/// the job that had only transients found no slow rank.
+#[test]
+fn a_transient_is_told_apart_from_the_verdicts() {
+    let named = crate::synthjob::analyzed(Some(30), 80).report();
+    let mut t = named.verdicts[0].clone();
+    t.active = false;
+    t.first_seen_iteration = 40;
+    t.last_seen_iteration = 52;
+    t.last_slow_iteration = 45;
+    t.closed_iteration = Some(53);
+    let mut r = crate::synthjob::analyzed(None, 80).report();
+    r.transients = vec![t.clone()];
+    let text = render_human(&r);
+    assert!(text.contains("No slow rank found"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "BLIP  rank {} on {} was compute-slow for 6 iteration(s) (40–45), then kept pace: a transient, not a straggler",
+            t.rank, t.host
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("WAS "), "{text}");
+    let timeline = crate::report::timeline::Timeline::default();
+    let page = crate::report::html::render(&crate::report::html::Page {
+        report: &r,
+        timeline: &timeline,
+        flames: Vec::new(),
+        refresh_s: None,
+    });
+    assert!(page.contains("Transients (slow briefly"), "page");
+    assert!(page.contains("compute-slow, iterations 40–45"), "page");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["transients"].as_array().map(Vec::len), Some(1));
+    assert!(json["verdicts"].as_array().unwrap().is_empty());
+}

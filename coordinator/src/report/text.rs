@@ -267,6 +267,32 @@ fn human_findings(s: &mut String, r: &Report) {
             v.closed_iteration.map_or("?".into(), |i| i.to_string())
         );
     }
+    human_transients(s, r);
+}
+
+/// Transients: one line each, the most recent few.
+fn human_transients(s: &mut String, r: &Report) {
+    use std::fmt::Write;
+    const SHOWN: usize = 5;
+    let n = r.transients.len();
+    for v in r.transients.iter().skip(n.saturating_sub(SHOWN)) {
+        let _ = writeln!(
+            s,
+            "BLIP  {} was {}-slow for {} iteration(s) ({}–{}), then kept pace: a transient, not a straggler",
+            crate::verdict::who(v),
+            v.kind.as_str(),
+            v.slow_iterations(),
+            v.first_seen_iteration,
+            v.first_seen_iteration + v.slow_iterations() - 1
+        );
+    }
+    if n > SHOWN {
+        let _ = writeln!(
+            s,
+            "      and {} earlier transient(s) (transients[] in report.json)",
+            n - SHOWN
+        );
+    }
 }
 
 /// Every verdict as one row of a table.

@@ -149,3 +149,35 @@ fn a_verdict_is_costed_only_by_readings_of_its_class() {
     assert_eq!(v.kind, Kind::Host);
     assert!((v.cost_fraction - 0.2).abs() < 1e-9, "{v:?}");
 }
+
+/// A rank slow for a few iterations (a descheduled host) is named at once,
+/// and once it has kept pace it is a transient; one slow for longer, slow
+/// again after its close, or still slow is a straggler.
+#[test]
+fn a_short_episode_that_ended_is_a_transient() {
+    let below = LifecycleConfig::default().transient_below;
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let ev = run(&mut l, "gggggg..........", 100);
+    assert_eq!(ev[0], (102, EventKind::Opened), "named while it lasts");
+    assert!(ev.contains(&(113, EventKind::Closed)));
+    let v = l.verdicts().next().unwrap();
+    assert!(v.is_transient(below), "6 iterations, then kept pace");
+
+    // Ten iterations: it outlasted the naming window.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "gggggggggg..........", 100);
+    let v = l.verdicts().next().unwrap();
+    assert!(!v.active && !v.is_transient(below));
+
+    // Still slow at the end: not over, so no transient.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "gggggg", 100);
+    assert!(!l.verdicts().next().unwrap().is_transient(below));
+
+    // Two short episodes of one rank: a recurring straggler.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "gggg..........gggg..........", 100);
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.episodes, 2);
+    assert!(!v.is_transient(below));
+}

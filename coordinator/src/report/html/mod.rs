@@ -277,7 +277,9 @@ fn banner(s: &mut String, r: &Report) {
 fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
     s.push_str("<section id=\"verdicts\"><h2>Verdicts</h2>");
     if r.verdicts.is_empty() {
-        s.push_str("<p class=\"note\">None.</p></section>");
+        s.push_str("<p class=\"note\">None.</p>");
+        transients(s, r);
+        s.push_str("</section>");
         return;
     }
     s.push_str(
@@ -300,7 +302,33 @@ fn verdicts(s: &mut String, r: &Report, flames: &[FlameSvg]) {
         }
         s.push_str("</td></tr>");
     }
-    s.push_str("</tbody></table></section>");
+    s.push_str("</tbody></table>");
+    transients(s, r);
+    s.push_str("</section>");
+}
+
+/// Slow episodes too short to be stragglers, one line each.
+fn transients(s: &mut String, r: &Report) {
+    if r.transients.is_empty() {
+        return;
+    }
+    s.push_str("<p class=\"note\">Transients (slow briefly, then kept pace; not stragglers):</p><ul class=\"evidence\">");
+    const SHOWN: usize = 20;
+    let n = r.transients.len();
+    for v in r.transients.iter().skip(n.saturating_sub(SHOWN)) {
+        let _ = write!(
+            s,
+            "<li>{}: {}-slow, iterations {}–{}</li>",
+            esc(&crate::verdict::who(v)),
+            v.kind.as_str(),
+            v.first_seen_iteration,
+            v.first_seen_iteration + v.slow_iterations() - 1
+        );
+    }
+    if n > SHOWN {
+        let _ = write!(s, "<li>and {} earlier (report.json)</li>", n - SHOWN);
+    }
+    s.push_str("</ul>");
 }
 
 /// A verdict's row: who, what, since when, what it cost.
