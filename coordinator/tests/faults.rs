@@ -549,3 +549,29 @@ fn a_straggler_that_begins_during_work_imbalance_is_still_named() {
         "only rank 3 is a slow rank: {text}"
     );
 }
+
+#[test]
+fn a_whole_job_that_slows_is_not_told_it_is_imbalanced() {
+    // Every rank's GPU 1.3× slower from iteration 40 (a slower input for
+    // all, a host-wide throttle): the job slows, and its jitter (0.2) is
+    // imbalance that balancing would save, as it always was. The slowdown
+    // is the job's, not imbalance's: the spread between ranks did not grow.
+    for seed in 1..=4 {
+        let mut spec = SynthSpec::dp(8, 1);
+        spec.seed = seed;
+        spec.jitter = 0.2;
+        for rank in 0..8 {
+            spec.faults.push(Fault::persistent(
+                FaultKind::Compute { rank, factor: 1.3 },
+                40,
+            ));
+        }
+        let r = common::run_with(spec, 100, imbalance_on());
+        let rep = r.report();
+        assert!(
+            rep.verdicts.is_empty(),
+            "seed {seed}: {}",
+            slowrank_coordinator::render_human(&rep)
+        );
+    }
+}

@@ -50,6 +50,7 @@ impl Analyzer {
             host_side,
             "instances not GPU-side (structure needs none)"
         );
+        core.spread.observe(it.k, shares, gpu_side);
         if gpu_side {
             core.imbalance.observe(m, it.step, shares);
             self.structural(core, m, it.step, it.from, obs);
@@ -77,7 +78,7 @@ impl Analyzer {
             return None;
         }
         let f = core.rotation.moving(|r| m.stage_of(r))?;
-        let rise = Self::job_rise(core);
+        let rise = self.imbalance_rise(core);
         tracing::debug!(?f, ?rise, "the costliest rank moves (no GPU-side step)");
         let rise = rise?;
         let saved = rise / (1.0 + rise) * step;
@@ -195,10 +196,7 @@ impl Analyzer {
             return None;
         }
         let f = core.imbalance.finding()?;
-        let Some(rise) = Self::job_rise(core) else {
-            tracing::debug!("work imbalance, but the job keeps its pace: the job's own");
-            return None;
-        };
+        let rise = self.imbalance_rise(core)?;
         // Balancing saves what the job's own jitter costs too (a healthy
         // dp16 run: 10%): the finding costs no more than the job slowed.
         let saved = f.saved_ns.min(rise / (1.0 + rise) * step);
@@ -225,17 +223,42 @@ impl Analyzer {
         ))
     }
 
-    /// How much slower than its pace the job runs now: the pace test's
-    /// slowdown, else an ongoing slow stretch (a slowdown that began
-    /// before the pace's baseline filled).
-    fn job_rise(core: &Core) -> Option<f64> {
-        core.pace.slowing().map(|s| s.rise).or_else(|| {
-            core.pace
-                .stretches()
-                .into_iter()
-                .find(|s| s.ongoing)
-                .map(|s| s.rise)
-        })
+    /// How much slower than its pace the job runs now, and since when: the
+    /// pace test's slowdown, else an ongoing slow stretch (a slowdown that
+    /// began before the pace's baseline filled).
+    fn job_rise(core: &Core) -> Option<(f64, u64)> {
+        core.pace
+            .slowing()
+            .map(|s| (s.rise, s.since_iteration))
+            .or_else(|| {
+                core.pace
+                    .stretches()
+                    .into_iter()
+                    .find(|s| s.ongoing)
+                    .map(|s| (s.rise, s.from_iteration))
+            })
+    }
+
+    /// The job's rise, where work imbalance explains it: the job slowed
+    /// ([`Self::job_rise`]) and the costliest rank's share of the step grew
+    /// with it ([`crate::graph::spread`]); a job that slowed as a whole
+    /// keeps its spread.
+    fn imbalance_rise(&self, core: &Core) -> Option<f64> {
+        let Some((rise, since)) = Self::job_rise(core) else {
+            tracing::debug!("work imbalance, but the job keeps its pace: the job's own");
+            return None;
+        };
+        let g = core.spread.growth(since, &self.cfg.structure.spread());
+        if !g.is_some_and(|g| g.explains) {
+            tracing::debug!(
+                rise,
+                since,
+                ?g,
+                "the job slowed, but its spread did not grow with it: not imbalance's"
+            );
+            return None;
+        }
+        Some(rise)
     }
 
     /// A structural finding's observation: costed where it was found

@@ -3,7 +3,8 @@
 //! ends; [`itergraph`] turns one sealed iteration into a plain graph;
 //! [`whatif`] replays it with a rank at its peers' speed (the cost);
 //! [`cost`] applies that to each subject; [`structure`] reads stage and
-//! work imbalance from it; this module keeps the wait graph of who waited
+//! work imbalance from it, [`spread`] whether imbalance explains a
+//! slowdown; this module keeps the wait graph of who waited
 //! for whom.
 //!
 //! The dependency graph of waiting, and what each root costs.
@@ -23,6 +24,7 @@
 pub mod cost;
 pub mod iteration;
 pub mod itergraph;
+pub mod spread;
 pub mod structure;
 pub mod whatif;
 

@@ -76,6 +76,31 @@ pub struct StructureConfig {
     /// (random 1127-7, tp2 dp4 on 4 hosts, work ×1.3: 9 of its last 25
     /// steps; the healthy runs of seeds 1127 and 2027 replayed: none).
     pub rotation_min_costly: usize,
+    /// Work imbalance is said only of a slowdown it explains
+    /// ([`crate::graph::spread`]): the costliest rank's median share of
+    /// the step over this many iterations before the slowdown began...
+    pub spread_before: usize,
+    /// ...against its median over this many recent ones (`window`'s 12)...
+    pub spread_recent: usize,
+    /// ...must have grown by at least this share of the step: `min_cost`,
+    /// the smallest saving worth a structural finding. Not a share of the
+    /// rise: moving work also raises every rank's mean work (work ×1–4
+    /// drawn anew per step doubles it on average), and that part of the
+    /// rise is no rank's; its spread grew from 0.3% to 9–18% of the step.
+    /// A job that slowed as a whole keeps its spread (a synthetic dp8 job,
+    /// every GPU 1.3× slower, jitter 0.2).
+    pub spread_min_growth: f64,
+}
+
+impl StructureConfig {
+    /// The spread rule's knobs.
+    pub fn spread(&self) -> crate::graph::spread::SpreadConfig {
+        crate::graph::spread::SpreadConfig {
+            before: self.spread_before,
+            recent: self.spread_recent,
+            min_growth: self.spread_min_growth,
+        }
+    }
 }
 
 impl Default for StructureConfig {
@@ -91,6 +116,9 @@ impl Default for StructureConfig {
             rotation_distinct: 3,
             rotation_hold_window: 24,
             rotation_min_costly: 6,
+            spread_before: 24,
+            spread_recent: 12,
+            spread_min_growth: 0.03,
         }
     }
 }

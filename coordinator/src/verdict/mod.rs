@@ -516,6 +516,15 @@ fn update_active(
     it: u64,
     o: Option<Observation>,
 ) -> Option<VerdictEvent> {
+    // A short episode is over once its rank kept pace on its own for
+    // `close_after` iterations. The sequential test's standing evidence
+    // outlasts a spike by as long as the spike was tall (a healthy rank
+    // descheduled for 4 iterations beside two busy loops was held named 18
+    // more, to the end of the run); it keeps lasting stragglers named.
+    let short_over = o.as_ref().is_none_or(|o| o.held)
+        && v.slow_iterations() < cfg.transient_below
+        && it.saturating_sub(v.last_slow_iteration) >= cfg.close_after;
+    let o = o.filter(|_| !short_over);
     if let Some(o) = o {
         v.last_seen_iteration = it;
         if !o.held {
@@ -541,7 +550,7 @@ fn update_active(
         // A minority reading is still costed as the verdict's class
         // (`graph::cost` replays an active compute verdict as compute).
         v.account(o.saved_ns, o.step_ns, o.once_fixed);
-    } else if t.clean_streak >= cfg.close_after {
+    } else if t.clean_streak >= cfg.close_after || short_over {
         v.active = false;
         v.closed_iteration = Some(it);
         return Some(VerdictEvent {

@@ -20,7 +20,8 @@ fn obs(kind: Kind) -> Observation {
 }
 
 /// `x` a host-side observation, `g` a GPU-side one costing 10%, `c`
-/// a GPU-side one costing 5%, anything else clean.
+/// a GPU-side one costing 5%, `h` one held by standing evidence, anything
+/// else clean.
 fn run(l: &mut Lifecycle, pattern: &str, start: u64) -> Vec<(u64, EventKind)> {
     let mut ev = Vec::new();
     for (i, c) in pattern.chars().enumerate() {
@@ -32,7 +33,10 @@ fn run(l: &mut Lifecycle, pattern: &str, start: u64) -> Vec<(u64, EventKind)> {
             o.lost_ns /= 2.0;
             o.saved_ns = o.saved_ns.map(|x| x / 2.0);
         }
-        if matches!(c, 'x' | 'g' | 'c') {
+        // `h`: named only by the sequential test's standing evidence.
+        o.held = c == 'h';
+        o.classification.gpu_side |= o.held;
+        if matches!(c, 'x' | 'g' | 'c' | 'h') {
             m.insert(Subject::Rank(5), o);
         }
         ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event)));
@@ -180,4 +184,23 @@ fn a_short_episode_that_ended_is_a_transient() {
     let v = l.verdicts().next().unwrap();
     assert_eq!(v.episodes, 2);
     assert!(!v.is_transient(below));
+}
+
+/// The sequential test's standing evidence keeps a lasting straggler named
+/// through iterations it kept pace in, but not a short episode: that one
+/// closes `close_after` iterations after its rank was last slow on its own.
+#[test]
+fn standing_evidence_does_not_keep_a_short_episode_open() {
+    let below = LifecycleConfig::default().transient_below;
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    // Held only while its verdict is open: none once it closed.
+    let ev = run(&mut l, "gggghhhhhhhh........", 100);
+    assert!(ev.contains(&(111, EventKind::Closed)), "{ev:?}");
+    let v = l.verdicts().next().unwrap();
+    assert!(v.is_transient(below) && v.last_slow_iteration == 103);
+
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let ev = run(&mut l, "gggggggggggghhhhhhhhhhhh", 100);
+    assert!(!ev.iter().any(|e| e.1 == EventKind::Closed), "{ev:?}");
+    assert!(l.verdicts().next().unwrap().active);
 }
