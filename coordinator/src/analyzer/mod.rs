@@ -77,9 +77,10 @@ pub struct AnalyzerConfig {
     /// the tuning set's imbalances and no false one in seed 7603's 32 runs
     /// (BENCHMARKS.md, 2026-11-28). Since then a slowdown counts only when
     /// the spread between ranks grew with it ([`crate::graph::spread`]: a
-    /// job that slowed as a whole is no longer told it is imbalanced); that
-    /// rule is checked on synthetic jobs only, not yet on the random specs
-    /// nor on the restart test, so it stays off.
+    /// job that slowed as a whole is no longer told it is imbalanced, where
+    /// the slowdown has a "before" to compare with); replayed on the tuning
+    /// set's recorded runs it names what it named before, but it is not
+    /// checked on the restart test nor on a fresh seed, so it stays off.
     pub work_imbalance: bool,
     /// Stage and work imbalance ([`crate::graph::structure`]).
     pub structure: crate::graph::structure::StructureConfig,

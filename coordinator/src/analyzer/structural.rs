@@ -242,14 +242,18 @@ impl Analyzer {
     /// The job's rise, where work imbalance explains it: the job slowed
     /// ([`Self::job_rise`]) and the costliest rank's share of the step grew
     /// with it ([`crate::graph::spread`]); a job that slowed as a whole
-    /// keeps its spread.
+    /// keeps its spread. Where the slowdown began too soon after warm-up
+    /// for a "before" (12 warm iterations), the rise alone decides, as it
+    /// did before the spread rule: random 1127-7 and 1127-32 moved to 30
+    /// (onsets 22 and 31 against a 20-iteration warm-up) are imbalance the
+    /// rule would otherwise never name.
     fn imbalance_rise(&self, core: &Core) -> Option<f64> {
         let Some((rise, since)) = Self::job_rise(core) else {
             tracing::debug!("work imbalance, but the job keeps its pace: the job's own");
             return None;
         };
         let g = core.spread.growth(since, &self.cfg.structure.spread());
-        if !g.is_some_and(|g| g.explains) {
+        if g.is_some_and(|g| !g.explains) {
             tracing::debug!(
                 rise,
                 since,
