@@ -291,12 +291,12 @@ fn report_verdicts(
     slowdown: Option<&crate::classify::pace::Slowing>,
     stretches: &[crate::classify::stretches::Stretch],
 ) -> (Vec<crate::verdict::Verdict>, Vec<crate::verdict::Verdict>) {
-    let below = core.lifecycle.config().transient_below;
+    let cfg = core.lifecycle.config();
     let (mut verdicts, transients): (Vec<_>, Vec<_>) = core
         .lifecycle
         .verdicts()
         .cloned()
-        .partition(|v| !v.is_transient(below));
+        .partition(|v| !v.is_transient(cfg));
     verdicts.sort_by(|a, b| {
         b.active
             .cmp(&a.active)

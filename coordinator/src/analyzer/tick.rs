@@ -44,6 +44,10 @@ impl Analyzer {
                     behind_ms = now.saturating_sub(end) as f64 / 1e6, "iterations sealed");
             }
         }
+        events.extend(
+            core.lifecycle
+                .end_with_exits(|r| self.ranks.get(&r).is_some_and(|i| i.exited_at.is_some())),
+        );
         events
     }
 

@@ -73,6 +73,16 @@ pub struct LifecycleConfig {
     /// outlast the time a lasting straggler is given to be named is not
     /// one. Its alert was sent; the report keeps it under its own heading.
     pub transient_below: u64,
+    /// The bound for an episode that cost the job less than
+    /// `modest_cost` of its step: such a straggler is given 30 iterations
+    /// to be named (issue 25: ≥ 3% within 30, ≥ 10% within 10), so what
+    /// did not outlast those is not one either. Seen beside two busy
+    /// loops: a healthy rank 7% of a step late for 10 iterations, costing
+    /// 4%, named and cleared.
+    pub transient_below_modest: u64,
+    /// Measured cost (fraction of the step) under which an episode is
+    /// modest; one whose cost was not measured takes the stricter bound.
+    pub modest_cost: f64,
 }
 
 impl Default for LifecycleConfig {
@@ -87,6 +97,8 @@ impl Default for LifecycleConfig {
             warmup_iterations: 20,
             max_verdicts: 4096,
             transient_below: 10,
+            transient_below_modest: 30,
+            modest_cost: 0.10,
         }
     }
 }
@@ -175,16 +187,34 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// A slow episode that ended before it lasted `below` iterations
-    /// ([`LifecycleConfig::transient_below`]): closed, one episode, a
-    /// rank's (or its host's, its NIC's, a link's) slowness. Hangs and
-    /// structural findings are never transients.
-    pub fn is_transient(&self, below: u64) -> bool {
-        let span = self.slow_iterations();
+    /// Slowness that began and ended within its naming window
+    /// ([`Verdict::transient_bound`]): closed, and from its first sighting
+    /// to the last iteration its rank was slow on its own, over fewer
+    /// iterations than the bound, however many episodes that took (two
+    /// blips 12 iterations apart beside two busy loops are one
+    /// disturbance; a rank that comes back later spans more). A rank's (or
+    /// its host's, its NIC's, a link's) slowness; hangs and structural
+    /// findings are never transients.
+    pub fn is_transient(&self, cfg: &LifecycleConfig) -> bool {
         !self.active
-            && self.episodes <= 1
             && !matches!(self.kind, Kind::Hang | Kind::Structural)
-            && span < below
+            && self.slow_iterations() < self.transient_bound(cfg)
+    }
+
+    /// Iterations this episode had to outlast to be a straggler: the
+    /// naming promise for its cost (`transient_below`, or
+    /// `transient_below_modest` where it measurably cost less than
+    /// `modest_cost`).
+    pub fn transient_bound(&self, cfg: &LifecycleConfig) -> u64 {
+        let cost = match (&self.cost_estimate, self.cost_iterations) {
+            (Some(e), _) => Some(e.fraction),
+            (None, n) if n > 0 => Some(self.cost_fraction),
+            _ => None,
+        };
+        match cost {
+            Some(c) if c < cfg.modest_cost => cfg.transient_below_modest.max(cfg.transient_below),
+            _ => cfg.transient_below,
+        }
     }
 
     /// Iterations from its first sighting to the last its own lateness
@@ -522,7 +552,7 @@ fn update_active(
     // descheduled for 4 iterations beside two busy loops was held named 18
     // more, to the end of the run); it keeps lasting stragglers named.
     let short_over = o.as_ref().is_none_or(|o| o.held)
-        && v.slow_iterations() < cfg.transient_below
+        && v.slow_iterations() < v.transient_bound(cfg)
         && it.saturating_sub(v.last_slow_iteration) >= cfg.close_after;
     let o = o.filter(|_| !short_over);
     if let Some(o) = o {
@@ -551,28 +581,33 @@ fn update_active(
         // (`graph::cost` replays an active compute verdict as compute).
         v.account(o.saved_ns, o.step_ns, o.once_fixed);
     } else if t.clean_streak >= cfg.close_after || short_over {
-        v.active = false;
-        v.closed_iteration = Some(it);
-        return Some(VerdictEvent {
-            event: EventKind::Closed,
-            iteration: Some(it),
-            line: format!(
-                "CLOSED {} ({}-slow) cleared at iteration {it} after {} iterations; lost {:.1} GPU-s{}",
-                who(v),
-                v.kind.as_str(),
-                it.saturating_sub(v.first_seen_iteration),
-                v.lost_gpu_seconds,
-                if v.is_transient(cfg.transient_below) {
-                    "; a transient (slow only briefly), not a straggler"
-                } else {
-                    ""
-                }
-            ),
-            verdict: Some(v.clone()),
-            hang: None,
-        });
+        return Some(close(cfg, v, it, "cleared"));
     }
     None
+}
+
+/// Closes `v` at iteration `it`; `how` says why ("cleared", …).
+fn close(cfg: &LifecycleConfig, v: &mut Verdict, it: u64, how: &str) -> VerdictEvent {
+    v.active = false;
+    v.closed_iteration = Some(it);
+    VerdictEvent {
+        event: EventKind::Closed,
+        iteration: Some(it),
+        line: format!(
+            "CLOSED {} ({}-slow) {how} at iteration {it} after {} iterations; lost {:.1} GPU-s{}",
+            who(v),
+            v.kind.as_str(),
+            it.saturating_sub(v.first_seen_iteration),
+            v.lost_gpu_seconds,
+            if v.is_transient(cfg) {
+                "; a transient (slow only briefly), not a straggler"
+            } else {
+                ""
+            }
+        ),
+        verdict: Some(v.clone()),
+        hang: None,
+    }
 }
 
 /// A verdict opened at iteration `it` on `latest`, first seen at `first`.
@@ -738,6 +773,40 @@ impl Verdict {
 }
 
 impl Lifecycle {
+    /// Short episodes whose ranks have all exited, after they had stopped
+    /// being slow, end with them. Their `close_after` clean iterations
+    /// can no longer come: a healthy rank descheduled for 5 iterations just
+    /// before its host's collectives stopped being observed (an agent
+    /// restarted mid-job, beside two busy loops) stayed "NOW host-slow"
+    /// for the 570 iterations that followed. An episode whose rank was slow
+    /// to its last observed iteration, or that lasted `transient_below`
+    /// iterations (its [`Verdict::transient_bound`]), stays open: it may be a straggler the job's end cut off.
+    pub fn end_with_exits(&mut self, exited: impl Fn(u32) -> bool) -> Vec<VerdictEvent> {
+        let mut events = Vec::new();
+        for t in self.trackers.values() {
+            let Some(v) = t.verdict.and_then(|id| self.verdicts.get_mut(&id)) else {
+                continue;
+            };
+            let Some(&(last_it, _)) = t.hist.back() else {
+                continue;
+            };
+            let ranks: Vec<u32> = match (&v.link, v.ranks.is_empty()) {
+                (Some(l), _) => l.ranks.to_vec(),
+                (None, false) => v.ranks.clone(),
+                (None, true) => vec![v.rank],
+            };
+            if v.active
+                && !matches!(v.kind, Kind::Hang | Kind::Structural)
+                && v.slow_iterations() < v.transient_bound(&self.cfg)
+                && v.last_slow_iteration < last_it
+                && ranks.iter().all(|&r| exited(r))
+            {
+                events.push(close(&self.cfg, v, last_it, "ended with its rank's exit"));
+            }
+        }
+        events
+    }
+
     /// One iteration's what-if for an active verdict that had no
     /// observation in it: a straggler keeps costing while it lasts, even in
     /// an iteration where it was not suspicious enough to be observed, so

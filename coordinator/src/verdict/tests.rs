@@ -159,7 +159,7 @@ fn a_verdict_is_costed_only_by_readings_of_its_class() {
 /// again after its close, or still slow is a straggler.
 #[test]
 fn a_short_episode_that_ended_is_a_transient() {
-    let below = LifecycleConfig::default().transient_below;
+    let below = &LifecycleConfig::default();
     let mut l = Lifecycle::new(LifecycleConfig::default());
     let ev = run(&mut l, "gggggg..........", 100);
     assert_eq!(ev[0], (102, EventKind::Opened), "named while it lasts");
@@ -191,7 +191,7 @@ fn a_short_episode_that_ended_is_a_transient() {
 /// closes `close_after` iterations after its rank was last slow on its own.
 #[test]
 fn standing_evidence_does_not_keep_a_short_episode_open() {
-    let below = LifecycleConfig::default().transient_below;
+    let below = &LifecycleConfig::default();
     let mut l = Lifecycle::new(LifecycleConfig::default());
     // Held only while its verdict is open: none once it closed.
     let ev = run(&mut l, "gggghhhhhhhh........", 100);
@@ -203,4 +203,92 @@ fn standing_evidence_does_not_keep_a_short_episode_open() {
     let ev = run(&mut l, "gggggggggggghhhhhhhhhhhh", 100);
     assert!(!ev.iter().any(|e| e.1 == EventKind::Closed), "{ev:?}");
     assert!(l.verdicts().next().unwrap().active);
+}
+
+/// A short episode that had stopped when its rank exited ends with it; one
+/// still slow at its rank's last iteration, or a long one, stays open.
+#[test]
+fn a_short_episode_ends_with_its_ranks_exit() {
+    let below = &LifecycleConfig::default();
+    // Rank 5 of `run`'s observations; slow 5 iterations, then 2 clean ones
+    // before its iterations stopped coming.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "ggggg..", 100);
+    assert!(l.verdicts().next().unwrap().active);
+    assert!(l.end_with_exits(|r| r != 5).is_empty(), "rank 5 still runs");
+    let ev = l.end_with_exits(|_| true);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        (ev[0].event, ev[0].iteration),
+        (EventKind::Closed, Some(106))
+    );
+    assert!(
+        ev[0].line.contains("ended with its rank's exit"),
+        "{}",
+        ev[0].line
+    );
+    let v = l.verdicts().next().unwrap();
+    assert!(!v.active && v.is_transient(below));
+
+    // Slow to its last observed iteration: it may have been cut off.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "ggggg", 100);
+    assert!(l.end_with_exits(|_| true).is_empty());
+    // Slow for as long as a straggler is given to be named: it stays.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "gggggggggggg..", 100);
+    assert!(l.end_with_exits(|_| true).is_empty());
+    assert!(l.verdicts().next().unwrap().active);
+}
+
+/// A modest episode (under `modest_cost` of the step) is given the longer
+/// naming window: 12 iterations at 5% then pace is a transient, 30 is not.
+#[test]
+fn a_modest_episode_has_the_longer_bound() {
+    let cfg = &LifecycleConfig::default();
+    let mut l = Lifecycle::new(cfg.clone());
+    run(
+        &mut l,
+        &format!("{}{}", "c".repeat(12), ".".repeat(10)),
+        100,
+    );
+    let v = l.verdicts().next().unwrap();
+    assert!(v.cost_fraction < cfg.modest_cost, "{}", v.cost_fraction);
+    assert_eq!(v.transient_bound(cfg), cfg.transient_below_modest);
+    assert!(!v.active && v.is_transient(cfg));
+
+    let mut l = Lifecycle::new(cfg.clone());
+    run(
+        &mut l,
+        &format!("{}{}", "c".repeat(30), ".".repeat(10)),
+        100,
+    );
+    let v = l.verdicts().next().unwrap();
+    assert!(
+        !v.active && !v.is_transient(cfg),
+        "lasted its naming window"
+    );
+
+    // Two modest blips 10 iterations apart: one disturbance, inside the
+    // window; the same two 30 apart span more and stay a verdict.
+    for (gap, transient) in [(10, true), (30, false)] {
+        let mut l = Lifecycle::new(cfg.clone());
+        let p = format!("cccccc{}cccccc{}", ".".repeat(gap), ".".repeat(10));
+        run(&mut l, &p, 100);
+        let v = l.verdicts().next().unwrap();
+        assert_eq!(
+            (v.episodes, v.is_transient(cfg)),
+            (2, transient),
+            "gap {gap}"
+        );
+    }
+
+    // As costly as the strict bound's straggler: 12 iterations stay one.
+    let mut l = Lifecycle::new(cfg.clone());
+    run(
+        &mut l,
+        &format!("{}{}", "g".repeat(12), ".".repeat(10)),
+        100,
+    );
+    assert!(!l.verdicts().next().unwrap().is_transient(cfg));
 }
