@@ -276,7 +276,7 @@ impl Analyzer {
             verdicts: core
                 .lifecycle
                 .verdicts()
-                .map(crate::report::metrics_text::VerdictRow::of)
+                .map(|v| crate::report::metrics_text::VerdictRow::of(v, core.lifecycle.config()))
                 .collect(),
         }
     }

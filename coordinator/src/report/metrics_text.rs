@@ -24,10 +24,14 @@ pub struct VerdictRow {
     pub kind: &'static str,
     pub active: bool,
     pub lost_gpu_seconds: f64,
+    /// Closed as a transient ([`Verdict::is_transient`]): its series leave
+    /// the verdict families, as it leaves `verdicts[]` in the report, and
+    /// `slowrank_transients_total` counts it.
+    pub transient: bool,
 }
 
 impl VerdictRow {
-    pub fn of(v: &Verdict) -> Self {
+    pub fn of(v: &Verdict, cfg: &crate::verdict::LifecycleConfig) -> Self {
         Self {
             id: v.id,
             rank: v.rank,
@@ -35,6 +39,7 @@ impl VerdictRow {
             kind: v.kind.as_str(),
             active: v.active,
             lost_gpu_seconds: v.lost_gpu_seconds,
+            transient: v.is_transient(cfg),
         }
     }
 }
@@ -68,7 +73,7 @@ impl Metrics {
             g,
             "1 while the verdict is open, 0 once it closed; one series per verdict (labels: verdict id, rank, host, kind)",
         );
-        for v in &self.verdicts {
+        for v in self.verdicts.iter().filter(|v| !v.transient) {
             let (id, rank) = (v.id.to_string(), v.rank.to_string());
             let labels = [
                 ("verdict", id.as_str()),
@@ -83,7 +88,7 @@ impl Metrics {
             g,
             "GPU-seconds the job lost to this verdict's rank so far (what-if cost: the job's iterations had the rank kept pace with its peers)",
         );
-        for v in &self.verdicts {
+        for v in self.verdicts.iter().filter(|v| !v.transient) {
             let (id, rank) = (v.id.to_string(), v.rank.to_string());
             let labels = [
                 ("verdict", id.as_str()),
@@ -104,6 +109,12 @@ impl Metrics {
             c,
             "Verdicts ever opened",
             self.verdicts_total as f64,
+        );
+        e.single(
+            "slowrank_transients_total",
+            c,
+            "Verdicts that closed as transients (slow only within their naming window, then kept pace): alerted when they began, not stragglers, and gone from the verdict families",
+            self.verdicts.iter().filter(|v| v.transient).count() as f64,
         );
         e.single(
             "slowrank_hangs_active",
@@ -412,7 +423,7 @@ pub struct Metrics {
     pub job_probe_overhead_percent: Option<f64>,
     /// The job's step time now (median of recent iterations), when known.
     pub step_ns: Option<f64>,
-    /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds).
+    /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds, transient).
     pub verdicts: Vec<crate::report::metrics_text::VerdictRow>,
 }
 
@@ -450,14 +461,26 @@ mod tests {
             probe_overhead_percent: vec![(0, 0.2)],
             job_probe_overhead_percent: Some(0.2),
             step_ns: Some(40e6),
-            verdicts: vec![VerdictRow {
-                id: 1,
-                rank: 1,
-                host: "node-0".into(),
-                kind: "host",
-                active: true,
-                lost_gpu_seconds: 2.5,
-            }],
+            verdicts: vec![
+                VerdictRow {
+                    id: 1,
+                    rank: 1,
+                    host: "node-0".into(),
+                    kind: "host",
+                    active: true,
+                    lost_gpu_seconds: 2.5,
+                    transient: false,
+                },
+                VerdictRow {
+                    id: 2,
+                    rank: 6,
+                    host: "node-1".into(),
+                    kind: "host",
+                    active: false,
+                    lost_gpu_seconds: 0.1,
+                    transient: true,
+                },
+            ],
         };
         let ingest = IngestStats::default();
         ingest.rejected.insert("host_changed".into(), 2);
@@ -482,6 +505,9 @@ mod tests {
         assert!(text.contains(
             "slowrank_verdict_lost_gpu_seconds{verdict=\"1\",rank=\"1\",host=\"node-0\",kind=\"host\"} 2.5\n"
         ));
+        // A transient is counted, not listed as a verdict.
+        assert!(text.contains("slowrank_transients_total 1\n"), "{text}");
+        assert!(!text.contains("verdict=\"2\""), "{text}");
         // A host without a clock yet has no series rather than +Inf.
         assert!(!text.contains("node-1"), "{text}");
         for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {

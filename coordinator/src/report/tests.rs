@@ -13,6 +13,16 @@ fn keeps_the_function_name() {
     assert_eq!(super::short_frame("a::b::c"), "c");
 }
 
+/// The report's page, with no timeline or flame graphs.
+fn page_of(r: &Report) -> String {
+    crate::report::html::render(&crate::report::html::Page {
+        report: r,
+        timeline: &crate::report::timeline::Timeline::default(),
+        flames: Vec::new(),
+        refresh_s: None,
+    })
+}
+
 fn agent(i: usize, connected: bool) -> AgentReport {
     AgentReport {
         agent_id: format!("agent-{i}"),
@@ -141,13 +151,7 @@ fn a_past_slow_stretch_is_told_and_never_called_kept_pace() {
         text.contains("SLOWER iterations 5–41 (slow already at the first step read): step 447.0 ms against the job's best pace of 313.0 ms (+43%); no rank was named: on one host"),
         "{text}"
     );
-    let timeline = crate::report::timeline::Timeline::default();
-    let page = crate::report::html::render(&crate::report::html::Page {
-        report: &r,
-        timeline: &timeline,
-        flames: Vec::new(),
-        refresh_s: None,
-    });
+    let page = page_of(&r);
     assert!(page.contains("SLOWER: iterations 5–41"), "page");
     let mut named = crate::synthjob::analyzed(Some(30), 80).report();
     named.slow_stretches = r.slow_stretches.clone();
@@ -195,13 +199,7 @@ fn a_transient_is_told_apart_from_the_verdicts() {
         "{text}"
     );
     assert!(!text.contains("WAS "), "{text}");
-    let timeline = crate::report::timeline::Timeline::default();
-    let page = crate::report::html::render(&crate::report::html::Page {
-        report: &r,
-        timeline: &timeline,
-        flames: Vec::new(),
-        refresh_s: None,
-    });
+    let page = page_of(&r);
     assert!(page.contains("Transients (slow briefly"), "page");
     assert!(page.contains("compute-slow, iterations 40–45"), "page");
     let json = serde_json::to_value(&r).unwrap();
