@@ -257,7 +257,8 @@ impl Analyzer {
                     c.evidence.insert(0, Self::what_if_named(core, *x, step));
                 }
             }
-            if Self::held_back(core, s, &c, &window, cpu.as_ref(), k) {
+            let ask = window.len() >= self.cfg.stats.deep_ask_min || alarms.contains(&s.rank);
+            if Self::held_back(core, s, &c, &window, cpu.as_ref(), k, ask) {
                 continue;
             }
             let at = s.first_t.unwrap_or(from);
@@ -305,7 +306,9 @@ impl Analyzer {
     }
 
     /// A suspect not named this iteration: one only the deep set can
-    /// class, or one of two ranks with nothing saying which is odd.
+    /// class (asked for when `ask`: the suspicion lasted), or one of two
+    /// ranks with nothing saying which is odd.
+    #[allow(clippy::too_many_arguments)] // the suspect, its window and what it may ask
     fn held_back(
         core: &mut Core,
         s: &RankScore,
@@ -313,6 +316,7 @@ impl Analyzer {
         window: &[RankScore],
         cpu: Option<&classify::intervals::CpuEvidence>,
         k: u64,
+        ask: bool,
     ) -> bool {
         // Host-side times say only that this rank's GPU work ran long:
         // kernels or transfers (a slow NIC drains the stream just the
@@ -326,9 +330,12 @@ impl Analyzer {
             tracing::debug!(
                 rank = s.rank,
                 iteration = k,
+                ask,
                 "GPU-bound suspect held for the deep set"
             );
-            core.held_for_deep = Some(k);
+            if ask {
+                core.held_for_deep = Some(k);
+            }
             return true;
         }
         // Two ranks: no majority says who is odd (see `stands_alone`).

@@ -102,6 +102,15 @@ pub struct StatsConfig {
     pub min_late_ns: f64,
     /// Smoothing of the per-rank lateness gauge.
     pub ewma_alpha: f64,
+    /// Suspicious iterations (of a rank's last 5) before a suspect that
+    /// only the deep set can class asks for it (or the sequential test's
+    /// alarm on it). One suspicious iteration of a healthy job's jitter
+    /// opened a 30-s deep window on every agent: on dp8-healthy it held
+    /// the verbs data-path probes on for half of a 56-s run, ≈ 3,000 traps
+    /// per rank-second, most of the "default set" cost the overhead
+    /// benchmark measured (BENCHMARKS.md, 2026-11-28). A lasting straggler
+    /// is suspicious in nearly every iteration: it asks 2 iterations later.
+    pub deep_ask_min: usize,
 }
 
 impl Default for StatsConfig {
@@ -113,6 +122,7 @@ impl Default for StatsConfig {
             min_host_step_fraction: 0.1,
             min_late_ns: 100_000.0,
             ewma_alpha: 0.2,
+            deep_ask_min: 3,
         }
     }
 }
