@@ -220,7 +220,7 @@ def overhead_cost_section(modes, base):
                       if os.path.basename(os.path.dirname(p)).rsplit("-", 1)[0] == mode)
         if not runs:
             continue
-        calls, steps, selfp, traps = {}, 0, [], []
+        calls, steps, selfp, traps, agentp = {}, 0, [], [], []
         for p in runs:
             d = os.path.dirname(p)
             rows = list(csv.DictReader(open(os.path.join(d, "steps.csv"))))
@@ -237,6 +237,8 @@ def overhead_cost_section(modes, base):
                 o = load(os.path.join(d, "report.json")).get("overhead") or {}
                 if o.get("job_percent") is not None:
                     selfp.append(o["job_percent"])
+                if o.get("agent_cpu_percent") is not None:
+                    agentp.append(o["agent_cpu_percent"])
             except (OSError, ValueError):
                 pass
         print(f"\n## overhead, {mode} set: probe calls per rank per step ({len(runs)} runs, {steps} rank-steps)")
@@ -254,6 +256,11 @@ def overhead_cost_section(modes, base):
         sr = statistics.median(selfp) if selfp else None
         print(f"self-reported probe cost (report.json overhead.job_percent, median over runs): {fmt(sr, 2)}% "
               f"vs measured step-time cost {fmt(measured, 1)}%")
+        if agentp:
+            ac = statistics.median(agentp)
+            both = sr + ac if sr is not None else None
+            print(f"self-reported agent CPU (overhead.agent_cpu_percent, median over runs): {ac:.2f}%; "
+                  f"probes + agent CPU {fmt(both, 2)}% vs measured {fmt(measured, 1)}%")
 
 
 def wire_section():

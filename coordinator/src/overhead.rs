@@ -18,6 +18,8 @@ struct RankCost {
     cost_ns: u64,
     wall_ns: u64,
     counted_ns: u64,
+    /// The agent's CPU time apportioned to this rank.
+    agent_cpu_ns: u64,
     /// Intervals whose agent had no trap cost (cost unknown).
     unmeasured: u64,
 }
@@ -51,6 +53,10 @@ pub struct RankOverhead {
     /// Share of the time the launch/memcpy/malloc counters were attached
     /// (deep windows and samples), in percent.
     pub launch_counted_percent: f64,
+    /// Its agent's own CPU time apportioned to it, percent of its wall
+    /// time: rank time the agent may take where they share cores.
+    #[serde(default)]
+    pub agent_cpu_percent: f64,
 }
 
 /// One agent host's line in the report.
@@ -77,6 +83,11 @@ pub struct OverheadReport {
     /// measured its trap cost.
     pub job_percent: Option<f64>,
     pub max_rank_percent: Option<f64>,
+    /// The agents' own CPU, time-weighted over ranks, percent of rank
+    /// time ([`RankOverhead::agent_cpu_percent`]); null from agents
+    /// before wire schema 7, which did not measure it.
+    #[serde(default)]
+    pub agent_cpu_percent: Option<f64>,
     pub ranks: Vec<RankOverhead>,
     pub hosts: Vec<HostOverhead>,
 }
@@ -93,6 +104,9 @@ impl OverheadTally {
         r.cost_ns = r.cost_ns.saturating_add(i.probe_cost_ns.min(wall));
         r.wall_ns = r.wall_ns.saturating_add(wall);
         r.counted_ns = r.counted_ns.saturating_add(i.launch_counted_ns.min(wall));
+        // No more than the interval's time either (the agent's CPU is
+        // shared among its ranks).
+        r.agent_cpu_ns = r.agent_cpu_ns.saturating_add(i.agent_cpu_ns.min(wall));
         if i.trap_pair_ns == 0 {
             r.unmeasured += 1;
         }
@@ -130,6 +144,18 @@ impl OverheadTally {
         (wall > 0).then(|| 100.0 * cost as f64 / wall as f64)
     }
 
+    /// The agents' CPU as a time-weighted share of rank time (percent);
+    /// None when no agent reported any (agents before wire schema 7).
+    pub fn agent_cpu_percent(&self) -> Option<f64> {
+        let (cpu, wall) = self.ranks.values().fold((0u64, 0u64), |(c, w), r| {
+            (
+                c.saturating_add(r.agent_cpu_ns),
+                w.saturating_add(r.wall_ns),
+            )
+        });
+        (wall > 0 && cpu > 0).then(|| 100.0 * cpu as f64 / wall as f64)
+    }
+
     pub fn report(&self) -> Option<OverheadReport> {
         if self.ranks.is_empty() {
             return None;
@@ -151,6 +177,11 @@ impl OverheadTally {
                     observed_seconds: secs,
                     launch_counted_percent: if r.wall_ns > 0 {
                         100.0 * r.counted_ns as f64 / r.wall_ns as f64
+                    } else {
+                        0.0
+                    },
+                    agent_cpu_percent: if r.wall_ns > 0 {
+                        100.0 * r.agent_cpu_ns as f64 / r.wall_ns as f64
                     } else {
                         0.0
                     },
@@ -179,6 +210,12 @@ impl OverheadTally {
             ),
             _ => "slowrank's probe cost is unknown: no agent measured its trap cost".to_owned(),
         };
+        let agent_cpu = self.agent_cpu_percent();
+        if let Some(a) = agent_cpu {
+            summary.push_str(&format!(
+                "; its agents' own CPU ≈ {a:.2}% of rank time more where they share the ranks' cores"
+            ));
+        }
         let narrowed: Vec<&str> = hosts
             .iter()
             .filter(|h| h.narrowed_intervals > 0)
@@ -194,6 +231,7 @@ impl OverheadTally {
             summary,
             job_percent: job,
             max_rank_percent: worst.map(|w| w.1),
+            agent_cpu_percent: agent_cpu,
             ranks,
             hosts,
         })
@@ -240,6 +278,36 @@ mod tests {
             r.summary
         );
         assert_eq!(t.rank_percents(), vec![(0, 0.1), (1, 0.3)]);
+        // Agents before wire schema 7 said nothing of their own CPU.
+        assert_eq!(r.agent_cpu_percent, None);
+        assert!(!r.summary.contains("own CPU"), "{}", r.summary);
+    }
+
+    #[test]
+    fn the_agents_own_cpu_is_told_beside_the_traps() {
+        let mut t = OverheadTally::default();
+        // 20 ms of agent CPU in a rank's second (2%), 10 ms in the other's.
+        let mut a = iv(0, 0, 1_000_000_000, 1_000_000, false);
+        a.agent_cpu_ns = 20_000_000;
+        let mut b = iv(1, 0, 1_000_000_000, 1_000_000, false);
+        b.agent_cpu_ns = 10_000_000;
+        t.add("a", &a);
+        t.add("a", &b);
+        // A hostile figure is capped at the interval's time.
+        let mut c = iv(2, 0, 1_000, 0, false);
+        c.agent_cpu_ns = u64::MAX;
+        t.add("b", &c);
+        let r = t.report().expect("report");
+        assert!((r.ranks[0].agent_cpu_percent - 2.0).abs() < 1e-9);
+        let job = r.agent_cpu_percent.expect("measured");
+        let want = 100.0 * (30_000_000.0 + 1_000.0) / (2e9 + 1_000.0);
+        assert!((job - want).abs() < 1e-9, "{job} vs {want}");
+        assert!(
+            r.summary
+                .contains("agents' own CPU ≈ 1.50% of rank time more"),
+            "{}",
+            r.summary
+        );
     }
 
     #[test]

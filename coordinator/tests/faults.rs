@@ -95,27 +95,27 @@ fn dp8_compute_slow_host_times_only_waits_for_the_deep_set() {
     spec.gpu_timing = GpuTiming::None;
     spec.links = false;
     assert!(!common::run(spec, 80).analyzer.confirmation_wanted());
-    // One slow iteration is jitter, not a suspect worth a deep window on
-    // every agent; two in a row are still not a lasting suspicion.
-    for len in [1, 2] {
-        let mut spec = SynthSpec::dp(2, 4);
-        spec.gpu_timing = GpuTiming::None;
-        spec.links = false;
-        let mut f = Fault::persistent(
-            FaultKind::Compute {
-                rank: 5,
-                factor: 1.3,
-            },
-            78 - len,
-        );
-        f.end_iteration = Some(78);
-        spec.faults.push(f);
-        let run = common::run(spec, 80);
-        assert!(
-            !run.analyzer.confirmation_wanted(),
-            "{len} slow iteration(s)"
-        );
-    }
+    // Two slow iterations: the default asks for the deep set at once; with
+    // `deep_ask_min` 3 they are not yet a lasting suspicion (see its docs
+    // for why the default stays at 1).
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.gpu_timing = GpuTiming::None;
+    spec.links = false;
+    let mut f = Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        76,
+    );
+    f.end_iteration = Some(78);
+    spec.faults.push(f);
+    assert!(common::run(spec.clone(), 80).analyzer.confirmation_wanted());
+    let mut cfg = slowrank_coordinator::analyzer::AnalyzerConfig::default();
+    cfg.stats.deep_ask_min = 3;
+    assert!(!common::run_with(spec, 80, cfg)
+        .analyzer
+        .confirmation_wanted());
 }
 
 #[test]

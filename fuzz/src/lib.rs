@@ -119,6 +119,7 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
                 trap_pair_ns: u.arbitrary()?,
                 launch_duty_ppm: u.arbitrary()?,
                 budget_narrowed: u.arbitrary()?,
+                agent_cpu_ns: u.arbitrary()?,
             })
         })?,
         links: vec_of(u, |u| {

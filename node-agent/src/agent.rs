@@ -94,6 +94,7 @@ pub struct Agent {
     windowed: Vec<Windowed>,
     counting: CountWindow,
     ledger: HitLedger,
+    own_cpu: crate::selfcost::OwnCpu,
     trap: Option<TrapCost>,
     sampler: Sampler,
     /// Start and length of the current deep window, for its budgeted
@@ -140,6 +141,7 @@ impl Agent {
             windowed: Vec::new(),
             counting: CountWindow::default(),
             ledger: HitLedger::default(),
+            own_cpu: crate::selfcost::OwnCpu::start(),
             trap: None,
             class_totals: BTreeMap::new(),
             deep_count: None,
@@ -708,7 +710,10 @@ impl Agent {
     fn account(&mut self, intervals: &mut [slowrank_shared::wire::RankInterval], counted: u64) {
         let plan = self.sampler.plan();
         let mut samples = Vec::with_capacity(intervals.len());
+        // Shared equally: the agent works for every rank it follows.
+        let own = self.own_cpu.take() / intervals.len().max(1) as u64;
         for i in intervals.iter_mut() {
+            i.agent_cpu_ns = own;
             let t = self.ledger.take(i.pid);
             let dur = i.end_ns.saturating_sub(i.start_ns).max(1);
             i.launch_counted_ns = counted.min(dur);

@@ -128,6 +128,46 @@ pub struct Totals {
     pub counted_calls: u64,
 }
 
+/// The agent process's CPU time so far (user and system, every thread).
+pub fn process_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64)
+}
+
+/// Hands out the agent's own CPU time since the last call, for the
+/// intervals it ships ([`slowrank_shared::wire::RankInterval::agent_cpu_ns`]):
+/// where the agent shares the ranks' cores, its drain loop, `/proc` scans
+/// and stack sampler take rank time the trap count does not see (on the
+/// 2-vCPU overhead benchmark, most of the default set's step-time cost).
+#[derive(Debug)]
+pub struct OwnCpu {
+    last: Option<u64>,
+}
+
+impl OwnCpu {
+    /// Counting from now.
+    pub fn start() -> Self {
+        Self {
+            last: process_cpu_ns(),
+        }
+    }
+
+    /// CPU ns used since the last call (0 where the clock is unreadable).
+    pub fn take(&mut self) -> u64 {
+        let Some(now) = process_cpu_ns() else {
+            return 0;
+        };
+        let d = self.last.map_or(0, |l| now.saturating_sub(l));
+        self.last = Some(now);
+        d
+    }
+}
+
 /// Turns the kernel's running totals into per-interval deltas. Totals are
 /// remembered after a process is unfollowed, so its last interval (closed
 /// after the map entry is gone) still gets its hits.

@@ -28,8 +28,9 @@ use rkyv::{
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
-/// Bumped on any incompatible change of the types below.
-pub const SCHEMA_VERSION: u16 = 6;
+/// Bumped on any incompatible change of the types below (7: the agent's
+/// own CPU time in [`RankInterval::agent_cpu_ns`]).
+pub const SCHEMA_VERSION: u16 = 7;
 /// A per-host agent certificate (`slowrank certs --hosts`) carries its
 /// host as a URI SAN with this prefix: the coordinator binds the agent to
 /// that host, and the agent takes its host name from it.
@@ -338,6 +339,11 @@ pub struct RankInterval {
     /// The overhead budget (`--max-overhead`) made the agent narrow its
     /// launch sampling or deep windows in this interval.
     pub budget_narrowed: bool,
+    /// The agent's own CPU time over the interval, shared equally among
+    /// the intervals of its ranks closed with this one: rank time it may
+    /// have taken where it shares the ranks' cores (on a 2-vCPU host with
+    /// 4 ranks it does; on a GPU host with cores to spare, barely).
+    pub agent_cpu_ns: u64,
 }
 
 /// Per queue-pair traffic over an interval (deep probe set).

@@ -82,7 +82,7 @@ fn collective() -> impl Strategy<Value = CollectiveRecord> {
 }
 
 fn interval() -> impl Strategy<Value = RankInterval> {
-    (any::<[u32; 4]>(), any::<[u64; 12]>(), any::<bool>()).prop_map(|(n, w, b)| RankInterval {
+    (any::<[u32; 4]>(), any::<[u64; 13]>(), any::<bool>()).prop_map(|(n, w, b)| RankInterval {
         pid: n[0],
         rank: n[1],
         start_ns: w[0],
@@ -100,6 +100,7 @@ fn interval() -> impl Strategy<Value = RankInterval> {
         trap_pair_ns: n[2],
         launch_duty_ppm: n[3],
         budget_narrowed: b,
+        agent_cpu_ns: w[12],
     })
 }
 

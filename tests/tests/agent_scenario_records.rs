@@ -299,6 +299,9 @@ fn records_match_what_the_trainer_did() {
     let cost: u64 = of("interval").map(|v| u(v, "probe_cost_ns")).sum();
     assert!(hits >= launches, "probe hits {hits} < launches {launches}");
     assert!(cost > 0 && of("interval").all(|v| u(v, "trap_pair_ns") > 0));
+    // The agent's own CPU, shared among its ranks' intervals.
+    let own: u64 = of("interval").map(|v| u(v, "agent_cpu_ns")).sum();
+    assert!(own > 0, "the agent reported no CPU time of its own");
     let before: u64 = of("collective").map(|v| u(v, "launches_before")).sum();
     assert!(
         before > 0 && before <= launches,

@@ -180,6 +180,8 @@ impl Line<'_> {
                 .get("budget_narrowed")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            // Not recorded before wire schema 7.
+            agent_cpu_ns: self.opt("agent_cpu_ns"),
         })
     }
 

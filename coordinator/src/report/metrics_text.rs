@@ -158,6 +158,14 @@ impl Metrics {
         if let Some(p) = self.job_probe_overhead_percent {
             f.sample(&[], p / 100.0);
         }
+        let f = e.family(
+            "slowrank_job_agent_cpu_ratio",
+            g,
+            "The agents' own CPU time as a share of all ranks' time, time-weighted: rank time they may take where they share the ranks' cores",
+        );
+        if let Some(p) = self.job_agent_cpu_percent {
+            f.sample(&[], p / 100.0);
+        }
     }
 
     /// Per rank lateness and the waits it caused; per host clock error
@@ -421,6 +429,7 @@ pub struct Metrics {
     /// Per rank, percent of its time slowrank's probes cost (agents' figure).
     pub probe_overhead_percent: Vec<(u32, f64)>,
     pub job_probe_overhead_percent: Option<f64>,
+    pub job_agent_cpu_percent: Option<f64>,
     /// The job's step time now (median of recent iterations), when known.
     pub step_ns: Option<f64>,
     /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds, transient).
@@ -460,6 +469,7 @@ mod tests {
             recent_instances: 0,
             probe_overhead_percent: vec![(0, 0.2)],
             job_probe_overhead_percent: Some(0.2),
+            job_agent_cpu_percent: Some(1.5),
             step_ns: Some(40e6),
             verdicts: vec![
                 VerdictRow {

@@ -104,12 +104,15 @@ pub struct StatsConfig {
     pub ewma_alpha: f64,
     /// Suspicious iterations (of a rank's last 5) before a suspect that
     /// only the deep set can class asks for it (or the sequential test's
-    /// alarm on it). One suspicious iteration of a healthy job's jitter
-    /// opened a 30-s deep window on every agent: on dp8-healthy it held
-    /// the verbs data-path probes on for half of a 56-s run, ≈ 3,000 traps
-    /// per rank-second, most of the "default set" cost the overhead
-    /// benchmark measured (BENCHMARKS.md, 2026-11-28). A lasting straggler
-    /// is suspicious in nearly every iteration: it asks 2 iterations later.
+    /// alarm on it). 1: at once. One suspicious iteration of a healthy
+    /// job's jitter then opens a 30-s deep window on every agent (on
+    /// dp8-healthy it held the verbs data-path probes on for half of a
+    /// 56-s run, ≈ 3,000 traps per rank-second). 3 spares that, but the
+    /// latency sweep (1.1× and 1.3× GPU, 2 seeds) then named 3 of 4 faults
+    /// instead of 4 and the 1.3× GPU 9–12 iterations after onset instead
+    /// of 2: a window already open by chance had been doing the naming
+    /// (BENCHMARKS.md, 2026-11-28). Detection comes first: 1, until the
+    /// deep window itself is cheap.
     pub deep_ask_min: usize,
 }
 
@@ -122,7 +125,7 @@ impl Default for StatsConfig {
             min_host_step_fraction: 0.1,
             min_late_ns: 100_000.0,
             ewma_alpha: 0.2,
-            deep_ask_min: 3,
+            deep_ask_min: 1,
         }
     }
 }
