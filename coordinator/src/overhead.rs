@@ -54,9 +54,10 @@ pub struct RankOverhead {
     /// (deep windows and samples), in percent.
     pub launch_counted_percent: f64,
     /// Its agent's own CPU time apportioned to it, percent of its wall
-    /// time: rank time the agent may take where they share cores.
-    #[serde(default)]
-    pub agent_cpu_percent: f64,
+    /// time: rank time the agent may take where they share cores. Absent
+    /// from agents before wire schema 7, which did not measure it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_cpu_percent: Option<f64>,
 }
 
 /// One agent host's line in the report.
@@ -85,8 +86,8 @@ pub struct OverheadReport {
     pub max_rank_percent: Option<f64>,
     /// The agents' own CPU, time-weighted over ranks, percent of rank
     /// time ([`RankOverhead::agent_cpu_percent`]); null from agents
-    /// before wire schema 7, which did not measure it.
-    #[serde(default)]
+    /// before wire schema 7, which did not measure it (absent then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_cpu_percent: Option<f64>,
     pub ranks: Vec<RankOverhead>,
     pub hosts: Vec<HostOverhead>,
@@ -180,11 +181,8 @@ impl OverheadTally {
                     } else {
                         0.0
                     },
-                    agent_cpu_percent: if r.wall_ns > 0 {
-                        100.0 * r.agent_cpu_ns as f64 / r.wall_ns as f64
-                    } else {
-                        0.0
-                    },
+                    agent_cpu_percent: (r.wall_ns > 0 && r.agent_cpu_ns > 0)
+                        .then(|| 100.0 * r.agent_cpu_ns as f64 / r.wall_ns as f64),
                 }
             })
             .collect();
@@ -298,7 +296,7 @@ mod tests {
         c.agent_cpu_ns = u64::MAX;
         t.add("b", &c);
         let r = t.report().expect("report");
-        assert!((r.ranks[0].agent_cpu_percent - 2.0).abs() < 1e-9);
+        assert!((r.ranks[0].agent_cpu_percent.unwrap() - 2.0).abs() < 1e-9);
         let job = r.agent_cpu_percent.expect("measured");
         let want = 100.0 * (30_000_000.0 + 1_000.0) / (2e9 + 1_000.0);
         assert!((job - want).abs() < 1e-9, "{job} vs {want}");
