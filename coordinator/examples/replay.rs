@@ -104,6 +104,7 @@ fn batches(path: &Path, host: &str) -> Result<Vec<Batch>> {
                 created_ns: u(&v, "created_ns")?,
                 split_ordinal: 0,
                 split_key: 0,
+                resumed: false,
             }),
             "collective" => cur.collectives.push(CollectiveRecord {
                 pid: u(&v, "pid")? as u32,

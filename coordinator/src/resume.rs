@@ -501,6 +501,11 @@ pub fn add_counters(into: &mut IngestCounters, more: &IngestCounters) {
     p.overflow += q.overflow;
     // Held records of a dead life are gone with it: lost.
     p.expired += q.held;
+    let (t, u) = (&mut into.takeover, &more.takeover);
+    t.taken_over += u.taken_over;
+    t.lined_up += u.lined_up;
+    t.records += u.records;
+    t.lost += u.lost + u.held;
 }
 
 #[cfg(test)]

@@ -352,6 +352,7 @@ fn comm_template() -> CommRecord {
         created_ns: 1,
         split_ordinal: 0,
         split_key: 0,
+        resumed: false,
     }
 }
 

@@ -97,6 +97,7 @@ pub fn arbitrary_batch(u: &mut Unstructured) -> Result<Batch> {
                 created_ns: u.arbitrary()?,
                 split_ordinal: u.arbitrary()?,
                 split_key: u.arbitrary()?,
+                resumed: u.arbitrary()?,
             })
         })?,
         collectives: vec_of(u, collective)?,

@@ -102,6 +102,23 @@ pub struct Agent {
     deep_count: Option<(std::time::Instant, std::time::Duration)>,
     /// Latest in-kernel counts per process, kept after it exits (run totals).
     class_totals: BTreeMap<u32, [u64; slowrank_shared::probe::cuda_count::SLOTS]>,
+    /// The state file a restarted agent takes the communicators over from.
+    takeover: Option<Takeover>,
+}
+
+/// The agent's side of [`crate::takeover`]: the file, what the previous
+/// agent left in it, and what this one has announced since.
+struct Takeover {
+    path: PathBuf,
+    host: String,
+    /// Left by the previous agent, for the ranks not yet found again.
+    left: crate::takeover::Saved,
+    /// Final communicator records by (pid, communicator id).
+    records: BTreeMap<(u32, u64), slowrank_shared::wire::CommRecord>,
+    /// [`Folder::comm_changes`] at the last successful write.
+    written: u64,
+    /// The last write failed (said once until one succeeds).
+    failing: bool,
 }
 
 /// Which provider function a deep target is.
@@ -146,6 +163,89 @@ impl Agent {
             class_totals: BTreeMap::new(),
             deep_count: None,
             sampler: Self::default_sampler(0.0),
+            takeover: None,
+        }
+    }
+
+    /// Keeps the communicator tables in `dir` and takes over those a
+    /// previous agent of `host` left there ([`crate::takeover`]). Returns
+    /// how many rank processes the previous agent left.
+    pub fn keep_state(
+        &mut self,
+        dir: &Path,
+        host: &str,
+    ) -> Result<usize, crate::takeover::TakeoverError> {
+        std::fs::create_dir_all(dir).map_err(|source| crate::takeover::TakeoverError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let path = crate::takeover::path(dir, host);
+        let left = crate::takeover::load(&path)?;
+        let n = left.procs.len();
+        self.takeover = Some(Takeover {
+            path,
+            host: host.to_owned(),
+            left,
+            records: BTreeMap::new(),
+            written: 0,
+            failing: false,
+        });
+        Ok(n)
+    }
+
+    /// Takes over what the previous agent knew of a rank just found.
+    fn take_over(&mut self, pid: u32, rank: u32) {
+        let Some(t) = self.takeover.as_mut() else {
+            return;
+        };
+        let Some(saved) =
+            crate::takeover::start_ticks(pid).and_then(|start| t.left.take(pid, start))
+        else {
+            return;
+        };
+        let n = self.folder.take_over(&saved);
+        tracing::info!(
+            pid,
+            rank,
+            communicators = n,
+            "took over the communicators the previous agent knew: their collectives resume, numbered again from here"
+        );
+    }
+
+    /// Rewrites the state file when a communicator table changed; a failed
+    /// write (a full disk) is said once and tried again at the next cut.
+    fn save_state(&mut self, comms: &[slowrank_shared::wire::CommRecord], exits: &[u32]) {
+        let Some(t) = self.takeover.as_mut() else {
+            return;
+        };
+        for c in comms {
+            if c.nranks > 0 && c.comm_id != 0 {
+                t.records.insert((c.pid, c.comm_id), c.clone());
+            }
+        }
+        for pid in exits {
+            t.records.retain(|(p, _), _| p != pid);
+        }
+        let changes = self.folder.comm_changes();
+        if changes == t.written {
+            return;
+        }
+        let saved = crate::takeover::build(
+            &t.host,
+            self.folder.comm_tables(),
+            &t.records,
+            crate::takeover::start_ticks,
+        );
+        match crate::takeover::save(&t.path, &saved) {
+            Ok(()) => {
+                t.written = changes;
+                t.failing = false;
+            }
+            Err(e) if !t.failing => {
+                t.failing = true;
+                tracing::warn!(error = %e, "cannot keep the communicator tables: an agent restarted now could not resume this host's collectives (tried again at every batch)");
+            }
+            Err(_) => {}
         }
     }
 
@@ -257,6 +357,7 @@ impl Agent {
             );
             self.probes.follow(id.pid, Some(id.rank))?;
             self.folder.add_rank(id.clone(), now);
+            self.take_over(id.pid, id.rank);
             if !self.windowed.is_empty() {
                 // The job runs: its first launch sample a moment from now.
                 self.sampler.arm(now);
@@ -665,6 +766,8 @@ impl Agent {
                 .close_intervals(now, |pid| SchedStat::read(pid).ok());
         }
         let mut folded = self.folder.take();
+        let exited: Vec<u32> = folded.exits.iter().map(|e| e.pid).collect();
+        self.save_state(&folded.comms, &exited);
         if !folded.intervals.is_empty() {
             self.ledger.hits(&self.probes.followed_hits()?);
             let counted = if close_interval {

@@ -235,6 +235,9 @@ pub struct Folder {
     deep_since: Option<u64>,
     /// Member positions of this host's ranks per communicator.
     local_members: LocalMembers,
+    /// Bumped whenever a process's communicator table changes (for the
+    /// agent's state file, [`crate::takeover`]).
+    comm_changes: u64,
 }
 
 impl Folder {
@@ -252,7 +255,69 @@ impl Folder {
             contexts: Vec::new(),
             deep_since: None,
             local_members: LocalMembers::new(),
+            comm_changes: 0,
         }
+    }
+
+    /// Changes a communicator table since the start (a new value means the
+    /// agent's state file is out of date).
+    pub fn comm_changes(&self) -> u64 {
+        self.comm_changes
+    }
+
+    /// Every followed process's communicator table.
+    pub fn comm_tables(&self) -> Vec<crate::takeover::LiveTable> {
+        let mut t: Vec<_> = self
+            .procs
+            .iter()
+            .map(|(pid, p)| {
+                let mut comms: Vec<_> = p
+                    .comms
+                    .iter()
+                    .map(|(ptr, c)| (*ptr, c.id, c.splits))
+                    .collect();
+                comms.sort_unstable();
+                crate::takeover::LiveTable {
+                    pid: *pid,
+                    rank: p.rank,
+                    comms,
+                }
+            })
+            .collect();
+        t.sort_unstable_by_key(|l| l.pid);
+        t
+    }
+
+    /// Takes over the communicators an earlier agent knew for `saved.pid`
+    /// (followed already, [`Folder::add_rank`]): they are named again, their
+    /// sequence numbers count from 0, and each is re-announced as
+    /// [`CommRecord::resumed`]. Returns how many were taken over.
+    pub fn take_over(&mut self, saved: &crate::takeover::SavedProc) -> usize {
+        let Some(p) = self.procs.get_mut(&saved.pid) else {
+            return 0;
+        };
+        let mut n = 0;
+        for c in &saved.comms {
+            if p.comms.contains_key(&c.ptr) || p.comms.len() >= self.limits.comms {
+                continue;
+            }
+            p.comms.insert(
+                c.ptr,
+                Comm {
+                    id: c.comm_id,
+                    seq: 0,
+                    splits: c.splits,
+                },
+            );
+            self.local_members
+                .entry(c.comm_id)
+                .or_default()
+                .insert(c.rank_in_comm);
+            self.out.comms.push(c.record(saved.pid, p.rank));
+            n += 1;
+        }
+        self.comm_changes += 1;
+        n
     }
 
     /// The deep probes (post_send/poll_cq) are attached from raw `now_raw`
@@ -358,6 +423,7 @@ impl Folder {
             }
         }
         if let Some(p) = self.procs.remove(&pid) {
+            self.comm_changes += 1;
             // Splits with a snapshot can still be read; the others are
             // shipped for the coordinator to work out.
             let (gone, kept): (Vec<SplitPending>, Vec<SplitPending>) =
@@ -621,6 +687,7 @@ impl Folder {
                         splits: 0,
                     },
                 );
+                self.comm_changes += 1;
                 if self.inits.len() < 64 {
                     self.inits
                         .push((pid, comm_ptr, open.args[2] as u32, open.args[1] as u32));
@@ -636,6 +703,7 @@ impl Folder {
                     created_ns: clock.map(ret_ts),
                     split_ordinal: 0,
                     split_key: 0,
+                    resumed: false,
                 });
             }
             Role::CommSplit => {
@@ -645,6 +713,7 @@ impl Folder {
                 };
                 let ordinal = parent.splits;
                 parent.splits += 1;
+                self.comm_changes += 1;
                 let parent_id = parent.id;
                 let color = open.args[1] as u32 as i32;
                 let comm_ptr = ret_args[0];
@@ -668,6 +737,7 @@ impl Folder {
                         created_ns: clock.map(ret_ts),
                         split_ordinal: ordinal as u32,
                         split_key: open.args[2] as u32 as i32,
+                        resumed: false,
                     });
                     return;
                 }
@@ -704,12 +774,14 @@ impl Folder {
                         created_ns: clock.map(ret_ts),
                         split_ordinal: ordinal as u32,
                         split_key: open.args[2] as u32 as i32,
+                        resumed: false,
                     },
                     snapshot: None,
                 });
             }
             Role::CommDestroy => {
                 p.comms.remove(&open.args[0]);
+                self.comm_changes += 1;
             }
             Role::Coll { op, args } => {
                 if !p.issuing.contains(&tid) && p.issuing.len() < ISSUING_MAX {
@@ -849,6 +921,7 @@ impl Folder {
             return;
         };
         let mut s = self.splits.remove(i);
+        self.comm_changes += 1;
         match found {
             Some((rank_in_comm, nranks)) => {
                 self.local_members
@@ -1251,6 +1324,70 @@ mod tests {
         assert_eq!(f.issuing_threads(), vec![(10, 10), (10, 11)]);
         f.remove_rank(10, 4000);
         assert!(f.issuing_threads().is_empty());
+    }
+
+    #[test]
+    fn a_taken_over_communicator_names_its_collectives_again() {
+        let (mut f, ids) = folder();
+        let allreduce = |t: u64| {
+            let mut stack = [0u64; STACK_WORDS];
+            stack[0] = 0x5;
+            vec![
+                RawEvent::Stack(StackEvent {
+                    call: call(
+                        t,
+                        ids["ncclAllReduce"],
+                        CallKind::Entry,
+                        [1, 2, 1024, 9, 0, 0xc0],
+                        0,
+                    ),
+                    launches: 0,
+                    stack,
+                }),
+                RawEvent::Call(call(
+                    t + 50,
+                    ids["ncclAllReduce"],
+                    CallKind::Return,
+                    [0; 6],
+                    0,
+                )),
+            ]
+        };
+        // Before: a pointer this agent never saw created.
+        f.feed(&mut allreduce(1000));
+        assert_eq!(f.drops().unknown_comm, 1);
+        let before = f.comm_changes();
+        let saved = crate::takeover::SavedProc {
+            pid: 10,
+            start_ticks: 1,
+            rank: 3,
+            comms: vec![crate::takeover::SavedComm {
+                ptr: 0xc0,
+                splits: 2,
+                comm_id: 0xabc,
+                parent_id: 0,
+                color: 0,
+                nranks: 4,
+                rank_in_comm: 3,
+                created_ns: 5,
+                split_ordinal: 0,
+                split_key: 0,
+            }],
+        };
+        assert_eq!(f.take_over(&saved), 1);
+        assert!(f.comm_changes() > before, "the state file is rewritten");
+        assert_eq!(f.take_over(&saved), 0, "taken over once");
+        f.feed(&mut allreduce(2000));
+        f.feed(&mut allreduce(3000));
+        let out = f.take();
+        assert_eq!(out.comms.len(), 1);
+        assert!(out.comms[0].resumed);
+        assert_eq!((out.comms[0].comm_id, out.comms[0].rank), (0xabc, 3));
+        let seqs: Vec<(u64, u64)> = out.collectives.iter().map(|c| (c.comm_id, c.seq)).collect();
+        assert_eq!(seqs, vec![(0xabc, 0), (0xabc, 1)]);
+        let t = f.comm_tables();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].comms, vec![(0xc0, 0xabc, 2)]);
     }
 
     #[test]

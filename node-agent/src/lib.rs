@@ -25,4 +25,5 @@ pub mod stack_collector;
 pub mod stackfeed;
 pub mod stacks;
 pub mod symbolize;
+pub mod takeover;
 pub mod tracefs;

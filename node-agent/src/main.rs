@@ -149,6 +149,14 @@ struct RunArgs {
     /// How often /proc is scanned for rank processes and new libraries.
     #[arg(long, default_value_t = 50, value_name = "MS")]
     scan_ms: u64,
+    /// Where the agent keeps what a restarted agent needs to resume this
+    /// host's collectives: each running rank's communicator table (one
+    /// small JSON file per host, rewritten when a communicator is created).
+    /// NCCL names a communicator only when the job creates it, so without
+    /// this an agent restarted mid-job loses every collective of the ranks
+    /// already running. A tmpfs is right: the ranks do not outlive a reboot.
+    #[arg(long, default_value = "/run/slowrank", value_name = "DIR")]
+    state_dir: PathBuf,
     /// Bound of the in-memory spool kept while the coordinator is away.
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     spool_bytes: usize,
@@ -248,6 +256,17 @@ async fn run(cli: RunArgs) -> Result<i32> {
     };
     let scanner = Scanner::new(&cli.only_env, None)?;
     let mut agent = Agent::new(probes, scanner, host_clock, Limits::default());
+    match agent.keep_state(&cli.state_dir, &host) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            ranks = n,
+            dir = %cli.state_dir.display(),
+            "a previous agent of this host left communicator tables: ranks still running resume their collectives"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "no state directory: an agent restarted mid-job would lose the collectives of ranks already running")
+        }
+    }
     agent.set_cost_model(
         trap,
         slowrank_agent::budget::Sampler::new(

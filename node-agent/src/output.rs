@@ -67,7 +67,7 @@ pub fn write_records(out: &mut impl Write, batch: &Batch) -> std::io::Result<()>
             json!({"type": "comm", "host": host, "pid": c.pid, "rank": c.rank, "comm_id": format!("{:016x}", c.comm_id),
             "parent_id": format!("{:016x}", c.parent_id), "color": c.color, "nranks": c.nranks,
             "rank_in_comm": c.rank_in_comm, "created_ns": c.created_ns,
-            "split_ordinal": c.split_ordinal, "split_key": c.split_key}),
+            "split_ordinal": c.split_ordinal, "split_key": c.split_key, "resumed": c.resumed}),
         )?;
     }
     for c in &batch.collectives {

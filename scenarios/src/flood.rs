@@ -222,6 +222,7 @@ fn identities(o: &FloodOptions, host: u32, now: u64) -> (Vec<RankIdentity>, Vec<
             created_ns: now,
             split_ordinal: 0,
             split_key: 0,
+            resumed: false,
         })
         .collect();
     (ids, comms)

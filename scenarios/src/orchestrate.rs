@@ -427,6 +427,9 @@ fn start_agents(
             ))
             .arg("--output")
             .arg(&out)
+            // This run's own: two runs on one machine name their hosts alike.
+            .arg("--state-dir")
+            .arg(run_dir.join("agent-state"))
             .arg("--watch-tree")
             .arg(&launcher)
             .arg("--ready-file")

@@ -28,9 +28,9 @@ use rkyv::{
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
-/// Bumped on any incompatible change of the types below (7: the agent's
-/// own CPU time in [`RankInterval::agent_cpu_ns`]).
-pub const SCHEMA_VERSION: u16 = 7;
+/// Bumped on any incompatible change of the types below (8: a
+/// communicator taken over by a restarted agent, [`CommRecord::resumed`]).
+pub const SCHEMA_VERSION: u16 = 8;
 /// A per-host agent certificate (`slowrank certs --hosts`) carries its
 /// host as a URI SAN with this prefix: the coordinator binds the agent to
 /// that host, and the agent takes its host name from it.
@@ -260,6 +260,13 @@ pub struct CommRecord {
     pub split_ordinal: u32,
     /// For a split: the key this member passed.
     pub split_key: i32,
+    /// Re-announced by an agent that restarted while this member's process
+    /// ran (its communicator table kept in the agent's state file): the
+    /// collectives it missed while no agent watched are unknown, so its
+    /// `seq` starts again at 0 from its first collective after the
+    /// takeover, and the coordinator lines them up with the other members'
+    /// instances (`coordinator/src/join/realign.rs`).
+    pub resumed: bool,
 }
 
 /// One member's view of one collective instance. `(comm_id, seq)` names the

@@ -51,6 +51,7 @@ fn comm() -> impl Strategy<Value = CommRecord> {
         created_ns: w[2],
         split_ordinal: 0,
         split_key: 0,
+        resumed: false,
     })
 }
 

@@ -133,6 +133,7 @@ impl Flood {
                             created_ns: start_ns,
                             split_ordinal: 0,
                             split_key: 0,
+                            resumed: false,
                         });
                     }
                     // Sent as the first batch, and again first on every
@@ -220,6 +221,7 @@ fn comm(rank: u32, id: u64, nranks: u32) -> CommRecord {
         created_ns: clock::mono_ns(),
         split_ordinal: 0,
         split_key: 0,
+        resumed: false,
     }
 }
 

@@ -2,9 +2,10 @@
 //! started for the same host. It must find the ranks that are already
 //! running (discovery from /proc, libraries already mapped), and its records
 //! must resume; the coordinator shows the old agent gone and the new one up,
-//! and no verdict blames a rank for the gap. Known gap: the new agent cannot
-//! name communicators created before it attached, so collectives of the
-//! running ranks do not resume (see the comment below).
+//! and no verdict blames a rank for the gap. The new agent takes over the
+//! communicator tables the old one kept in its state directory, so the
+//! running ranks' collectives resume and the coordinator lines their new
+//! sequence numbers up with host 0's (`coordinator/src/join/realign.rs`).
 
 mod faultkit;
 
@@ -92,16 +93,23 @@ fn restarted_agent_reattaches_to_running_ranks() {
         "ranks the new agent found; log {}",
         log.display()
     );
-    // Records resume: per-rank intervals. Collectives do NOT yet: their
-    // communicators were created before this agent attached, so it cannot
-    // name them (counted in its FoldDrops::unknown_comm; docs/agent.md,
-    // known limits) and the coordinator reports host 1's ranks as missing
-    // from the instances after the restart (hangs). Printed, not asserted.
+    // Records resume: per-rank intervals, and the collectives of the
+    // communicators the new agent took over from the old one's state file.
     let intervals = agent_records(&second, "interval").len();
     let collectives = agent_records(&second, "collective").len();
-    eprintln!("new agent: {intervals} interval records, {collectives} collective records");
+    let resumed = agent_records(&second, "comm")
+        .iter()
+        .filter(|c| c["resumed"] == true)
+        .count();
+    eprintln!(
+        "new agent: {intervals} interval records, {collectives} collective records, {resumed} communicators taken over"
+    );
     assert!(intervals > 0, "no interval records after the restart");
-
+    assert!(
+        resumed >= 4,
+        "each of host 1's 4 ranks takes its communicators over: {resumed}"
+    );
+    assert!(collectives > 0, "no collective records after the restart");
     let r = report(&job.dir);
     let agents: Vec<&serde_json::Value> = r["agents"]
         .as_array()
@@ -122,9 +130,24 @@ fn restarted_agent_reattaches_to_running_ranks() {
     );
     let v = verdict_ranks(&r);
     assert!(v.is_empty(), "the restart gap was blamed on a rank: {v:?}");
-    eprintln!(
-        "hangs after the restart (known gap): {}",
-        r["hangs"].as_array().map_or(0, Vec::len)
+    // Every taken-over member was lined up with host 0's members, and the
+    // job's iterations after the restart were observed (joined), not
+    // reported as hangs of host 1's ranks.
+    let t = &r["ingest"]["takeover"];
+    eprintln!("takeover: {t}; job: {}", r["job"]);
+    assert_eq!(t["taken_over"], u64::try_from(resumed).unwrap(), "{t}");
+    assert_eq!(t["lined_up"], t["taken_over"], "{t}");
+    assert_eq!(t["held"], 0, "{t}");
+    let hangs = r["hangs"].as_array().map_or(0, Vec::len);
+    assert_eq!(
+        hangs, 0,
+        "the agent's gap was reported as hangs: {}",
+        r["hangs"]
+    );
+    let observed = r["job"]["iterations_observed"].as_u64().unwrap_or(0);
+    assert!(
+        observed as usize + 20 >= after - (after - before) / 2,
+        "only {observed} iterations observed of the {after} rank 4 ran ({before} before the restart)"
     );
     job.cleanup();
 }

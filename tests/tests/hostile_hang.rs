@@ -36,6 +36,7 @@ fn comm(rank: u32) -> CommRecord {
         created_ns: clock::mono_ns(),
         split_ordinal: 0,
         split_key: 0,
+        resumed: false,
     }
 }
 

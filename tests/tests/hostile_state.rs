@@ -38,6 +38,7 @@ fn comm(id: u64, nranks: u32) -> CommRecord {
         created_ns: clock::mono_ns(),
         split_ordinal: 0,
         split_key: 0,
+        resumed: false,
     }
 }
 

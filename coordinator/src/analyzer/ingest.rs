@@ -38,6 +38,7 @@ impl Analyzer {
         // issued before this batch's.
         self.release_parked(&announced, recv_ns, &mut sum, &mut out);
         self.offer_collectives(b, &host, recv_ns, &mut sum, &mut out);
+        self.release_lined_up(recv_ns, &mut sum, &mut out);
         self.ingest_intervals_and_links(b, slack, &mut sum);
         let nccl_errors = self.queue_offered(out);
         if !clock_known && sum.accepted > 0 {
@@ -74,11 +75,58 @@ impl Analyzer {
                 .check_rank(r.rank, &b.host)
                 .and_then(|_| validate::check_collective(r, b.mono_ns, slack))
             {
+                Ok(()) if self.realigning.load(Ordering::Relaxed) => {
+                    let entry = self.to_coord(&b.host, r.host_entry_ns).0;
+                    let routed = lock(&self.realign).route(r.clone(), &b.agent_id, entry);
+                    match routed {
+                        Route::Offer(r) => {
+                            self.offer_one(host, r, connected_at, None, recv_ns, sum, out)
+                        }
+                        Route::Held => {}
+                        Route::Lost => sum.rejected += 1,
+                    }
+                }
                 Ok(()) => self.offer_one(host, r.clone(), connected_at, None, recv_ns, sum, out),
                 Err(e) => {
                     self.reject(e);
                     sum.rejected += 1;
                 }
+            }
+        }
+    }
+
+    /// A restarted agent took over `c`: its member's records are lined up
+    /// before they join ([`crate::join::realign`]).
+    fn take_over(&self, c: &CommRecord, b: &Batch, host: &Arc<str>) {
+        let floor = self.joiner.last_seq_of(c.comm_id, c.rank);
+        let now = self.to_coord(&b.host, b.mono_ns).0;
+        lock(&self.realign).take_over(c.comm_id, c.rank, &b.agent_id, host, floor, now);
+        self.realigning.store(true, Ordering::Relaxed);
+    }
+
+    /// Offers the held records of the taken-over members that can now be
+    /// lined up ([`crate::join::realign`]).
+    fn release_lined_up(&self, recv_ns: u64, sum: &mut IngestSummary, out: &mut Offered) {
+        if !self.realigning.load(Ordering::Relaxed) {
+            return;
+        }
+        let released = lock(&self.realign).poll(recv_ns as CoordNs);
+        for rel in released {
+            info!(
+                comm = format!("{:#x}", rel.comm_id),
+                rank = rel.rank,
+                host = %rel.host,
+                offset = rel.offset,
+                records = rel.records.len(),
+                "a restarted agent's member lined up with the other members: its collectives join again"
+            );
+            let connected_at = self
+                .agents
+                .get(&rel.agent_id)
+                .map_or(0, |a| a.connected_mono_ns);
+            lock(&self.lined_up).push(((rel.comm_id, rel.rank), rel.offset));
+            for r in rel.records {
+                self.offer_one(&rel.host, r, connected_at, None, recv_ns, sum, out);
             }
         }
     }
@@ -293,6 +341,9 @@ impl Analyzer {
             } else {
                 sum.accepted += 1;
                 announced.push(c.comm_id);
+                if c.resumed {
+                    self.take_over(c, b, host);
+                }
             }
         }
         announced
@@ -469,6 +520,7 @@ impl Analyzer {
     pub(super) fn ingest_counters(&self) -> IngestCounters {
         let mut c = lock(&self.counters).clone();
         c.parking = lock(&self.parking).counters();
+        c.takeover = lock(&self.realign).counters();
         c
     }
 

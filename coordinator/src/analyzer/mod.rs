@@ -23,7 +23,7 @@ use dashmap::DashMap;
 use slowrank_shared::wire::{
     Batch, CollOp, CollectiveRecord, CommRecord, LinkRecord, RankExit, RankIdentity, RankInterval,
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::classify;
 use crate::classify::intervals::{IntervalObs, IntervalStore};
@@ -35,6 +35,7 @@ use crate::clock::{
 use crate::graph::iteration::{IterationClock, IterationConfig};
 use crate::graph::{Node, WaitGraph};
 use crate::join::park::{ParkConfig, Parking};
+use crate::join::realign::Route;
 use crate::join::validate::{self, RecordError};
 use crate::join::{Expired, HangCandidate, JoinConfig, JoinedInstance, Joiner, Offer};
 pub use crate::report::metrics_text::Metrics;
@@ -195,6 +196,12 @@ pub struct HangState {
     pub exited: Vec<u32>,
 }
 
+/// Where a taken-over member's records begin again: (communicator, rank)
+/// → the first sequence number its new agent reported. Instances before
+/// it that the member is missing from were not hung: it went on past
+/// them while no agent watched ([`crate::join::realign`]).
+pub(super) type Resumed = HashMap<(u64, u32), u64>;
+
 #[derive(Debug)]
 struct Core {
     iteration: IterationClock,
@@ -204,6 +211,7 @@ struct Core {
     lifecycle: Lifecycle,
     /// Per-rank sequential test on what-if cost (names and keeps names).
     sequential: crate::classify::sequential::Sequential,
+    resumed: Resumed,
     /// Per configured group, its per-iteration what-if share.
     group_shares: Vec<Vec<(u64, f64)>>,
     /// The job's step against its baseline (unexplained slowdowns).
@@ -264,6 +272,8 @@ pub struct Analyzer {
     accepted: AtomicU64,
     completed: Mutex<Vec<JoinedInstance>>,
     hang_progress: Mutex<Vec<(u64, crate::join::InstanceKey, bool)>>,
+    /// Taken-over members lined up since the last tick ([`Resumed`]).
+    lined_up: Mutex<Vec<((u64, u32), u64)>>,
     /// Collectives (not p2p) issued per communicator since the last tick:
     /// comm → (members, highest sequence), for the iteration clock's choice.
     issued: Mutex<HashMap<u64, (u32, u64)>>,
@@ -283,6 +293,12 @@ pub struct Analyzer {
     parking: Mutex<Parking<ParkedRecord>>,
     /// Splits whose size no agent could read, until every member is heard.
     splits: Mutex<crate::join::splits::Splits>,
+    /// Members whose communicators a restarted agent took over, lined up
+    /// with the other members ([`crate::join::realign`]).
+    realign: Mutex<crate::join::realign::Realigner>,
+    /// False while nobody was taken over: the ingest of every other job
+    /// skips the realigner's lock.
+    realigning: std::sync::atomic::AtomicBool,
     core: Mutex<Core>,
 }
 
@@ -338,6 +354,7 @@ impl Analyzer {
             intervals: IntervalStore::default(),
             lifecycle: Lifecycle::new(cfg.lifecycle.clone()),
             sequential: crate::classify::sequential::Sequential::new(cfg.sequential.clone()),
+            resumed: Resumed::new(),
             group_shares: vec![Vec::new(); cfg.whatif_groups.len()],
             pace: crate::classify::pace::Pace::with_config(cfg.pace.clone(), cfg.stretches.clone()),
             imbalance: crate::graph::structure::Imbalance::with_config(cfg.structure.clone()),
@@ -375,6 +392,7 @@ impl Analyzer {
             accepted: AtomicU64::new(0),
             completed: Mutex::new(Vec::new()),
             hang_progress: Mutex::new(Vec::new()),
+            lined_up: Mutex::new(Vec::new()),
             issued: Mutex::new(HashMap::new()),
             raw_links: Mutex::new(Vec::new()),
             link_peers: Mutex::new(Default::default()),
@@ -385,6 +403,8 @@ impl Analyzer {
             wall_offset: Mutex::new(None),
             parking: Mutex::new(Parking::new(ParkConfig::default())),
             splits: Mutex::new(crate::join::splits::Splits::default()),
+            realign: Mutex::new(Default::default()),
+            realigning: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(core),
         }
     }

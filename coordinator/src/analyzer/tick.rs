@@ -254,7 +254,47 @@ impl Analyzer {
     ) -> Vec<VerdictEvent> {
         let mut events = Self::resolved_hangs(core, progress);
         self.new_hangs(core, now, &mut events);
+        core.resumed
+            .extend(std::mem::take(&mut *lock(&self.lined_up)));
+        Self::passed_while_unwatched(core, &mut events);
         events
+    }
+
+    /// Active hangs whose every missing member is a taken-over member that
+    /// resumed past the instance: they did not hang there, their records
+    /// were lost while their agent restarted.
+    fn passed_while_unwatched(core: &mut Core, events: &mut Vec<VerdictEvent>) {
+        if core.resumed.is_empty() {
+            return;
+        }
+        let resumed = &core.resumed;
+        for h in core.hangs.iter_mut().filter(|h| h.active) {
+            let crate::join::InstanceKey::Coll(seq) = h.candidate.key else {
+                continue;
+            };
+            let comm = h.candidate.comm_id;
+            let went_on = !h.candidate.missing.is_empty()
+                && h.candidate.missing.iter().all(|m| {
+                    resumed
+                        .get(&(comm, m.rank))
+                        .is_some_and(|first| *first > seq)
+                });
+            if !went_on {
+                continue;
+            }
+            h.active = false;
+            events.push(VerdictEvent {
+                event: EventKind::HangResolved,
+                iteration: h.iteration,
+                verdict: None,
+                hang: Some(h.candidate.clone()),
+                line: format!(
+                    "RESOLVED hang on communicator {:#x} instance {}: its missing members went on past it (their records were lost while their agent restarted)",
+                    comm,
+                    h.candidate.key.display_seq()
+                ),
+            });
+        }
     }
 
     /// Active hangs whose instance every member has now reached.

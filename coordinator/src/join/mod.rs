@@ -22,6 +22,7 @@
 mod expire;
 mod instance;
 pub mod park;
+pub mod realign;
 pub mod splits;
 pub mod validate;
 
@@ -363,6 +364,13 @@ impl Joiner {
             *self.memberships.entry(c.rank).or_insert(0) += 1;
         }
         Ok(())
+    }
+
+    /// The last sequence number `rank` reported on `comm_id`.
+    pub fn last_seq_of(&self, comm_id: u64, rank: u32) -> Option<u64> {
+        let st = self.comms.get(&comm_id)?;
+        let pos = st.by_rank.get(&rank)?;
+        st.last_seq.get(pos).copied()
     }
 
     /// A communicator's size (cheap: no member list is built).

@@ -194,6 +194,7 @@ mod tests {
             created_ns: 1,
             split_ordinal: 0,
             split_key: key,
+            resumed: false,
         }
     }
 

@@ -36,6 +36,7 @@ fn comm(rank: u32, pos: u32, n: u32) -> CommRecord {
         created_ns: 1,
         split_ordinal: 0,
         split_key: 0,
+        resumed: false,
     }
 }
 

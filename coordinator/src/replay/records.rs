@@ -125,6 +125,11 @@ impl Line<'_> {
             created_ns: self.opt("created_ns"),
             split_ordinal: self.opt("split_ordinal") as u32,
             split_key: self.i("split_key").unwrap_or(0) as i32,
+            resumed: self
+                .v
+                .get("resumed")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         })
     }
 

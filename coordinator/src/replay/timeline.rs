@@ -209,6 +209,7 @@ impl Timeline {
                         created_ns: created,
                         split_ordinal: 0,
                         split_key: 0,
+                        resumed: false,
                     });
                 }
             }

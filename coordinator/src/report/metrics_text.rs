@@ -272,6 +272,21 @@ impl Metrics {
             "Bytes of parked collective records now",
             p.held_bytes as f64,
         );
+        let t = &self.ingest.takeover;
+        let f = e.family(
+            "slowrank_takeover_records_total",
+            c,
+            "Collective records of members whose communicators a restarted agent took over, by outcome (renumbered and joined, or lost)",
+        );
+        f.sample(&[("outcome", "renumbered")], t.records as f64);
+        f.sample(&[("outcome", "lost")], t.lost as f64);
+        let f = e.family(
+            "slowrank_takeover_members_total",
+            c,
+            "Communicator members a restarted agent took over, and how many were lined up with the other members",
+        );
+        f.sample(&[("state", "taken_over")], t.taken_over as f64);
+        f.sample(&[("state", "lined_up")], t.lined_up as f64);
         let f = e.family(BATCHES_REJECTED, c, BATCHES_REJECTED_HELP);
         for (k, v) in &self.ingest.batches_rejected {
             f.sample(&[("reason", k)], *v as f64);

@@ -326,6 +326,14 @@ pub struct IngestCounters {
     /// are the ones lost.
     #[serde(default)]
     pub parking: crate::join::park::ParkCounters,
+    /// Members whose communicators a restarted agent took over: lined up
+    /// with the other members, or their records counted lost
+    /// ([`crate::join::realign`]). Absent when no agent restarted.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::join::realign::RealignCounters::is_zero"
+    )]
+    pub takeover: crate::join::realign::RealignCounters,
 }
 
 /// How the report shows that it spans several coordinator lives.

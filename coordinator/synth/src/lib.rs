@@ -710,6 +710,7 @@ impl Generator {
                     created_ns: s.clocks[host].agent_ns(s.start_ns.saturating_sub(500_000_000)),
                     split_ordinal: 0,
                     split_key: 0,
+                    resumed: false,
                 });
             }
         }

@@ -1,0 +1,531 @@
+//! Lining up the collectives of a member whose agent restarted.
+//!
+//! In: the communicators a restarted agent took over
+//! ([`CommRecord::resumed`](slowrank_shared::wire::CommRecord::resumed)),
+//! that member's records (numbered again from 0 at the takeover) and the
+//! other members' records of the same communicator. Out: the member's
+//! records with the sequence numbers of the instances they belong to, or
+//! counted as lost.
+//!
+//! The collectives issued while no agent watched the member are unknown,
+//! so its new numbers are off by an unknown offset. The offset is found the
+//! way one lines up two copies of a log: the member's first records must
+//! name the same operations and sizes as the instances the other members
+//! report at that offset (a training step repeats a pattern, which leaves
+//! only whole periods), and among those the offset whose instances the
+//! other members entered closest in time to this member wins (a period
+//! apart is one step apart in time). Every member of a collective enters it
+//! within the step's skew, so the right offset is the one whose time
+//! differences are smallest.
+//!
+//! Pure: the caller passes times; nothing here reads a clock.
+//!
+//! Limits: a communicator whose members all restarted with one agent has
+//! no one to line up with; their records are held, then counted lost.
+//! Point-to-point records are matched by their order between two members,
+//! which the gap breaks, so a taken-over member's are counted lost too.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use slowrank_shared::wire::{CollOp, CollectiveRecord};
+
+use crate::clock::CoordNs;
+
+/// Records of a taken-over member that must match the other members'
+/// instances, operation and size, before its offset is trusted. One step
+/// of a data-parallel job holds a handful of collectives; 8 spans more
+/// than one step of most jobs, so a repeated pattern cannot match at a
+/// wrong offset within the step.
+pub const MIN_MATCHED: usize = 8;
+
+/// Records of the member used to line it up (its first ones).
+const WINDOW: usize = 32;
+
+/// The other members' reports must reach this far past the newest record
+/// used, so that the instances they belong to are known: agents ship
+/// every 200 ms by default.
+const COVER_NS: CoordNs = 1_000_000_000;
+
+/// Past this, a member is lined up with whatever is known.
+const PATIENCE_NS: CoordNs = 10_000_000_000;
+
+/// Records held per member while it waits, at most; past it the oldest is
+/// counted lost (10 s of a fast 8-rank group's 100 collectives a second,
+/// several times over).
+const MAX_HELD: usize = 4_096;
+
+/// Other members' instances remembered per communicator being lined up.
+const MAX_REFS: usize = 16_384;
+
+/// How far from the member's records (in time) an instance may lie and
+/// still be a candidate: a step is well under this.
+const SEARCH_NS: CoordNs = 5_000_000_000;
+
+/// What to do with one record.
+#[derive(Debug, PartialEq)]
+pub enum Route {
+    /// Offer it to the join (renumbered when its member was lined up).
+    Offer(CollectiveRecord),
+    /// Held until its member is lined up.
+    Held,
+    /// Cannot be placed (a taken-over member's point-to-point operation).
+    Lost,
+}
+
+/// Records released by [`Realigner::poll`], for the join.
+#[derive(Debug)]
+pub struct Released {
+    pub host: Arc<str>,
+    pub agent_id: String,
+    pub comm_id: u64,
+    pub rank: u32,
+    pub offset: u64,
+    pub records: Vec<CollectiveRecord>,
+}
+
+/// Counters, for `report.json` and `/metrics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RealignCounters {
+    /// Members whose communicator a restarted agent took over.
+    pub taken_over: u64,
+    /// Of those, lined up with the other members.
+    pub lined_up: u64,
+    /// Records renumbered and offered to the join.
+    pub records: u64,
+    /// Records that could not be placed (held too long or too many,
+    /// point-to-point).
+    pub lost: u64,
+    /// Records held now.
+    pub held: u64,
+}
+
+impl RealignCounters {
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+#[derive(Debug)]
+struct Ref {
+    op: CollOp,
+    bytes: u64,
+    /// The earliest entry any other member reported.
+    entry: CoordNs,
+}
+
+#[derive(Debug)]
+enum State {
+    Holding {
+        host: Arc<str>,
+        /// The last sequence number known from before the takeover.
+        floor: Option<u64>,
+        since: CoordNs,
+        held: VecDeque<(CollectiveRecord, CoordNs)>,
+    },
+    LinedUp {
+        offset: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Member {
+    /// The agent that took it over: only its records are renumbered (the
+    /// old agent's late ones carry the right numbers).
+    agent_id: String,
+    state: State,
+}
+
+/// Every taken-over member, keyed by (communicator, global rank).
+#[derive(Debug, Default)]
+pub struct Realigner {
+    members: HashMap<(u64, u32), Member>,
+    refs: HashMap<u64, BTreeMap<u64, Ref>>,
+    counters: RealignCounters,
+}
+
+impl Realigner {
+    /// Whether anything is being lined up or renumbered (a fast path for
+    /// the ingest of jobs that never had an agent restart).
+    pub fn is_idle(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn counters(&self) -> RealignCounters {
+        let mut c = self.counters;
+        c.held = self
+            .members
+            .values()
+            .map(|m| match &m.state {
+                State::Holding { held, .. } => held.len() as u64,
+                State::LinedUp { .. } => 0,
+            })
+            .sum();
+        c
+    }
+
+    /// Agent `agent_id` took over `rank`'s membership of `comm_id`; `floor`
+    /// is the last sequence number the join has of that member. Said again
+    /// by the same agent (its preamble after a reconnection), nothing
+    /// changes.
+    pub fn take_over(
+        &mut self,
+        comm_id: u64,
+        rank: u32,
+        agent_id: &str,
+        host: &Arc<str>,
+        floor: Option<u64>,
+        now: CoordNs,
+    ) {
+        if self
+            .members
+            .get(&(comm_id, rank))
+            .is_some_and(|m| m.agent_id == agent_id)
+        {
+            return;
+        }
+        self.counters.taken_over += 1;
+        self.refs.entry(comm_id).or_default();
+        let lost = self.members.insert(
+            (comm_id, rank),
+            Member {
+                agent_id: agent_id.to_owned(),
+                state: State::Holding {
+                    host: host.clone(),
+                    floor,
+                    since: now,
+                    held: VecDeque::new(),
+                },
+            },
+        );
+        if let Some(Member {
+            state: State::Holding { held, .. },
+            ..
+        }) = lost
+        {
+            self.counters.lost += held.len() as u64;
+        }
+    }
+
+    /// Routes one checked record from `agent_id`; `entry` is its host
+    /// entry on the coordinator clock.
+    pub fn route(&mut self, mut rec: CollectiveRecord, agent_id: &str, entry: CoordNs) -> Route {
+        let comm_id = rec.comm_id;
+        let Some(m) = self.members.get_mut(&(comm_id, rec.rank)) else {
+            self.reference(&rec, entry);
+            return Route::Offer(rec);
+        };
+        if m.agent_id != agent_id {
+            // The old agent's, shipped late: numbered before the gap.
+            self.reference(&rec, entry);
+            return Route::Offer(rec);
+        }
+        if matches!(rec.op, CollOp::Send | CollOp::Recv) {
+            self.counters.lost += 1;
+            return Route::Lost;
+        }
+        match &mut m.state {
+            State::LinedUp { offset } => {
+                rec.seq += *offset;
+                self.counters.records += 1;
+                self.reference(&rec, entry);
+                Route::Offer(rec)
+            }
+            State::Holding { held, .. } => {
+                if held.len() >= MAX_HELD {
+                    held.pop_front();
+                    self.counters.lost += 1;
+                }
+                held.push_back((rec, entry));
+                Route::Held
+            }
+        }
+    }
+
+    /// Notes another member's instance of a communicator being lined up.
+    fn reference(&mut self, rec: &CollectiveRecord, entry: CoordNs) {
+        if matches!(rec.op, CollOp::Send | CollOp::Recv) {
+            return;
+        }
+        let Some(refs) = self.refs.get_mut(&rec.comm_id) else {
+            return;
+        };
+        refs.entry(rec.seq)
+            .and_modify(|r| r.entry = r.entry.min(entry))
+            .or_insert(Ref {
+                op: rec.op,
+                bytes: rec.bytes,
+                entry,
+            });
+        while refs.len() > MAX_REFS {
+            refs.pop_first();
+        }
+    }
+
+    /// Lines up the members that can be, releasing their held records.
+    pub fn poll(&mut self, now: CoordNs) -> Vec<Released> {
+        let mut out = Vec::new();
+        for (&(comm_id, rank), m) in self.members.iter_mut() {
+            let State::Holding {
+                host,
+                floor,
+                since,
+                held,
+            } = &mut m.state
+            else {
+                continue;
+            };
+            let Some(refs) = self.refs.get(&comm_id) else {
+                continue;
+            };
+            if held.len() < MIN_MATCHED {
+                continue;
+            }
+            let window: Vec<(CollOp, u64, CoordNs)> = held
+                .iter()
+                .take(WINDOW)
+                .map(|(r, e)| (r.op, r.bytes, *e))
+                .collect();
+            let newest = window.last().map_or(0, |w| w.2);
+            let covered = refs
+                .values()
+                .map(|r| r.entry)
+                .max()
+                .is_some_and(|e| e >= newest + COVER_NS);
+            if !covered && now - *since < PATIENCE_NS {
+                continue;
+            }
+            let Some(offset) = line_up(&window, refs, *floor) else {
+                continue;
+            };
+            let records: Vec<CollectiveRecord> = held
+                .drain(..)
+                .map(|(mut r, _)| {
+                    r.seq += offset;
+                    r
+                })
+                .collect();
+            self.counters.lined_up += 1;
+            self.counters.records += records.len() as u64;
+            out.push(Released {
+                host: host.clone(),
+                agent_id: m.agent_id.clone(),
+                comm_id,
+                rank,
+                offset,
+                records,
+            });
+            m.state = State::LinedUp { offset };
+        }
+        // References are needed only while someone waits for them.
+        let waiting: std::collections::HashSet<u64> = self
+            .members
+            .iter()
+            .filter(|(_, m)| matches!(m.state, State::Holding { .. }))
+            .map(|((c, _), _)| *c)
+            .collect();
+        self.refs.retain(|c, _| waiting.contains(c));
+        out
+    }
+}
+
+/// The offset that puts `window` (a member's first records: operation,
+/// size, entry) onto the instances in `refs`, or None when no offset
+/// matches [`MIN_MATCHED`] of them without a mismatch. Offsets at or below
+/// `floor` (numbers the member used before the gap) are not candidates.
+fn line_up(
+    window: &[(CollOp, u64, CoordNs)],
+    refs: &BTreeMap<u64, Ref>,
+    floor: Option<u64>,
+) -> Option<u64> {
+    let (first, last) = (window.first()?.2, window.last()?.2);
+    let lo = floor.map_or(0, |f| f + 1);
+    let mut candidates: Vec<u64> = refs
+        .iter()
+        .filter(|(_, r)| r.entry >= first - SEARCH_NS && r.entry <= last + SEARCH_NS)
+        .flat_map(|(&s, _)| (0..window.len() as u64).filter_map(move |i| s.checked_sub(i)))
+        .filter(|k| *k >= lo)
+        .collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    let mut best: Option<(CoordNs, usize, u64)> = None;
+    for k in candidates {
+        let mut diffs = Vec::with_capacity(window.len());
+        let mut mismatch = false;
+        for (i, (op, bytes, entry)) in window.iter().enumerate() {
+            let Some(r) = refs.get(&(k + i as u64)) else {
+                continue;
+            };
+            if r.op != *op || r.bytes != *bytes {
+                mismatch = true;
+                break;
+            }
+            diffs.push((entry - r.entry).abs());
+        }
+        if mismatch || diffs.len() < MIN_MATCHED.min(window.len()) {
+            continue;
+        }
+        diffs.sort_unstable();
+        let score = diffs[diffs.len() / 2];
+        let better = match best {
+            None => true,
+            Some((s, n, _)) => score < s || (score == s && diffs.len() > n),
+        };
+        if better {
+            best = Some((score, diffs.len(), k));
+        }
+    }
+    best.map(|(_, _, k)| k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: CoordNs = 1_000_000;
+
+    fn rec(comm_id: u64, rank: u32, seq: u64, op: CollOp, bytes: u64) -> CollectiveRecord {
+        CollectiveRecord {
+            pid: rank,
+            rank,
+            comm_id,
+            seq,
+            op,
+            bytes,
+            peer: -1,
+            host_entry_ns: 0,
+            host_exit_ns: 0,
+            gpu_arrive_ns: 0,
+            gpu_done_ns: 0,
+            launches_before: 0,
+            sync_wait_ns_before: 0,
+            gpu_busy_before_ns: None,
+            ret: 0,
+        }
+    }
+
+    /// A step of 4 collectives every 40 ms: three equal gradient buckets
+    /// 8 ms apart, then a small allreduce (the loss).
+    fn step_op(seq: u64) -> (CollOp, u64, CoordNs) {
+        let (step, i) = (seq / 4, seq % 4);
+        let bytes = if i == 3 { 4 } else { 1 << 20 };
+        (
+            CollOp::AllReduce,
+            bytes,
+            step as CoordNs * 40 * MS + i as CoordNs * 8 * MS,
+        )
+    }
+
+    /// Rank 0 reports instances 0..n; rank 1 was taken over after instance
+    /// `gap` and is `late` behind.
+    fn job(r: &mut Realigner, n: u64, gap: u64, late: CoordNs) -> Vec<Route> {
+        let host: Arc<str> = Arc::from("host-1");
+        r.take_over(7, 1, "new", &host, Some(gap / 2), 0);
+        let mut routes = Vec::new();
+        for s in 0..n {
+            let (op, bytes, t) = step_op(s);
+            assert!(matches!(
+                r.route(rec(7, 0, s, op, bytes), "a0", t),
+                Route::Offer(_)
+            ));
+            if s > gap {
+                routes.push(r.route(rec(7, 1, s - gap - 1, op, bytes), "new", t + late));
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn a_taken_over_member_is_lined_up_at_its_true_offset() {
+        for (gap, late) in [(13, 0), (13, 3 * MS), (40, 3 * MS), (41, -2 * MS), (100, 0)] {
+            let mut r = Realigner::default();
+            let routes = job(&mut r, 400, gap, late);
+            assert!(routes.iter().all(|x| *x == Route::Held));
+            let out = r.poll(16 * 1000 * MS);
+            assert_eq!(out.len(), 1, "gap {gap} late {late}");
+            assert_eq!(out[0].offset, gap + 1, "gap {gap} late {late}");
+            assert_eq!(out[0].records[0].seq, gap + 1);
+            // Later records are renumbered as they come.
+            let (op, bytes, t) = step_op(500);
+            assert_eq!(
+                r.route(rec(7, 1, 500 - gap - 1, op, bytes), "new", t),
+                Route::Offer(rec(7, 1, 500, op, bytes))
+            );
+            assert_eq!(r.counters().lined_up, 1);
+        }
+    }
+
+    #[test]
+    fn it_waits_until_the_other_members_cover_its_records() {
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-1");
+        r.take_over(7, 1, "new", &host, None, 0);
+        for s in 20..40 {
+            let (op, bytes, t) = step_op(s);
+            assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
+        }
+        // Nobody else reported yet: nothing to line up with.
+        assert!(r.poll(MS).is_empty());
+        for s in 0..30 {
+            let (op, bytes, t) = step_op(s);
+            r.route(rec(7, 0, s, op, bytes), "a0", t);
+        }
+        assert!(r.poll(2 * MS).is_empty(), "not covered yet, still patient");
+        // A second past its newest record: covered.
+        for s in 30..160 {
+            let (op, bytes, t) = step_op(s);
+            r.route(rec(7, 0, s, op, bytes), "a0", t);
+        }
+        let out = r.poll(3 * MS);
+        assert_eq!(out.first().map(|o| o.offset), Some(20));
+    }
+
+    #[test]
+    fn records_of_the_old_agent_and_of_other_members_pass_unchanged() {
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-1");
+        assert!(r.is_idle());
+        r.take_over(7, 1, "new", &host, Some(3), 0);
+        r.take_over(7, 1, "new", &host, Some(3), 0);
+        assert_eq!(r.counters().taken_over, 1, "said again by the same agent");
+        let late = rec(7, 1, 3, CollOp::AllReduce, 4);
+        assert_eq!(r.route(late.clone(), "old", 0), Route::Offer(late));
+        let other = rec(8, 1, 3, CollOp::AllReduce, 4);
+        assert_eq!(r.route(other.clone(), "new", 0), Route::Offer(other));
+        let mut p2p = rec(7, 1, 0, CollOp::Send, 4);
+        p2p.peer = 0;
+        assert_eq!(r.route(p2p, "new", 0), Route::Lost);
+        assert_eq!(r.counters().lost, 1);
+    }
+
+    #[test]
+    fn no_offset_without_enough_matches_and_none_below_the_floor() {
+        let mut refs = BTreeMap::new();
+        for s in 0..40u64 {
+            let (op, bytes, entry) = step_op(s);
+            refs.insert(s, Ref { op, bytes, entry });
+        }
+        let window: Vec<_> = (10..20).map(step_op).collect();
+        assert_eq!(line_up(&window, &refs, None), Some(10));
+        // The floor rules the true offset out: the next best is a step on.
+        assert_eq!(line_up(&window, &refs, Some(10)), Some(14));
+        // A size no instance has matches nowhere.
+        let mut odd = window.clone();
+        odd[2].1 = 12345;
+        assert_eq!(line_up(&odd, &refs, None), None);
+        assert!(line_up(&window[..5], &refs, None).is_some());
+    }
+
+    #[test]
+    fn held_records_are_bounded_and_the_excess_counted() {
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-1");
+        r.take_over(7, 1, "new", &host, None, 0);
+        for s in 0..(MAX_HELD as u64 + 10) {
+            r.route(rec(7, 1, s, CollOp::AllReduce, 4), "new", 0);
+        }
+        let c = r.counters();
+        assert_eq!((c.held, c.lost), (MAX_HELD as u64, 10));
+    }
+}
