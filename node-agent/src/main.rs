@@ -356,6 +356,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 // The same clock the records are stamped with, or the
                 // coordinator would fit the wrong offset.
                 clock: host_clock,
+                bind: None,
             }))
         }
         None => None,

@@ -160,10 +160,21 @@ impl Shipper {
         config: quinn::ClientConfig,
         hello: &Hello,
     ) -> Result<Self, ShipError> {
-        let bind: SocketAddr = if addr.is_ipv6() {
-            "[::]:0".parse().expect("literal")
-        } else {
-            "0.0.0.0:0".parse().expect("literal")
+        Self::connect_from(None, addr, server_name, config, hello).await
+    }
+
+    /// [`Shipper::connect`] from the local address `from` (any when None).
+    pub async fn connect_from(
+        from: Option<std::net::IpAddr>,
+        addr: SocketAddr,
+        server_name: &str,
+        config: quinn::ClientConfig,
+        hello: &Hello,
+    ) -> Result<Self, ShipError> {
+        let bind: SocketAddr = match from {
+            Some(ip) => SocketAddr::new(ip, 0),
+            None if addr.is_ipv6() => "[::]:0".parse().expect("literal"),
+            None => "0.0.0.0:0".parse().expect("literal"),
         };
         let mut endpoint = Endpoint::client(bind).map_err(ShipError::Endpoint)?;
         endpoint.set_default_client_config(config);
@@ -380,6 +391,11 @@ pub struct UplinkConfig {
     pub spool_bytes: usize,
     /// The clock this agent reports in; clock probes are answered from it.
     pub clock: HostClock,
+    /// The local address to connect from (any when None). A load test
+    /// playing many hosts on one machine gives each its own loopback
+    /// address, as real hosts have: the coordinator caps connections
+    /// before hello per source address.
+    pub bind: Option<std::net::IpAddr>,
 }
 
 /// What the uplink did, reported when it finishes.
@@ -528,7 +544,14 @@ async fn uplink_task(
         // Connect eagerly, even with nothing to send: the coordinator probes
         // our clock from the moment we say hello, before the job's first batch.
         if conn.is_none() {
-            match Shipper::connect(cfg.addr, &cfg.server_name, cfg.client.clone(), &cfg.hello).await
+            match Shipper::connect_from(
+                cfg.bind,
+                cfg.addr,
+                &cfg.server_name,
+                cfg.client.clone(),
+                &cfg.hello,
+            )
+            .await
             {
                 Ok(s) => {
                     tracing::info!(addr = %cfg.addr, spooled = spool.len(), "connected to coordinator");

@@ -406,6 +406,16 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
                 },
                 spool_bytes: 64 << 20,
                 clock: HostClock::real(),
+                // Its own loopback address, as each real host has its own:
+                // the coordinator admits 8 connections before hello per
+                // source address, and 512 hosts from 127.0.0.1 queued
+                // behind that cap for up to 27 s.
+                bind: Some(std::net::IpAddr::V4(std::net::Ipv4Addr::new(
+                    127,
+                    1 + (h >> 16) as u8,
+                    (h >> 8) as u8,
+                    h as u8,
+                ))),
             }));
         }
         // Give the clock probes a second before the job starts.

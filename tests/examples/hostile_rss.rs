@@ -108,6 +108,7 @@ impl Flood {
                         hello: hello(&host, &agent_id, TOKEN),
                         spool_bytes: 64 << 20,
                         clock: HostClock::real(),
+                        bind: None,
                     });
                     let mut pre = batch(&host, &agent_id, 0, Vec::new());
                     for r in hs[0] * FLOOD_HOST_RANKS..(hs[hs.len() - 1] + 1) * FLOOD_HOST_RANKS {

@@ -78,6 +78,7 @@ pub fn uplink(identity: &Identity, addr: SocketAddr, hello: Hello, clock: HostCl
         hello,
         spool_bytes: 64 << 20,
         clock,
+        bind: None,
     })
 }
 
