@@ -130,6 +130,17 @@ struct ServeArgs {
     /// suspect's agent when a verdict opens; 0 disables.
     #[arg(long, default_value_t = 30, value_name = "S")]
     deep_window: u32,
+    /// Seconds of deep probes on every agent when one iteration looked
+    /// suspicious and nothing else is known yet (no verdict, no slowdown).
+    /// A healthy job's jitter raises such a suspicion now and then, and each
+    /// window costs every rank the deep set's traps: a shorter one (10)
+    /// cut a healthy dp8 job's probe cost from 2.0 to 1.6 % of its step,
+    /// but a 1.3x slower GPU was then named 14-18 iterations after onset
+    /// instead of 2 (a window was less often already open; BENCHMARKS.md,
+    /// 2026-11-28 16:10). A verdict that needs the deep set keeps it on
+    /// either way. At most --deep-window.
+    #[arg(long, default_value_t = 30, value_name = "S")]
+    suspicion_window: u32,
     /// During a compute-slow suspect's deep window, also record the launch
     /// sites (stack + kernel of every CUDA launch) of the suspect and a
     /// same-host reference: the verdict's flame graph then shows GPU time
@@ -296,6 +307,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     cfg.hooks.timeout = Duration::from_secs_f64(args.hook_timeout.max(0.1));
     cfg.metrics_listen = args.metrics_listen;
     cfg.deep_window_s = args.deep_window;
+    cfg.suspicion_window_s = args.suspicion_window.min(args.deep_window);
     if let Some(p) = &args.thresholds {
         cfg.analyzer = thresholds::load(p)?;
     }

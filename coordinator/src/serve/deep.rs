@@ -22,14 +22,22 @@ impl Server {
         if sd.is_none() && !confirm {
             return;
         }
+        // A suspicion alone gets the short window.
+        let seconds = if sd.is_some() {
+            self.cfg.deep_window_s
+        } else {
+            self.cfg.suspicion_window_s.clamp(1, self.cfg.deep_window_s)
+        };
         {
             let Ok(mut last) = self.last_deep_all.lock() else {
                 return;
             };
             // Back off while windows name nobody: a job that got slower as a
             // whole (a shared file system, a loaded machine) would otherwise
-            // keep the deep probes on for good. 1, 2, 4 … up to 20 windows
-            // apart; back to 1 once a verdict has opened.
+            // keep the deep probes on for good. 1, 2, 4 … up to 20 long
+            // windows apart, counted in long windows whatever this one's
+            // length (a short suspicion window must not come three times as
+            // often); back to 1 once a verdict has opened.
             if let Some((t, gap, _)) = *last {
                 if t.elapsed() < gap {
                     return;
@@ -52,25 +60,27 @@ impl Server {
             None => "SUSPECT a rank's GPU work runs long; a slow GPU or a slow NIC, only GPU-side times tell".into(),
         };
         let line = format!(
-            "{now} {why}: deep probes on {} agent(s) for {} s",
+            "{now} {why}: deep probes on {} agent(s) for {seconds} s",
             ids.len(),
-            self.cfg.deep_window_s
         );
         info!("{line}");
         if self.cfg.print_alerts {
             println!("{line}");
         }
-        self.deep_window_everywhere(ids);
+        self.deep_window_everywhere(ids, seconds);
     }
 
-    /// A deep window of the configured length on every rank of each agent.
-    pub(super) fn deep_window_everywhere(&self, ids: Vec<String>) {
+    /// A deep window of `seconds` on every rank of each agent.
+    pub(super) fn deep_window_everywhere(&self, ids: Vec<String>, seconds: u32) {
+        if let Ok(mut u) = self.deep_all_until.lock() {
+            *u = Some(std::time::Instant::now() + Duration::from_secs(u64::from(seconds)));
+        }
         for id in ids {
             let sent = self.ingest.send_control(
                 &id,
                 Control {
                     deep_enable: true,
-                    seconds: self.cfg.deep_window_s,
+                    seconds,
                     ranks: Vec::new(),
                     launch_sites: false,
                 },
@@ -91,10 +101,9 @@ impl Server {
             return false;
         };
         let margin = Duration::from_secs(3).min(window / 2);
-        if let Some((t, _, _)) = *last {
-            if t.elapsed() + margin < window {
-                return true;
-            }
+        let until = self.deep_all_until.lock().ok().and_then(|u| *u);
+        if until.is_some_and(|u| u > std::time::Instant::now() + margin) {
+            return true;
         }
         *last = Some((
             std::time::Instant::now(),
@@ -108,7 +117,7 @@ impl Server {
             seconds = self.cfg.deep_window_s,
             "deep probes kept on: an active verdict rests on GPU-side or verbs evidence"
         );
-        self.deep_window_everywhere(ids);
+        self.deep_window_everywhere(ids, self.cfg.deep_window_s);
         true
     }
 
