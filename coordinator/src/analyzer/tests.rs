@@ -261,3 +261,84 @@ fn a_slowdown_that_began_in_warm_up_and_ended_is_a_stretch_with_its_ends() {
         .slow_stretches
         .is_empty());
 }
+
+/// Node 1's agent dies after iteration `down`, and a new one takes its
+/// ranks' communicators over at iteration `up` (they are announced again
+/// as resumed, and its records count from 0 again).
+fn feed_with_agent_restart(down: u64, up: u64, iterations: u64) -> Analyzer {
+    use slowrank_synth::{Generator, SynthSpec};
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(SynthSpec::dp(2, 4));
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let mut comms: Vec<CommRecord> = Vec::new();
+    // Per communicator, node 1's first sequence number seen by the new agent.
+    let mut base: HashMap<(u64, u32), u64> = HashMap::new();
+    let mut new_seq = 0;
+    for it in 0..iterations {
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            a.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, mut b) in out.batches {
+            if b.host == "node-1" {
+                comms.extend(b.comms.iter().cloned());
+                if (down..up).contains(&it) {
+                    continue;
+                }
+                if it >= up {
+                    b.agent_id = "agent-1-restarted".into();
+                    b.seq = new_seq;
+                    new_seq += 1;
+                    if it == up {
+                        b.ranks.clear();
+                        b.comms = comms
+                            .iter()
+                            .map(|c| CommRecord {
+                                resumed: true,
+                                ..c.clone()
+                            })
+                            .collect();
+                    }
+                    for r in &mut b.collectives {
+                        let first = *base.entry((r.comm_id, r.rank)).or_insert(r.seq);
+                        r.seq -= first;
+                    }
+                }
+            }
+            a.ingest(&b, recv);
+        }
+        a.tick(out.end_ns as i64 + 3_000_000);
+    }
+    a
+}
+
+#[test]
+fn a_restarted_agents_renumbered_records_join_the_right_instances() {
+    let whole = feed_with_agent_restart(100, 100, 60);
+    let a = feed_with_agent_restart(10, 14, 60);
+    let r = a.report();
+    assert!(
+        r.ingest.counters.records_rejected.is_empty(),
+        "{:?}",
+        r.ingest.counters.records_rejected
+    );
+    let t = r.ingest.counters.takeover;
+    assert!(t.taken_over > 0, "{t:?}");
+    assert_eq!(t.lined_up, t.taken_over, "{t:?}");
+    assert_eq!((t.lost, t.held), (0, 0), "{t:?}");
+    assert!(t.records > 0, "{t:?}");
+    // Every instance joins but those of the 4 iterations nobody watched
+    // node 1 in, give or take one a batch cut across the edge (a wrong
+    // offset would join none of the 46 iterations after it).
+    let all = whole.report().ingest.instances_completed;
+    let per_iteration = all / 60;
+    assert!(per_iteration > 0);
+    let got = r.ingest.instances_completed;
+    assert!(
+        (all - 4 * per_iteration - 2..=all - 4 * per_iteration).contains(&got),
+        "{got} of {all} instances joined, {per_iteration} per iteration"
+    );
+    assert!(whole.report().ingest.counters.takeover.is_zero());
+}
