@@ -282,18 +282,10 @@ impl Analyzer {
             if !went_on {
                 continue;
             }
-            h.active = false;
-            events.push(VerdictEvent {
-                event: EventKind::HangResolved,
-                iteration: h.iteration,
-                verdict: None,
-                hang: Some(h.candidate.clone()),
-                line: format!(
-                    "RESOLVED hang on communicator {:#x} instance {}: its missing members went on past it (their records were lost while their agent restarted)",
-                    comm,
-                    h.candidate.key.display_seq()
-                ),
-            });
+            events.push(resolve(
+                h,
+                "its missing members went on past it (their records were lost while their agent restarted)",
+            ));
         }
     }
 
@@ -312,18 +304,7 @@ impl Analyzer {
                 .iter_mut()
                 .filter(|h| h.active && h.candidate.comm_id == comm && h.candidate.key == key)
             {
-                h.active = false;
-                events.push(VerdictEvent {
-                    event: EventKind::HangResolved,
-                    iteration: h.iteration,
-                    verdict: None,
-                    hang: Some(h.candidate.clone()),
-                    line: format!(
-                        "RESOLVED hang on communicator {:#x} instance {}: every member arrived",
-                        comm,
-                        key.display_seq()
-                    ),
-                });
+                events.push(resolve(h, "every member arrived"));
             }
         }
         events
@@ -453,4 +434,20 @@ fn hang_line(c: &crate::join::HangCandidate, now: CoordNs, exited: &[u32]) -> St
             format!(" — exited: {exited:?}")
         }
     )
+}
+
+/// Marks an active hang resolved, and the event that says so and `why`.
+fn resolve(h: &mut HangState, why: &str) -> VerdictEvent {
+    h.active = false;
+    VerdictEvent {
+        event: EventKind::HangResolved,
+        iteration: h.iteration,
+        verdict: None,
+        hang: Some(h.candidate.clone()),
+        line: format!(
+            "RESOLVED hang on communicator {:#x} instance {}: {why}",
+            h.candidate.comm_id,
+            h.candidate.key.display_seq()
+        ),
+    }
 }
