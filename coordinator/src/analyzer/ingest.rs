@@ -100,7 +100,7 @@ impl Analyzer {
     fn take_over(&self, c: &CommRecord, b: &Batch, host: &Arc<str>) {
         let floor = self.joiner.last_seq_of(c.comm_id, c.rank);
         let now = self.to_coord(&b.host, b.mono_ns).0;
-        lock(&self.realign).take_over(c.comm_id, c.rank, &b.agent_id, host, floor, now);
+        lock(&self.realign).take_over(c.comm_id, c.nranks, c.rank, &b.agent_id, host, floor, now);
         self.realigning.store(true, Ordering::Relaxed);
     }
 

@@ -20,9 +20,12 @@
 //!
 //! Pure: the caller passes times; nothing here reads a clock.
 //!
-//! Limits: a communicator whose members all restarted with one agent has
-//! no one to line up with; their records are held, then counted lost.
-//! Point-to-point records are matched by their order between two members,
+//! A communicator whose members all restarted with one agent (a
+//! tensor-parallel group inside the host) has nobody else to line up with:
+//! after [`PATIENCE_NS`] its members are lined up with each other
+//! ([`Realigner::among_themselves`]).
+//!
+//! Limits: point-to-point records are matched by their order between two members,
 //! which the gap breaks, so a taken-over member's are counted lost too.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -142,6 +145,8 @@ struct Member {
 pub struct Realigner {
     members: HashMap<(u64, u32), Member>,
     refs: HashMap<u64, BTreeMap<u64, Ref>>,
+    /// Members per communicator being lined up.
+    nranks: HashMap<u64, u32>,
     counters: RealignCounters,
 }
 
@@ -169,9 +174,11 @@ impl Realigner {
     /// is the last sequence number the join has of that member. Said again
     /// by the same agent (its preamble after a reconnection), nothing
     /// changes.
+    #[allow(clippy::too_many_arguments)]
     pub fn take_over(
         &mut self,
         comm_id: u64,
+        nranks: u32,
         rank: u32,
         agent_id: &str,
         host: &Arc<str>,
@@ -187,6 +194,7 @@ impl Realigner {
         }
         self.counters.taken_over += 1;
         self.refs.entry(comm_id).or_default();
+        self.nranks.insert(comm_id, nranks);
         let lost = self.members.insert(
             (comm_id, rank),
             Member {
@@ -268,15 +276,12 @@ impl Realigner {
         let mut out = Vec::new();
         for (&(comm_id, rank), m) in self.members.iter_mut() {
             let State::Holding {
-                host,
-                floor,
-                since,
-                held,
+                floor, since, held, ..
             } = &mut m.state
             else {
                 continue;
             };
-            let Some(refs) = self.refs.get(&comm_id) else {
+            let Some(refs) = self.refs.get(&comm_id).filter(|r| !r.is_empty()) else {
                 continue;
             };
             if held.len() < MIN_MATCHED {
@@ -299,25 +304,9 @@ impl Realigner {
             let Some(offset) = line_up(&window, refs, *floor) else {
                 continue;
             };
-            let records: Vec<CollectiveRecord> = held
-                .drain(..)
-                .map(|(mut r, _)| {
-                    r.seq += offset;
-                    r
-                })
-                .collect();
-            self.counters.lined_up += 1;
-            self.counters.records += records.len() as u64;
-            out.push(Released {
-                host: host.clone(),
-                agent_id: m.agent_id.clone(),
-                comm_id,
-                rank,
-                offset,
-                records,
-            });
-            m.state = State::LinedUp { offset };
+            out.push(release(m, comm_id, rank, offset, &mut self.counters));
         }
+        out.extend(self.among_themselves(now));
         // References are needed only while someone waits for them.
         let waiting: std::collections::HashSet<u64> = self
             .members
@@ -326,7 +315,128 @@ impl Realigner {
             .map(|((c, _), _)| *c)
             .collect();
         self.refs.retain(|c, _| waiting.contains(c));
+        self.nranks.retain(|c, _| waiting.contains(c));
         out
+    }
+}
+
+impl Realigner {
+    /// Communicators whose every member was taken over by one restarted
+    /// agent (a tensor-parallel group inside one host) have nobody else to
+    /// line up with: once they have waited [`PATIENCE_NS`] without any
+    /// other member's record, they are lined up with each other. The
+    /// member whose records start earliest is the anchor, numbered on from
+    /// the highest number any of them used before the gap (the count of
+    /// what was missed is unknown, and nobody else needs it); the others
+    /// are matched to its records as to another member's.
+    fn among_themselves(&mut self, now: CoordNs) -> Vec<Released> {
+        let mut groups: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+        for (&(comm_id, rank), m) in &self.members {
+            if let State::Holding { since, held, .. } = &m.state {
+                let alone = self.refs.get(&comm_id).is_none_or(|r| r.is_empty());
+                if alone && now - *since >= PATIENCE_NS && held.len() >= MIN_MATCHED {
+                    groups.entry(comm_id).or_default().push(rank);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (comm_id, mut ranks) in groups {
+            let nranks = self.nranks.get(&comm_id).copied().unwrap_or(0) as usize;
+            if ranks.len() != nranks {
+                continue;
+            }
+            ranks.sort_unstable();
+            let first = |r: &u32| match &self.members[&(comm_id, *r)].state {
+                State::Holding { held, .. } => held.front().map_or(CoordNs::MAX, |h| h.1),
+                State::LinedUp { .. } => CoordNs::MAX,
+            };
+            let Some(&anchor) = ranks.iter().min_by_key(|r| first(r)) else {
+                continue;
+            };
+            let base = ranks
+                .iter()
+                .filter_map(|r| match &self.members[&(comm_id, *r)].state {
+                    State::Holding { floor, .. } => *floor,
+                    State::LinedUp { .. } => None,
+                })
+                .max()
+                .map_or(0, |f| f + 1);
+            let State::Holding { held, .. } = &self.members[&(comm_id, anchor)].state else {
+                continue;
+            };
+            let refs: BTreeMap<u64, Ref> = held
+                .iter()
+                .enumerate()
+                .map(|(i, (r, e))| {
+                    let entry = *e;
+                    (
+                        base + i as u64,
+                        Ref {
+                            op: r.op,
+                            bytes: r.bytes,
+                            entry,
+                        },
+                    )
+                })
+                .collect();
+            let mut offsets = vec![(anchor, base)];
+            for &rank in ranks.iter().filter(|r| **r != anchor) {
+                let State::Holding { held, .. } = &self.members[&(comm_id, rank)].state else {
+                    continue;
+                };
+                let window: Vec<(CollOp, u64, CoordNs)> = held
+                    .iter()
+                    .take(WINDOW)
+                    .map(|(r, e)| (r.op, r.bytes, *e))
+                    .collect();
+                match line_up(&window, &refs, base.checked_sub(1)) {
+                    Some(k) => offsets.push((rank, k)),
+                    None => break,
+                }
+            }
+            if offsets.len() != ranks.len() {
+                continue;
+            }
+            for (rank, offset) in offsets {
+                if let Some(m) = self.members.get_mut(&(comm_id, rank)) {
+                    out.push(release(m, comm_id, rank, offset, &mut self.counters));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Lines `m` up at `offset`: its held records renumbered, for the join.
+fn release(
+    m: &mut Member,
+    comm_id: u64,
+    rank: u32,
+    offset: u64,
+    counters: &mut RealignCounters,
+) -> Released {
+    let (host, records) = match &mut m.state {
+        State::Holding { host, held, .. } => (
+            host.clone(),
+            held.drain(..)
+                .map(|(mut r, _)| {
+                    r.seq += offset;
+                    r
+                })
+                .collect::<Vec<_>>(),
+        ),
+        State::LinedUp { .. } => (Arc::from(""), Vec::new()),
+    };
+    counters.lined_up += 1;
+    counters.records += records.len() as u64;
+    m.state = State::LinedUp { offset };
+    Released {
+        host,
+        agent_id: m.agent_id.clone(),
+        comm_id,
+        rank,
+        offset,
+        records,
     }
 }
 
@@ -421,7 +531,7 @@ mod tests {
     /// `gap` and is `late` behind.
     fn job(r: &mut Realigner, n: u64, gap: u64, late: CoordNs) -> Vec<Route> {
         let host: Arc<str> = Arc::from("host-1");
-        r.take_over(7, 1, "new", &host, Some(gap / 2), 0);
+        r.take_over(7, 2, 1, "new", &host, Some(gap / 2), 0);
         let mut routes = Vec::new();
         for s in 0..n {
             let (op, bytes, t) = step_op(s);
@@ -460,7 +570,7 @@ mod tests {
     fn it_waits_until_the_other_members_cover_its_records() {
         let mut r = Realigner::default();
         let host: Arc<str> = Arc::from("host-1");
-        r.take_over(7, 1, "new", &host, None, 0);
+        r.take_over(7, 2, 1, "new", &host, None, 0);
         for s in 20..40 {
             let (op, bytes, t) = step_op(s);
             assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
@@ -486,8 +596,8 @@ mod tests {
         let mut r = Realigner::default();
         let host: Arc<str> = Arc::from("host-1");
         assert!(r.is_idle());
-        r.take_over(7, 1, "new", &host, Some(3), 0);
-        r.take_over(7, 1, "new", &host, Some(3), 0);
+        r.take_over(7, 2, 1, "new", &host, Some(3), 0);
+        r.take_over(7, 2, 1, "new", &host, Some(3), 0);
         assert_eq!(r.counters().taken_over, 1, "said again by the same agent");
         let late = rec(7, 1, 3, CollOp::AllReduce, 4);
         assert_eq!(r.route(late.clone(), "old", 0), Route::Offer(late));
@@ -518,10 +628,56 @@ mod tests {
     }
 
     #[test]
+    fn a_group_taken_over_whole_is_lined_up_with_itself() {
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-1");
+        // A 2-rank group inside the restarted host; before the gap rank 0
+        // had reached number 40, rank 1 number 39.
+        r.take_over(9, 2, 0, "new", &host, Some(40), 0);
+        r.take_over(9, 2, 1, "new", &host, Some(39), 0);
+        // The new agent saw rank 0 from instance 60 on, rank 1 from 61 on
+        // (its probes attached a moment later).
+        for s in 60..100u64 {
+            let (op, bytes, t) = step_op(s);
+            assert_eq!(r.route(rec(9, 0, s - 60, op, bytes), "new", t), Route::Held);
+            if s >= 61 {
+                r.route(rec(9, 1, s - 61, op, bytes), "new", t + MS);
+            }
+        }
+        assert!(
+            r.poll(PATIENCE_NS - 1).is_empty(),
+            "still waiting for others"
+        );
+        let out = r.poll(PATIENCE_NS);
+        assert_eq!(out.len(), 2);
+        let first: HashMap<u32, u64> = out.iter().map(|o| (o.rank, o.records[0].seq)).collect();
+        // Numbered on from 41; the same instance has the same number.
+        assert_eq!(first[&0], 41);
+        assert_eq!(first[&1], 42);
+        assert_eq!(r.counters().lined_up, 2);
+    }
+
+    #[test]
+    fn part_of_a_group_is_not_lined_up_with_itself() {
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-1");
+        // 2 of a 4-rank group: the other two are elsewhere and silent.
+        r.take_over(9, 4, 0, "new", &host, None, 0);
+        r.take_over(9, 4, 1, "new", &host, None, 0);
+        for s in 0..20u64 {
+            let (op, bytes, t) = step_op(s);
+            r.route(rec(9, 0, s, op, bytes), "new", t);
+            r.route(rec(9, 1, s, op, bytes), "new", t);
+        }
+        assert!(r.poll(2 * PATIENCE_NS).is_empty());
+        assert_eq!(r.counters().held, 40);
+    }
+
+    #[test]
     fn held_records_are_bounded_and_the_excess_counted() {
         let mut r = Realigner::default();
         let host: Arc<str> = Arc::from("host-1");
-        r.take_over(7, 1, "new", &host, None, 0);
+        r.take_over(7, 2, 1, "new", &host, None, 0);
         for s in 0..(MAX_HELD as u64 + 10) {
             r.route(rec(7, 1, s, CollOp::AllReduce, 4), "new", 0);
         }
