@@ -75,7 +75,10 @@ impl Analyzer {
                 .check_rank(r.rank, &b.host)
                 .and_then(|_| validate::check_collective(r, b.mono_ns, slack))
             {
-                Ok(()) if self.realigning.load(Ordering::Relaxed) => {
+                Ok(())
+                    if self.realigning.load(Ordering::Relaxed)
+                        && self.realigned_comms.contains_key(&r.comm_id) =>
+                {
                     let entry = self.to_coord(&b.host, r.host_entry_ns).0;
                     let routed = lock(&self.realign).route(r.clone(), &b.agent_id, entry);
                     match routed {
@@ -101,6 +104,7 @@ impl Analyzer {
         let floor = self.joiner.last_seq_of(c.comm_id, c.rank);
         let now = self.to_coord(&b.host, b.mono_ns).0;
         lock(&self.realign).take_over(c.comm_id, c.nranks, c.rank, &b.agent_id, host, floor, now);
+        self.realigned_comms.insert(c.comm_id, ());
         self.realigning.store(true, Ordering::Relaxed);
     }
 

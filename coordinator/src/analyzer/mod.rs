@@ -299,6 +299,10 @@ pub struct Analyzer {
     /// False while nobody was taken over: the ingest of every other job
     /// skips the realigner's lock.
     realigning: std::sync::atomic::AtomicBool,
+    /// The communicators with a taken-over member: only their records go
+    /// through the realigner's lock (the rest of the job's do not pay for
+    /// one host's restart).
+    realigned_comms: DashMap<u64, ()>,
     core: Mutex<Core>,
 }
 
@@ -405,6 +409,7 @@ impl Analyzer {
             splits: Mutex::new(crate::join::splits::Splits::default()),
             realign: Mutex::new(Default::default()),
             realigning: std::sync::atomic::AtomicBool::new(false),
+            realigned_comms: DashMap::new(),
             core: Mutex::new(core),
         }
     }
