@@ -140,10 +140,10 @@ fn restarted_agent_reattaches_to_running_ranks() {
     assert_eq!(t["held"], 0, "{t}");
     // No hang blames host 1's ranks for the gap. Hangs of host 0's ranks
     // are printed, not asserted. Seen once in CI: 2 of them, and 238 of
-    // host 0's records `late`. Most likely cause: the slowdown the restart
-    // causes opens a deep window, which holds host 0's records up to 2 s
-    // for their GPU-side times while its batches move on, and under load
-    // they came past the 3-s hang timeout (a known gap, docs/agent.md).
+    // host 0's records `late`. Host 0's agent cut those records into
+    // batches 16-70 ms after they happened, and the coordinator ingested
+    // the batches about 3 s later, past the hang timeout; why they waited
+    // is not known yet (docs/agent.md, known limits).
     let hangs = r["hangs"].as_array().cloned().unwrap_or_default();
     let gap: Vec<&serde_json::Value> = hangs
         .iter()
