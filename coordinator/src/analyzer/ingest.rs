@@ -124,10 +124,11 @@ impl Analyzer {
                 records = rel.records.len(),
                 "a restarted agent's member lined up with the other members: its collectives join again"
             );
-            let connected_at = self
-                .agents
-                .get(&rel.agent_id)
-                .map_or(0, |a| a.connected_mono_ns);
+            // Its oldest records may belong to instances that closed
+            // before the takeover was known (the agent saw them before it
+            // could connect): counted as replayed and unjoinable, like a
+            // spool's, not rejected.
+            let connected_at = u64::MAX;
             lock(&self.lined_up).push(((rel.comm_id, rel.rank), rel.offset));
             for r in rel.records {
                 self.offer_one(&rel.host, r, connected_at, None, recv_ns, sum, out);

@@ -287,23 +287,43 @@ impl Realigner {
             if held.len() < MIN_MATCHED {
                 continue;
             }
-            let window: Vec<(CollOp, u64, CoordNs)> = held
-                .iter()
-                .take(WINDOW)
-                .map(|(r, e)| (r.op, r.bytes, *e))
-                .collect();
-            let newest = window.last().map_or(0, |w| w.2);
-            let covered = refs
+            // The newest records: the other members' instances of them
+            // came after the takeover was known, so they are in `refs`.
+            // (The oldest may be from before: an agent that waited to
+            // connect ships what it saw meanwhile, and their instances'
+            // other records came and went before it; lined up with the
+            // first reference they would land on it, seconds off.)
+            let (lo, hi) = refs
                 .values()
-                .map(|r| r.entry)
-                .max()
-                .is_some_and(|e| e >= newest + COVER_NS);
-            if !covered && now - *since < PATIENCE_NS {
+                .fold((CoordNs::MAX, CoordNs::MIN), |(lo, hi), r| {
+                    (lo.min(r.entry), hi.max(r.entry))
+                });
+            // The newest held records the other members' reports already
+            // reach past (by COVER_NS), or after PATIENCE_NS the newest.
+            let patient = now - *since >= PATIENCE_NS;
+            let end = if patient {
+                held.len()
+            } else {
+                held.partition_point(|(_, e)| *e + COVER_NS <= hi)
+            };
+            if end < MIN_MATCHED {
                 continue;
             }
-            let Some(offset) = line_up(&window, refs, *floor) else {
+            let start = end.saturating_sub(WINDOW);
+            let window = probes(held.iter().skip(start).take(end - start));
+            if window[0].3 < lo && !patient {
+                continue;
+            }
+            let (s0, h0) = (held[start].0.seq, held[0].0.seq);
+            let Some(k) = line_up(&window, refs, floor.map(|f| f + (s0 - h0))) else {
                 continue;
             };
+            let Some(offset) = k.checked_sub(s0) else {
+                continue;
+            };
+            // Records whose instances closed before the takeover was known
+            // are offered too: the join counts them as replayed and
+            // unjoinable, the others still join.
             out.push(release(m, comm_id, rank, offset, &mut self.counters));
         }
         out.extend(self.among_themselves(now));
@@ -364,13 +384,15 @@ impl Realigner {
             let State::Holding { held, .. } = &self.members[&(comm_id, anchor)].state else {
                 continue;
             };
+            let a0 = held.front().map_or(0, |h| h.0.seq);
+            // Never below the anchor's own numbers (an offset is added).
+            let base = base.max(a0);
             let refs: BTreeMap<u64, Ref> = held
                 .iter()
-                .enumerate()
-                .map(|(i, (r, e))| {
+                .map(|(r, e)| {
                     let entry = *e;
                     (
-                        base + i as u64,
+                        base + (r.seq - a0),
                         Ref {
                             op: r.op,
                             bytes: r.bytes,
@@ -379,18 +401,15 @@ impl Realigner {
                     )
                 })
                 .collect();
-            let mut offsets = vec![(anchor, base)];
+            let mut offsets = vec![(anchor, base - a0)];
             for &rank in ranks.iter().filter(|r| **r != anchor) {
                 let State::Holding { held, .. } = &self.members[&(comm_id, rank)].state else {
                     continue;
                 };
-                let window: Vec<(CollOp, u64, CoordNs)> = held
-                    .iter()
-                    .take(WINDOW)
-                    .map(|(r, e)| (r.op, r.bytes, *e))
-                    .collect();
-                match line_up(&window, &refs, base.checked_sub(1)) {
-                    Some(k) => offsets.push((rank, k)),
+                let s0 = held.front().map_or(0, |h| h.0.seq);
+                let window = probes(held.iter().take(WINDOW));
+                match line_up(&window, &refs, base.checked_sub(1)).and_then(|k| k.checked_sub(s0)) {
+                    Some(offset) => offsets.push((rank, offset)),
                     None => break,
                 }
             }
@@ -440,21 +459,30 @@ fn release(
     }
 }
 
-/// The offset that puts `window` (a member's first records: operation,
-/// size, entry) onto the instances in `refs`, or None when no offset
-/// matches [`MIN_MATCHED`] of them without a mismatch. Offsets at or below
-/// `floor` (numbers the member used before the gap) are not candidates.
-fn line_up(
-    window: &[(CollOp, u64, CoordNs)],
-    refs: &BTreeMap<u64, Ref>,
-    floor: Option<u64>,
-) -> Option<u64> {
-    let (first, last) = (window.first()?.2, window.last()?.2);
+/// One record of a member, for [`line_up`]: its sequence number relative
+/// to the window's first, operation, size, entry.
+type Probe = (u64, CollOp, u64, CoordNs);
+
+fn probes<'a>(held: impl Iterator<Item = &'a (CollectiveRecord, CoordNs)>) -> Vec<Probe> {
+    let mut s0 = None;
+    held.map(|(r, e)| {
+        let first = *s0.get_or_insert(r.seq);
+        (r.seq - first, r.op, r.bytes, *e)
+    })
+    .collect()
+}
+
+/// The number of the instance `window`'s first record belongs to (a
+/// member's records: relative number, operation, size, entry), or None
+/// when no number matches [`MIN_MATCHED`] of `refs`' instances without a
+/// mismatch. Numbers at or below `floor` are not candidates.
+fn line_up(window: &[Probe], refs: &BTreeMap<u64, Ref>, floor: Option<u64>) -> Option<u64> {
+    let (first, last) = (window.first()?.3, window.last()?.3);
     let lo = floor.map_or(0, |f| f + 1);
     let mut candidates: Vec<u64> = refs
         .iter()
         .filter(|(_, r)| r.entry >= first - SEARCH_NS && r.entry <= last + SEARCH_NS)
-        .flat_map(|(&s, _)| (0..window.len() as u64).filter_map(move |i| s.checked_sub(i)))
+        .flat_map(|(&s, _)| window.iter().filter_map(move |w| s.checked_sub(w.0)))
         .filter(|k| *k >= lo)
         .collect();
     candidates.sort_unstable();
@@ -463,8 +491,8 @@ fn line_up(
     for k in candidates {
         let mut diffs = Vec::with_capacity(window.len());
         let mut mismatch = false;
-        for (i, (op, bytes, entry)) in window.iter().enumerate() {
-            let Some(r) = refs.get(&(k + i as u64)) else {
+        for (d, op, bytes, entry) in window {
+            let Some(r) = refs.get(&(k + d)) else {
                 continue;
             };
             if r.op != *op || r.bytes != *bytes {
@@ -616,15 +644,49 @@ mod tests {
             let (op, bytes, entry) = step_op(s);
             refs.insert(s, Ref { op, bytes, entry });
         }
-        let window: Vec<_> = (10..20).map(step_op).collect();
+        let window: Vec<Probe> = (10..20u64)
+            .map(|s| {
+                let (op, bytes, t) = step_op(s);
+                (s - 10, op, bytes, t)
+            })
+            .collect();
         assert_eq!(line_up(&window, &refs, None), Some(10));
         // The floor rules the true offset out: the next best is a step on.
         assert_eq!(line_up(&window, &refs, Some(10)), Some(14));
         // A size no instance has matches nowhere.
         let mut odd = window.clone();
-        odd[2].1 = 12345;
+        odd[2].2 = 12345;
         assert_eq!(line_up(&odd, &refs, None), None);
         assert!(line_up(&window[..5], &refs, None).is_some());
+    }
+
+    #[test]
+    fn records_from_before_the_takeover_was_known_do_not_pull_the_offset() {
+        // The new agent saw rank 1 from instance 20 on but could connect
+        // only later: the other member's records of instances 20..349 came
+        // before the takeover was announced, so they are not references.
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-1");
+        for s in 0..350u64 {
+            let (op, bytes, t) = step_op(s);
+            r.route(rec(7, 0, s, op, bytes), "a0", t);
+        }
+        r.take_over(7, 2, 1, "new", &host, Some(5), 0);
+        // A second past the member's newest record: covered.
+        for s in 350..600u64 {
+            let (op, bytes, t) = step_op(s);
+            r.route(rec(7, 0, s, op, bytes), "a0", t);
+        }
+        for s in 20..470u64 {
+            let (op, bytes, t) = step_op(s);
+            assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
+        }
+        let out = r.poll(MS);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].offset, 20, "not the first reference (350)");
+        // Instances 20..349 are offered too (the join tells which closed).
+        assert_eq!(out[0].records[0].seq, 20);
+        assert_eq!(r.counters().lost, 0);
     }
 
     #[test]
