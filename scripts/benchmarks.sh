@@ -70,7 +70,7 @@ run_overhead() {  # step time: no agent / default probes / deep probes, interlea
       # Calls per probe over the run (the agents log them at exit) and the
       # report's self-reported probe cost, for bench_summary.py.
       cat "$d"/logs/agent-host-*.log 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' \
-        | grep -E 'probe calls over the run|probe trap cost' > "$d/agent-cost.txt"
+        | grep -E 'probe calls over the run|probe trap cost|stack records over the run' > "$d/agent-cost.txt"
       find "$d" -mindepth 1 -maxdepth 1 ! -name steps.csv ! -name truth.json ! -name report.json \
         ! -name agent-cost.txt ! -name services-cpu.json -exec rm -rf {} +
     done

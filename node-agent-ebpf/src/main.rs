@@ -47,6 +47,12 @@ static FOLLOWED: HashMap<u32, Followed> = HashMap::with_max_entries(4096, 0);
 #[map]
 static TREE: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 
+/// Every exec on the host (tgid), so the agent's /proc scan reads only the
+/// processes that are new or changed image instead of every process's stat
+/// twenty times a second.
+#[map]
+static EXECS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+
 /// Settings written by the agent: [0] = offset of `child_pid` in the
 /// `sched_process_fork` record (from the tracepoint's format file).
 #[map]
@@ -339,6 +345,15 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
     // SAFETY: reads the tracepoint record through the checked helper.
     if let Ok(child) = unsafe { ctx.read_at::<i32>(off as usize) } {
         let _ = TREE.insert(child as u32, parent, 0);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn on_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if EXECS.output::<u32>(&tgid, 0).is_err() {
+        bump(counter::EXECS_LOST);
     }
     0
 }

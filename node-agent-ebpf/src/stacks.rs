@@ -10,7 +10,13 @@
 //!   block's expected weight is its own duration (an unbiased sample of
 //!   off-CPU time by *time*, like the CPU clock for on-CPU time) and the
 //!   ring-buffer rate stays below two records per period of off-CPU time
-//!   however often a thread switches. (A per-thread running total emitted
+//!   however often a thread switches. Capturing a stack costs microseconds
+//!   and a polling thread leaves the CPU thousands of times a second, so the
+//!   capture itself is sampled: a thread whose recent blocks were shorter than
+//!   the period is captured with probability `q` = recent block / period (at
+//!   least 1/`MIN_CAPTURE_DIV`), chosen before the block's length is known,
+//!   and a captured block's weight is divided by `q` — still unbiased, with
+//!   long sleepers (`q` = 1) exactly as before. (A per-thread running total emitted
 //!   at the block that crosses the period is *not* unbiased: a long wait
 //!   right after a short sleep absorbs the sleep every time, and an 8 ms
 //!   slow data loader followed by a 30 ms sync wait vanished from the
@@ -58,8 +64,18 @@ static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stack_co
 #[repr(C)]
 pub struct OffCpu {
     ts_out: u64,
+    /// The thread's recent off-CPU block length: the longest recent block,
+    /// decaying by 1/16 a block (0: none seen yet).
+    last_away: u64,
+    /// The capture probability of this block times the period, in ns
+    /// (0: this block's stack was not captured).
+    q_ns: u64,
     ev: StackEvent,
 }
+
+/// The lowest capture probability is 1 / this: a thread of 100-µs sleeps is
+/// captured once in 16 switches, not each time.
+const MIN_CAPTURE_DIV: u64 = 16;
 
 #[map]
 static OFF_CPU: HashMap<u32, OffCpu> = HashMap::with_max_entries(16384, 0);
@@ -229,10 +245,29 @@ fn switch_out(ctx: &TracePointContext, who: (u32, u32), now: u64) {
             let _ = OFF_CPU.insert(tid, unsafe { &*zero }, 0);
         }
     }
+    let period = STACK_CONFIG.get(0).copied().unwrap_or(0);
+    if period == 0 {
+        return;
+    }
     if let Some(st) = OFF_CPU.get_ptr_mut(tid) {
         // SAFETY: map value of this thread; only this CPU runs it now.
         unsafe {
             (*st).ts_out = now;
+            // q·period from the last block (a first block is captured).
+            let last = (*st).last_away;
+            let q_ns = if last == 0 || last >= period {
+                period
+            } else if last < period / MIN_CAPTURE_DIV {
+                period / MIN_CAPTURE_DIV
+            } else {
+                last
+            };
+            if q_ns < period && u64::from(bpf_get_prandom_u32()) % period >= q_ns {
+                (*st).q_ns = 0;
+                bump(stack_counter::OFF_CPU_SKIPPED);
+                return;
+            }
+            (*st).q_ns = q_ns.max(1);
             (*st).ev.kind = StackKind::OffCpu as u32;
             (*st).ev.addr = 0;
             fill(ctx.as_ptr(), core::ptr::addr_of_mut!((*st).ev), who, true);
@@ -267,12 +302,29 @@ pub fn stack_switch(ctx: TracePointContext) -> u32 {
             0
         };
         (*st).ts_out = 0;
-        if period == 0 || away == 0 {
+        let q_ns = (*st).q_ns;
+        (*st).q_ns = 0;
+        if away != 0 {
+            // A decaying maximum (−1/16 a block): a thread that sleeps long
+            // every few short waits keeps capturing its long sleeps (a lone
+            // last-block predictor gave them q = 1/16 and 16× the weight).
+            let decayed = (*st).last_away - (*st).last_away / 16;
+            (*st).last_away = if away > decayed { away } else { decayed };
+        }
+        if period == 0 || away == 0 || q_ns == 0 {
             return 0;
         }
-        let weight = if away >= period {
-            away
-        } else if u64::from(bpf_get_prandom_u32()) % period < away {
+        // Expected weight = q · E[weight | captured] = the block's length:
+        // a block of at least q·period is emitted with weight away / q, a
+        // shorter one with probability away / (q·period) and weight period.
+        let weight = if away >= q_ns {
+            if q_ns >= period {
+                away
+            } else {
+                // away · period / q_ns without overflowing for hour-long blocks.
+                (away / q_ns) * period + (away % q_ns) * period / q_ns
+            }
+        } else if u64::from(bpf_get_prandom_u32()) % q_ns < away {
             period
         } else {
             return 0;

@@ -70,6 +70,17 @@ const WINDOWED_OFF: &str = "windowed: attached in deep windows and launch sample
 /// Splits given up on after this many polls (5 ms each) without an answer.
 const SPLIT_TRIES: u32 = 2000;
 
+/// A rank's `/proc/PID/maps`, as last read.
+struct MapsRead {
+    vsize: u64,
+    scan: u64,
+    libs: Vec<(LibKind, PathBuf)>,
+}
+
+/// Scans between reads of a rank's maps when its vsize did not move (20
+/// scans of the default 50 ms: a second).
+const MAPS_RECHECK_SCANS: u64 = 20;
+
 pub struct Agent {
     probes: Probes,
     scanner: Scanner,
@@ -86,6 +97,8 @@ pub struct Agent {
     /// Entry events seen per probe id (doctor).
     hits: Vec<u64>,
     scans: u64,
+    /// Libraries each rank mapped at its last `/proc/PID/maps` read.
+    maps_read: std::collections::HashMap<u32, MapsRead>,
     seq: u64,
     /// Provider functions found through `ibv_context.ops`: (file, offset,
     /// role) → probe id while attached.
@@ -152,6 +165,7 @@ impl Agent {
             bad_events: 0,
             hits: Vec::new(),
             scans: 0,
+            maps_read: std::collections::HashMap::new(),
             seq: 0,
             deep_targets: BTreeMap::new(),
             deep: Deep::Off,
@@ -318,7 +332,8 @@ impl Agent {
     /// mapped since the last pass (dlopen) are probed.
     pub fn scan(&mut self) -> Result<(), AgentError> {
         let now = clock::mono_ns();
-        let changes = self.scanner.scan(now)?;
+        let execs = self.probes.take_execs();
+        let changes = self.scanner.scan_with_execs(now, execs.as_deref())?;
         self.folder.expire_limbo(now);
         for pid in changes.foreign {
             self.probes.unwatch(pid)?;
@@ -367,12 +382,39 @@ impl Agent {
                 self.attach_lib(kind, &path);
             }
         }
-        let pids: Vec<u32> = self.scanner.ranks().map(|r| r.identity.pid).collect();
+        let ranks: Vec<(u32, u64)> = self
+            .scanner
+            .ranks()
+            .map(|r| (r.identity.pid, r.vsize))
+            .collect();
+        self.maps_read
+            .retain(|pid, _| ranks.iter().any(|r| r.0 == *pid));
         for lib in self.libs.values_mut() {
             lib.mapped_by.clear();
         }
-        for pid in pids {
-            for (kind, path) in discover::mapped_libs(pid) {
+        for (pid, vsize) in ranks {
+            // A rank's maps are long (every shared object of a PyTorch
+            // process): read again when a mapping came or went, and once a
+            // second whatever vsize says.
+            let fresh = match self.maps_read.get(&pid) {
+                Some(m) => {
+                    m.vsize != vsize || vsize == 0 || self.scans - m.scan >= MAPS_RECHECK_SCANS
+                }
+                None => true,
+            };
+            if fresh {
+                let libs = discover::mapped_libs(pid);
+                self.maps_read.insert(
+                    pid,
+                    MapsRead {
+                        vsize,
+                        scan: self.scans,
+                        libs,
+                    },
+                );
+            }
+            let libs = self.maps_read[&pid].libs.clone();
+            for (kind, path) in libs {
                 self.attach_lib(kind, &path);
                 if let Some(l) = self.libs.get_mut(&path) {
                     l.mapped_by.push(pid);

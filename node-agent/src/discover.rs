@@ -84,6 +84,9 @@ pub struct Rank {
     pub start_time: u64,
     /// Directories of the rank's `LD_LIBRARY_PATH`.
     pub lib_dirs: Vec<PathBuf>,
+    /// Virtual memory size at the last scan: a library mapped (dlopen)
+    /// changes it, so `/proc/PID/maps` is read again only then.
+    pub vsize: u64,
 }
 
 /// What changed since the previous scan.
@@ -110,6 +113,9 @@ pub struct Scanner {
     /// new look; the whole set is also forgotten every `RECHECK_SCANS` scans
     /// for an exec that keeps its name (python → python).
     ignored: HashMap<(u32, u64), String>,
+    /// pid → (ppid, start time) of every process the last scan listed, for
+    /// scans told which processes exec'd: the others are not read again.
+    seen: HashMap<u32, (u32, u64)>,
     scans: u64,
 }
 
@@ -134,6 +140,7 @@ impl Scanner {
             root_pid,
             ranks: HashMap::new(),
             ignored: HashMap::new(),
+            seen: HashMap::new(),
             scans: 0,
         })
     }
@@ -150,29 +157,70 @@ impl Scanner {
         self.ranks.values()
     }
 
-    /// One pass over `/proc`; `now_ns` stamps newly seen ranks.
+    /// One pass over `/proc` that reads every process; `now_ns` stamps
+    /// newly seen ranks.
     pub fn scan(&mut self, now_ns: u64) -> Result<Changes, DiscoverError> {
+        self.scan_with_execs(now_ns, None)
+    }
+
+    /// One pass over `/proc`. With `execs`, the processes that exec'd since
+    /// the last pass (the kernel's exec notices), only those, new pids and
+    /// the ranks are read: a host's hundreds of other processes cost one
+    /// directory listing, not a `stat` each twenty times a second. `None`
+    /// (no notices, or some were lost) reads every process.
+    pub fn scan_with_execs(
+        &mut self,
+        now_ns: u64,
+        execs: Option<&[u32]>,
+    ) -> Result<Changes, DiscoverError> {
         let mut changes = Changes::default();
         self.scans += 1;
-        if self.scans.is_multiple_of(RECHECK_SCANS) {
-            self.ignored.clear();
+        match execs {
+            None => {
+                self.seen.clear();
+                if self.scans.is_multiple_of(RECHECK_SCANS) {
+                    self.ignored.clear();
+                }
+            }
+            Some(pids) => {
+                // An exec keeps pid and start time: look again.
+                let execed: HashSet<u32> = pids.iter().copied().collect();
+                if !execed.is_empty() {
+                    self.seen.retain(|p, _| !execed.contains(p));
+                    self.ignored.retain(|(p, _), _| !execed.contains(p));
+                }
+            }
         }
+        let incremental = execs.is_some();
         let entries = fs::read_dir(&self.proc_root).map_err(|source| DiscoverError::Proc {
             path: self.proc_root.clone(),
             source,
         })?;
         let mut alive: HashSet<u32> = HashSet::new();
         let mut parents: HashMap<u32, u32> = HashMap::new();
-        let mut fresh: Vec<(u32, u64, String)> = Vec::new();
+        let mut fresh: Vec<(u32, u64, String, u64)> = Vec::new();
         for e in entries.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let Some((ppid, start, comm)) = stat(&self.proc_root, pid) else {
+            if incremental && !self.ranks.contains_key(&pid) {
+                if let Some(&(ppid, _)) = self.seen.get(&pid) {
+                    alive.insert(pid);
+                    parents.insert(pid, ppid);
+                    continue;
+                }
+            }
+            let Some((ppid, start, comm, vsize)) = stat(&self.proc_root, pid) else {
                 continue;
             };
+            if let Some(r) = self.ranks.get_mut(&pid) {
+                r.vsize = vsize;
+            }
             alive.insert(pid);
             parents.insert(pid, ppid);
+            if incremental {
+                self.seen.insert(pid, (ppid, start));
+            }
             match self.ranks.get(&pid) {
                 Some(r) if r.start_time == start => continue,
                 Some(_) => {
@@ -182,7 +230,7 @@ impl Scanner {
                 None => {}
             }
             if self.ignored.get(&(pid, start)) != Some(&comm) {
-                fresh.push((pid, start, comm));
+                fresh.push((pid, start, comm, vsize));
             }
         }
         let gone: Vec<u32> = self
@@ -195,7 +243,8 @@ impl Scanner {
             changes.gone.push(self.ranks.remove(&pid).expect("present"));
         }
         self.ignored.retain(|(p, _), _| alive.contains(p));
-        for (pid, start, comm) in fresh {
+        self.seen.retain(|p, _| alive.contains(p));
+        for (pid, start, comm, vsize) in fresh {
             if let Some(root) = self.root_pid {
                 if !descends_from(&parents, pid, root) {
                     // Not ours (yet): a process can't become a descendant
@@ -227,6 +276,7 @@ impl Scanner {
                         identity,
                         start_time: start,
                         lib_dirs,
+                        vsize,
                     };
                     self.ranks.insert(pid, rank.clone());
                     changes.new.push(rank);
@@ -256,15 +306,21 @@ fn descends_from(parents: &HashMap<u32, u32>, mut pid: u32, root: u32) -> bool {
     false
 }
 
-/// (ppid, start time, command name) from `/proc/PID/stat`.
-fn stat(root: &Path, pid: u32) -> Option<(u32, u64, String)> {
+/// (ppid, start time, command name, virtual memory size) from
+/// `/proc/PID/stat`; vsize (field 23) changes when a library is mapped.
+fn stat(root: &Path, pid: u32) -> Option<(u32, u64, String, u64)> {
     let s = fs::read_to_string(root.join(pid.to_string()).join("stat")).ok()?;
     let comm = s[s.find('(')? + 1..s.rfind(')')?].to_owned();
     // The command name may hold spaces and parentheses: fields follow the last ')'.
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state): ppid is field 4, starttime field 22.
-    Some((f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?, comm))
+    Some((
+        f.get(1)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+        comm,
+        f.get(20).and_then(|v| v.parse().ok()).unwrap_or(0),
+    ))
 }
 
 /// `KEY=VALUE\0…` to a map.
@@ -473,13 +529,98 @@ mod tests {
         assert_eq!(k("/usr/lib/libnccl-net.so"), None);
     }
 
+    /// A fake `/proc` entry: `stat` (ppid, start time, name) and `environ`.
+    fn fake_proc(root: &Path, pid: u32, comm: &str, start: u64, env: &[(&str, &str)]) {
+        let d = root.join(pid.to_string());
+        fs::create_dir_all(&d).unwrap();
+        // Fields 3.. after the name: state, ppid, then 17 more up to starttime (22).
+        let mut rest = vec!["S".to_owned(), "1".to_owned()];
+        rest.extend(std::iter::repeat_n("0".to_owned(), 17));
+        rest.push(start.to_string());
+        fs::write(
+            d.join("stat"),
+            format!("{pid} ({comm}) {}\n", rest.join(" ")),
+        )
+        .unwrap();
+        let raw: Vec<u8> = env
+            .iter()
+            .flat_map(|(k, v)| format!("{k}={v}\0").into_bytes())
+            .collect();
+        fs::write(d.join("environ"), raw).unwrap();
+    }
+
+    #[test]
+    fn a_scan_told_the_execs_reads_only_new_and_execed_processes() {
+        let root = std::env::temp_dir().join(format!("slowrank-proc-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fake_proc(&root, 100, "python", 7, &[("HOME", "/root")]);
+        let mut s = Scanner::new(&[], None).unwrap();
+        s.proc_root = root.clone();
+        assert!(s.scan_with_execs(1, Some(&[])).unwrap().new.is_empty());
+        // python execs python with the rank's variables: same pid, start
+        // time and name. Without its exec notice the scan does not read it
+        // again (the cost this saves); with it, the rank is found.
+        fake_proc(
+            &root,
+            100,
+            "python",
+            7,
+            &[("RANK", "3"), ("WORLD_SIZE", "8")],
+        );
+        assert!(s.scan_with_execs(2, Some(&[])).unwrap().new.is_empty());
+        let c = s.scan_with_execs(3, Some(&[100])).unwrap();
+        assert_eq!(
+            c.new.iter().map(|r| r.identity.rank).collect::<Vec<_>>(),
+            [3]
+        );
+        // A new pid is read without a notice.
+        fake_proc(
+            &root,
+            200,
+            "python",
+            9,
+            &[("RANK", "4"), ("WORLD_SIZE", "8")],
+        );
+        let c = s.scan_with_execs(4, Some(&[])).unwrap();
+        assert_eq!(
+            c.new.iter().map(|r| r.identity.pid).collect::<Vec<_>>(),
+            [200]
+        );
+        // A rank's stat is read every time: its pid reused by another
+        // process (new start time) ends the old rank.
+        fake_proc(&root, 200, "python", 11, &[("HOME", "/root")]);
+        let c = s.scan_with_execs(5, Some(&[])).unwrap();
+        assert_eq!(
+            c.gone.iter().map(|r| r.identity.pid).collect::<Vec<_>>(),
+            [200]
+        );
+        // Gone from the listing: gone, whatever the notices say.
+        fs::remove_dir_all(root.join("100")).unwrap();
+        let c = s.scan_with_execs(6, Some(&[])).unwrap();
+        assert_eq!(
+            c.gone.iter().map(|r| r.identity.pid).collect::<Vec<_>>(),
+            [100]
+        );
+        // Without notices (some were lost) every process is read again.
+        fake_proc(&root, 300, "python", 13, &[("HOME", "/root")]);
+        assert!(s.scan_with_execs(7, Some(&[])).unwrap().new.is_empty());
+        fake_proc(&root, 300, "python", 15, &[("RANK", "5")]);
+        assert!(s.scan_with_execs(8, Some(&[])).unwrap().new.is_empty());
+        let c = s.scan_with_execs(9, None).unwrap();
+        assert_eq!(
+            c.new.iter().map(|r| r.identity.pid).collect::<Vec<_>>(),
+            [300]
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn scan_finds_nothing_foreign_and_parses_stat() {
         // This test process has no rank variables unless the harness sets them.
         let mut s = Scanner::new(&["SLOWRANK_TEST_NEVER=1".to_owned()], None).unwrap();
         let c = s.scan(1).unwrap();
         assert!(c.new.is_empty() && c.gone.is_empty());
-        let (ppid, start, _) = stat(Path::new("/proc"), std::process::id()).unwrap();
-        assert!(ppid > 0 && start > 0);
+        let (ppid, start, _, vsize) = stat(Path::new("/proc"), std::process::id()).unwrap();
+        assert!(ppid > 0 && start > 0 && vsize > 0);
     }
 }

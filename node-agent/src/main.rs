@@ -493,6 +493,19 @@ async fn run(cli: RunArgs) -> Result<i32> {
     )?;
     let drops = agent.drops();
     tracing::info!(?drops, "fold drops");
+    if let Some(c) = stacks.as_ref().map(StackFeed::counters) {
+        match c {
+            Ok(c) => tracing::info!(
+                on_cpu = c.on_cpu,
+                off_cpu = c.off_cpu,
+                off_cpu_capture_skipped = c.off_cpu_skipped,
+                launches = c.launches,
+                ringbuf_drops = c.ringbuf_drops,
+                "stack records over the run"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot read the stack counters"),
+        }
+    }
     log_probe_hits(&agent);
     if let Some(o) = out.as_mut() {
         o.flush()?;

@@ -128,6 +128,7 @@ pub struct Counters {
     pub unfollowed_hits: u64,
     pub counts_full: u64,
     pub out_read_failed: u64,
+    pub execs_lost: u64,
 }
 
 /// The loaded programs, their attachments and the event ring buffer.
@@ -136,6 +137,10 @@ pub struct Probes {
     events: RingBuf<MapData>,
     descs: Vec<ProbeDesc>,
     links: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
+    /// Exec notices (`on_exec`), when that tracepoint is attached.
+    execs: Option<RingBuf<MapData>>,
+    /// `EXECS_LOST` as last read: a rise means notices were lost.
+    execs_lost: u64,
 }
 
 /// Size of the call-event ring buffer. The deep set's `poll_cq` events
@@ -167,6 +172,7 @@ impl Probes {
             })?;
         }
         attach_fork_tracepoint(&mut ebpf);
+        let execs = attach_exec_tracepoint(&mut ebpf);
         let events = RingBuf::try_from(
             ebpf.take_map(bpf_maps::EVENTS)
                 .ok_or(ProbeError::MissingMap(bpf_maps::EVENTS))?,
@@ -180,7 +186,38 @@ impl Probes {
             events,
             descs: Vec::new(),
             links: std::collections::HashMap::new(),
+            execs,
+            execs_lost: 0,
         })
+    }
+
+    /// Processes (tgid) that exec'd since the last call, for the /proc
+    /// scan; `None` when the exec tracepoint is not attached or notices were
+    /// lost (then the scan must read every process).
+    pub fn take_execs(&mut self) -> Option<Vec<u32>> {
+        let ring = self.execs.as_mut()?;
+        let mut pids = Vec::new();
+        while let Some(item) = ring.next() {
+            if let Some(b) = item.get(..4) {
+                pids.push(u32::from_ne_bytes(b.try_into().expect("4 bytes")));
+            }
+        }
+        let lost = match self.counters() {
+            Ok(c) => c.execs_lost,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the exec counter: reading every process");
+                return None;
+            }
+        };
+        if lost != self.execs_lost {
+            tracing::warn!(
+                lost = lost - self.execs_lost,
+                "exec notices lost: reading every process this scan"
+            );
+            self.execs_lost = lost;
+            return None;
+        }
+        Some(pids)
     }
 
     /// Attaches an entry and a return probe to `symbol` in the file `path`
@@ -574,6 +611,7 @@ impl Probes {
             unfollowed_hits: sum(counter::UNFOLLOWED_HITS)?,
             counts_full: sum(counter::COUNTS_FULL)?,
             out_read_failed: sum(counter::OUT_READ_FAILED)?,
+            execs_lost: sum(counter::EXECS_LOST)?,
         })
     }
 }
@@ -622,6 +660,29 @@ fn attach_fork_tracepoint(ebpf: &mut Ebpf) {
     })();
     if let Err(e) = result {
         tracing::warn!(error = %e, "fork tracepoint not attached: ranks are seen only once /proc shows them");
+    }
+}
+
+/// Attaches the exec tracepoint and returns its notice ring. Without it
+/// the /proc scan reads every process each pass (logged, not fatal).
+fn attach_exec_tracepoint(ebpf: &mut Ebpf) -> Option<RingBuf<MapData>> {
+    let result = (|| -> Result<RingBuf<MapData>, Box<dyn std::error::Error>> {
+        crate::tracefs::ensure_mounted()?;
+        let prog: &mut aya::programs::TracePoint = ebpf
+            .program_mut("on_exec")
+            .ok_or("on_exec missing")?
+            .try_into()?;
+        prog.load()?;
+        prog.attach("sched", "sched_process_exec")?;
+        let map = ebpf.take_map(bpf_maps::EXECS).ok_or("EXECS map missing")?;
+        Ok(RingBuf::try_from(map)?)
+    })();
+    match result {
+        Ok(ring) => Some(ring),
+        Err(e) => {
+            tracing::warn!(error = %e, "exec tracepoint not attached: the /proc scan reads every process each pass");
+            None
+        }
     }
 }
 

@@ -92,8 +92,8 @@ impl StackConfig {
     }
 }
 
-/// Size of the kernel's per-thread off-CPU value (a u64 + a StackEvent).
-const OFF_CPU_VALUE_SIZE: usize = 8 + slowrank_shared::stack::STACK_EVENT_SIZE;
+/// Size of the kernel's per-thread off-CPU value (three u64 + a StackEvent).
+const OFF_CPU_VALUE_SIZE: usize = 24 + slowrank_shared::stack::STACK_EVENT_SIZE;
 
 /// Kernel-side counters, summed over CPUs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +102,8 @@ pub struct StackCounters {
     pub on_cpu: u64,
     pub off_cpu: u64,
     pub launches: u64,
+    /// Switch-outs whose stack capture was sampled away.
+    pub off_cpu_skipped: u64,
 }
 
 /// The loaded and attached stack programs.
@@ -335,6 +337,7 @@ impl StackSampler {
             on_cpu: sum(stack_counter::ON_CPU)?,
             off_cpu: sum(stack_counter::OFF_CPU)?,
             launches: sum(stack_counter::LAUNCH)?,
+            off_cpu_skipped: sum(stack_counter::OFF_CPU_SKIPPED)?,
         })
     }
 }

@@ -11,6 +11,9 @@ pub const EVENTS: &str = "EVENTS";
 pub const FOLLOWED: &str = "FOLLOWED";
 /// Processes forked from a followed tree, before the agent classified them.
 pub const TREE: &str = "TREE";
+/// Processes that exec'd (tgid per record, ring buffer): the agent's /proc
+/// scan looks again only at these and at new pids.
+pub const EXECS: &str = "EXECS";
 /// Settings written by the agent (the fork record's `child_pid` offset).
 pub const CONFIG: &str = "CONFIG";
 /// Per-CPU counters indexed by [`crate::probe::counter`].
@@ -39,6 +42,7 @@ pub const ALL: &[&str] = &[
     EVENTS,
     FOLLOWED,
     TREE,
+    EXECS,
     CONFIG,
     COUNTERS,
     CUDA_COUNTS,

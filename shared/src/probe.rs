@@ -76,8 +76,11 @@ pub mod counter {
     pub const COUNTS_FULL: u32 = 2;
     /// Out-pointer reads (`ncclComm_t*` at init/split return) that failed.
     pub const OUT_READ_FAILED: u32 = 3;
+    /// Exec notices the `EXECS` ring buffer had no room for (the agent then
+    /// looks at every process again).
+    pub const EXECS_LOST: u32 = 4;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// Stack words captured by the `call_entry_stack` program: arguments passed

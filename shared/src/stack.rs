@@ -132,6 +132,9 @@ pub mod stack_counter {
     pub const OFF_CPU: u32 = 2;
     /// Launch records emitted.
     pub const LAUNCH: u32 = 3;
+    /// Switch-outs of followed threads whose stack was not captured (the
+    /// capture is sampled, see `node-agent-ebpf/src/stacks.rs`).
+    pub const OFF_CPU_SKIPPED: u32 = 4;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }

@@ -1,0 +1,146 @@
+//! Off-CPU time from the real `sched_switch` program: its stack capture is
+//! sampled (a thread of short sleeps is captured about once in 16 switches),
+//! and the weights must still add up to each thread's real off-CPU time —
+//! for a thread of 200-µs sleeps, of 25-ms sleeps, and of both mixed.
+//!
+//! Needs root; under CI a missing root is a failure (see support).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slowrank_agent::stacks::{StackConfig, StackSampler};
+use slowrank_shared::stack::{StackEvent, StackKind};
+
+mod support;
+use support::root_or_skip;
+
+/// This thread's CPU time (ns).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What one worker thread did: its tid, real off-CPU ns (wall − CPU), sleeps.
+struct Worked {
+    tid: u32,
+    off_ns: u64,
+    sleeps: u64,
+}
+
+/// Sleeps `pattern` over and over until `stop`; returns what it did.
+fn worker(pattern: Vec<Duration>, go: Arc<AtomicBool>, stop: Arc<AtomicBool>) -> Worked {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    while !go.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (t0, c0) = (Instant::now(), thread_cpu_ns());
+    let mut sleeps = 0;
+    'outer: loop {
+        for d in &pattern {
+            if stop.load(Ordering::Acquire) {
+                break 'outer;
+            }
+            std::thread::sleep(*d);
+            sleeps += 1;
+        }
+    }
+    let wall = t0.elapsed().as_nanos() as u64;
+    Worked {
+        tid,
+        off_ns: wall.saturating_sub(thread_cpu_ns() - c0),
+        sleeps,
+    }
+}
+
+#[test]
+fn sampled_off_cpu_captures_still_add_up_to_each_threads_off_cpu_time() {
+    if !root_or_skip("sampled_off_cpu_captures_still_add_up_to_each_threads_off_cpu_time") {
+        return;
+    }
+    let mut sampler = StackSampler::start(StackConfig::DEFAULT).expect("start the stack sampler");
+    let me = std::process::id();
+    let (go, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let short = Duration::from_micros(200);
+    let long = Duration::from_millis(25);
+    let patterns: [(&str, Vec<Duration>); 3] = [
+        ("200-µs sleeps", vec![short]),
+        ("25-ms sleeps", vec![long]),
+        (
+            "5 short, 1 long",
+            vec![short, short, short, short, short, long],
+        ),
+    ];
+    let handles: Vec<_> = patterns
+        .iter()
+        .map(|(_, p)| {
+            let (p, go, stop) = (p.clone(), go.clone(), stop.clone());
+            std::thread::spawn(move || worker(p, go, stop))
+        })
+        .collect();
+    // Followed before the workers start, so every block they have is seen.
+    sampler.follow(me, 0).expect("follow this process");
+    std::thread::sleep(Duration::from_millis(50));
+    go.store(true, Ordering::Release);
+    let mut events: Vec<StackEvent> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        sampler.drain(&mut events);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Release);
+    let worked: Vec<Worked> = handles
+        .into_iter()
+        .map(|h| h.join().expect("worker"))
+        .collect();
+    // The last blocks end at the threads' exit switches, already in the ring.
+    std::thread::sleep(Duration::from_millis(20));
+    sampler.drain(&mut events);
+    let counters = sampler.counters().expect("counters");
+    sampler.unfollow(me).expect("unfollow");
+
+    let mut weight: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for ev in &events {
+        if StackKind::from_raw(ev.kind) == Some(StackKind::OffCpu) {
+            let w = weight.entry(ev.tid).or_default();
+            w.0 += ev.weight_ns;
+            w.1 += 1;
+        }
+    }
+    eprintln!("counters {counters:?}");
+    for ((name, _), w) in patterns.iter().zip(&worked) {
+        let (got, records) = weight.get(&w.tid).copied().unwrap_or_default();
+        let ratio = got as f64 / w.off_ns as f64;
+        eprintln!(
+            "{name}: off-CPU {:.0} ms real, {:.0} ms from {records} records ({ratio:.2}), {} sleeps",
+            w.off_ns as f64 / 1e6,
+            got as f64 / 1e6,
+            w.sleeps
+        );
+        // Expected ≈ 140 records of the period's weight for the short
+        // sleeper (σ ≈ 9 %): ±35 % is about 4σ.
+        assert!(
+            (0.65..=1.35).contains(&ratio),
+            "{name}: off-CPU weight {got} ns against {} ns real",
+            w.off_ns
+        );
+    }
+    // The short sleeper's captures were mostly sampled away (15 in 16).
+    assert!(
+        counters.off_cpu_skipped * 10 >= worked[0].sleeps * 7,
+        "captures skipped {} of the short sleeper's {} sleeps",
+        counters.off_cpu_skipped,
+        worked[0].sleeps
+    );
+}
