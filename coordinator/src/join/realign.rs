@@ -80,7 +80,6 @@ pub enum Route {
 #[derive(Debug)]
 pub struct Released {
     pub host: Arc<str>,
-    pub agent_id: String,
     pub comm_id: u64,
     pub rank: u32,
     pub offset: u64,
@@ -451,7 +450,6 @@ fn release(
     m.state = State::LinedUp { offset };
     Released {
         host,
-        agent_id: m.agent_id.clone(),
         comm_id,
         rank,
         offset,
