@@ -215,13 +215,13 @@ impl StackFeed {
         }
     }
 
-    /// Windows for the batch being cut.
     /// The stack programs' kernel-side counters (samples, drops, captures
     /// sampled away).
     pub fn counters(&self) -> Result<crate::stacks::StackCounters, CollectorError> {
         self.collector.counters()
     }
 
+    /// Windows for the batch being cut.
     pub fn take(&mut self) -> Vec<StackWindow> {
         self.pending.drain(..).collect()
     }
