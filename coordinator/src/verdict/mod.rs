@@ -169,6 +169,12 @@ pub struct Verdict {
     /// short episode by as long as the test takes to forget it.
     #[serde(default)]
     pub last_slow_iteration: u64,
+    /// Set when no iteration of the job could be observed right after its
+    /// last slow one (an agent gone, its collectives unjoined): the last
+    /// iteration of that blind stretch. The rank may have stayed slow
+    /// through it, so the episode is not called brief on its account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unobserved_to: Option<u64>,
     pub closed_iteration: Option<u64>,
     pub episodes: u32,
     #[serde(skip)]
@@ -198,7 +204,18 @@ impl Verdict {
     pub fn is_transient(&self, cfg: &LifecycleConfig) -> bool {
         !self.active
             && !matches!(self.kind, Kind::Hang | Kind::Structural)
-            && self.slow_iterations() < self.transient_bound(cfg)
+            && self.slow_span_bound() < self.transient_bound(cfg)
+    }
+
+    /// The most iterations it may have been slow for: [`Self::slow_iterations`],
+    /// through a blind stretch that followed its last slow iteration.
+    pub fn slow_span_bound(&self) -> u64 {
+        match self.unobserved_to {
+            Some(to) if to > self.last_slow_iteration => {
+                to.saturating_sub(self.first_seen_iteration) + 1
+            }
+            _ => self.slow_iterations(),
+        }
     }
 
     /// Iterations this episode had to outlast to be a straggler: the
@@ -340,6 +357,8 @@ pub struct Lifecycle {
     /// No observation before this iteration counts (besides the configured
     /// warm-up): a resumed coordinator's own warm-up.
     hold_until: u64,
+    /// The iteration of the last [`Lifecycle::step`].
+    last_step: Option<u64>,
 }
 
 impl Lifecycle {
@@ -350,6 +369,7 @@ impl Lifecycle {
             verdicts: BTreeMap::new(),
             next_id: 1,
             hold_until: 0,
+            last_step: None,
         }
     }
 
@@ -376,6 +396,7 @@ impl Lifecycle {
 
     /// Feeds one sealed iteration's observations; subjects not mentioned were clean.
     pub fn step(&mut self, it: u64, mut obs: BTreeMap<Subject, Observation>) -> Vec<VerdictEvent> {
+        self.mark_blind_stretch(it);
         let mut events = Vec::new();
         let subjects: Vec<Subject> = self
             .trackers
@@ -408,6 +429,28 @@ impl Lifecycle {
             }
         }
         events
+    }
+
+    /// Iterations between the last step and `it` were never sealed (no
+    /// complete collective: an agent was gone). A stretch long enough to
+    /// have closed a verdict had it been clean is marked on each active
+    /// verdict that was slow when sight was lost: what came after it is no
+    /// proof the episode was brief (a chaos run lost sight of a 150-iteration
+    /// straggler 19 iterations after naming it, then saw it clean after its
+    /// fault had ended, and called it a transient).
+    fn mark_blind_stretch(&mut self, it: u64) {
+        let prev = self.last_step.replace(it);
+        let Some(prev) = prev.filter(|p| it > p.saturating_add(1)) else {
+            return;
+        };
+        if it - prev - 1 < self.cfg.close_after {
+            return;
+        }
+        for v in self.verdicts.values_mut() {
+            if v.active && v.last_slow_iteration == prev {
+                v.unobserved_to = Some(it - 1);
+            }
+        }
     }
 
     fn observe(&mut self, s: Subject, it: u64, o: Option<Observation>) -> Option<VerdictEvent> {
@@ -552,7 +595,7 @@ fn update_active(
     // descheduled for 4 iterations beside two busy loops was held named 18
     // more, to the end of the run); it keeps lasting stragglers named.
     let short_over = o.as_ref().is_none_or(|o| o.held)
-        && v.slow_iterations() < v.transient_bound(cfg)
+        && v.slow_span_bound() < v.transient_bound(cfg)
         && it.saturating_sub(v.last_slow_iteration) >= cfg.close_after;
     let o = o.filter(|_| !short_over);
     if let Some(o) = o {
@@ -594,11 +637,18 @@ fn close(cfg: &LifecycleConfig, v: &mut Verdict, it: u64, how: &str) -> VerdictE
         event: EventKind::Closed,
         iteration: Some(it),
         line: format!(
-            "CLOSED {} ({}-slow) {how} at iteration {it} after {} iterations; lost {:.1} GPU-s{}",
+            "CLOSED {} ({}-slow) {how} at iteration {it} after {} iterations; lost {:.1} GPU-s{}{}",
             who(v),
             v.kind.as_str(),
             it.saturating_sub(v.first_seen_iteration),
             v.lost_gpu_seconds,
+            match v.unobserved_to {
+                Some(to) if to > v.last_slow_iteration => format!(
+                    "; unobserved in iterations {}-{to}, it may have stayed slow through them",
+                    v.last_slow_iteration + 1
+                ),
+                _ => String::new(),
+            },
             if v.is_transient(cfg) {
                 "; a transient (slow only briefly), not a straggler"
             } else {
@@ -647,6 +697,7 @@ fn new_verdict(
         first_opened_iteration: it,
         last_seen_iteration: it,
         last_slow_iteration: it,
+        unobserved_to: None,
         closed_iteration: None,
         episodes: 1,
         subject,

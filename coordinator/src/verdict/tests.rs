@@ -21,11 +21,14 @@ fn obs(kind: Kind) -> Observation {
 
 /// `x` a host-side observation, `g` a GPU-side one costing 10%, `c`
 /// a GPU-side one costing 5%, `h` one held by standing evidence, anything
-/// else clean.
+/// else clean; `_` an iteration never sealed (nobody could observe it).
 fn run(l: &mut Lifecycle, pattern: &str, start: u64) -> Vec<(u64, EventKind)> {
     let mut ev = Vec::new();
     for (i, c) in pattern.chars().enumerate() {
         let it = start + i as u64;
+        if c == '_' {
+            continue;
+        }
         let mut m = BTreeMap::new();
         let mut o = obs(Kind::Compute);
         o.classification.gpu_side = matches!(c, 'g' | 'c');
@@ -184,6 +187,37 @@ fn a_short_episode_that_ended_is_a_transient() {
     let v = l.verdicts().next().unwrap();
     assert_eq!(v.episodes, 2);
     assert!(!v.is_transient(below));
+}
+
+/// Sight lost while it was slow (an agent gone: no iteration sealed), then
+/// clean once seen again: it may have been slow all along, so it is no
+/// transient. A blind stretch too short to have closed it changes nothing,
+/// nor does one after it had already kept pace.
+#[test]
+fn a_blind_stretch_after_a_slow_iteration_is_no_proof_of_a_short_episode() {
+    let below = &LifecycleConfig::default();
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let ev = run(&mut l, "gggggg______________________..........", 100);
+    assert!(ev.contains(&(135, EventKind::Closed)), "{ev:?}");
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.unobserved_to, Some(127));
+    assert_eq!((v.slow_iterations(), v.slow_span_bound()), (6, 28));
+    assert!(!v.is_transient(below), "{v:?}");
+
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "gggggg____..........", 100);
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(v.unobserved_to, None, "shorter than close_after");
+    assert!(v.is_transient(below));
+
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    run(&mut l, "gggggg..______________________..........", 100);
+    let v = l.verdicts().next().unwrap();
+    assert_eq!(
+        v.unobserved_to, None,
+        "it had kept pace before sight was lost"
+    );
+    assert!(v.is_transient(below));
 }
 
 /// The sequential test's standing evidence keeps a lasting straggler named
