@@ -650,13 +650,7 @@ fn attach_fork_tracepoint(ebpf: &mut Ebpf) {
             ebpf.map_mut(bpf_maps::CONFIG).ok_or("CONFIG map missing")?,
         )?;
         cfg.set(0, offset, 0)?;
-        let prog: &mut aya::programs::TracePoint = ebpf
-            .program_mut("on_fork")
-            .ok_or("on_fork missing")?
-            .try_into()?;
-        prog.load()?;
-        prog.attach("sched", "sched_process_fork")?;
-        Ok(())
+        attach_sched_tracepoint(ebpf, "on_fork", "sched_process_fork")
     })();
     if let Err(e) = result {
         tracing::warn!(error = %e, "fork tracepoint not attached: ranks are seen only once /proc shows them");
@@ -668,12 +662,7 @@ fn attach_fork_tracepoint(ebpf: &mut Ebpf) {
 fn attach_exec_tracepoint(ebpf: &mut Ebpf) -> Option<RingBuf<MapData>> {
     let result = (|| -> Result<RingBuf<MapData>, Box<dyn std::error::Error>> {
         crate::tracefs::ensure_mounted()?;
-        let prog: &mut aya::programs::TracePoint = ebpf
-            .program_mut("on_exec")
-            .ok_or("on_exec missing")?
-            .try_into()?;
-        prog.load()?;
-        prog.attach("sched", "sched_process_exec")?;
+        attach_sched_tracepoint(ebpf, "on_exec", "sched_process_exec")?;
         let map = ebpf.take_map(bpf_maps::EXECS).ok_or("EXECS map missing")?;
         Ok(RingBuf::try_from(map)?)
     })();
@@ -684,6 +673,21 @@ fn attach_exec_tracepoint(ebpf: &mut Ebpf) -> Option<RingBuf<MapData>> {
             None
         }
     }
+}
+
+/// Loads program `prog` and attaches it to the `sched:event` tracepoint.
+fn attach_sched_tracepoint(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    event: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let program: &mut aya::programs::TracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| format!("{prog} missing"))?
+        .try_into()?;
+    program.load()?;
+    program.attach("sched", event)?;
+    Ok(())
 }
 
 /// `offset:N` of `field` in a tracepoint format file.
