@@ -44,16 +44,25 @@ impl Joiner {
                 if work >= MAX_EXPIRE_WORK {
                     break 'comms;
                 }
+                let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
+                // The member that kept the last instance undecided most
+                // likely keeps this one undecided too: one lookup says so.
+                work += 1;
+                if !stale && holds_back(st, key, st.expire_blocker, deadline, &current) {
+                    continue;
+                }
                 let (positions, unannounced) = match key {
                     InstanceKey::P2p { lo, hi, .. } => (vec![lo, hi], 0),
                     InstanceKey::Coll(_) => member_positions(st),
                 };
-                work += positions.len().max(1);
-                let deadline = entered.saturating_add(self.cfg.hang_timeout_ns);
+                work += positions.len();
                 let (present_ranks, absent, undecided) =
-                    attendance(st, key, &positions, unannounced, deadline, &current);
-                if undecided && !stale {
-                    continue;
+                    attendance(st, key, &positions, unannounced, deadline, &current, !stale);
+                if let Some(p) = undecided {
+                    st.expire_blocker = Some(p);
+                    if !stale {
+                        continue;
+                    }
                 }
                 let seen = Attendance {
                     present_ranks,
@@ -199,10 +208,12 @@ struct Attendance {
 }
 
 /// Who of `positions` arrived at instance `key` (their ranks), who is
-/// absent (positions), and whether some absent member's data is not yet
-/// current past `deadline` (so the instance cannot be judged yet). A member
-/// that already issued a later operation on the communicator is not absent:
-/// its record for this one was lost.
+/// absent (positions), and the first absent member whose data is not yet
+/// current past `deadline`, if any (so the instance cannot be judged yet;
+/// with `stop_undecided` the walk ends there). A member that already
+/// issued a later operation on the communicator is not absent: its record
+/// for this one was lost. Members never announced leave it undecided too
+/// (said as position `u32::MAX`, which is no blocker).
 fn attendance(
     st: &CommState,
     key: InstanceKey,
@@ -210,12 +221,16 @@ fn attendance(
     unannounced: usize,
     deadline: CoordNs,
     current: &impl Fn(u32, &str, CoordNs) -> bool,
-) -> (Vec<u32>, Vec<u32>, bool) {
+    stop_undecided: bool,
+) -> (Vec<u32>, Vec<u32>, Option<u32>) {
     let open = &st.open[&key];
     let p2p = matches!(key, InstanceKey::P2p { .. });
     let mut present_ranks = Vec::new();
     let mut absent = Vec::new();
-    let mut undecided = unannounced > 0;
+    let mut undecided = (unannounced > 0).then_some(u32::MAX);
+    if undecided.is_some() && stop_undecided {
+        return (present_ranks, absent, undecided);
+    }
     for (i, p) in positions.iter().enumerate() {
         // Records are stored by comm position, p2p ones by side.
         let idx = if p2p { i as u32 } else { *p };
@@ -228,10 +243,35 @@ fn attendance(
         }
         let slot = st.slots.get(p);
         let known = slot.is_some_and(|s| current(s.rank, &s.host, deadline));
-        undecided |= !known;
+        if !known && undecided.is_none() {
+            undecided = Some(*p);
+            if stop_undecided {
+                break;
+            }
+        }
         absent.push(*p);
     }
     (present_ranks, absent, undecided)
+}
+
+/// Whether collective position `blocker` keeps instance `key` undecided:
+/// absent from it, not past it, and its data not current past `deadline`.
+fn holds_back(
+    st: &CommState,
+    key: InstanceKey,
+    blocker: Option<u32>,
+    deadline: CoordNs,
+    current: &impl Fn(u32, &str, CoordNs) -> bool,
+) -> bool {
+    let (InstanceKey::Coll(_), Some(p)) = (key, blocker) else {
+        return false;
+    };
+    if p >= st.nranks || st.open[&key].records.contains_key(&p) || passed(st, key, p) {
+        return false;
+    }
+    !st.slots
+        .get(&p)
+        .is_some_and(|s| current(s.rank, &s.host, deadline))
 }
 
 /// The absent members as the report names them.

@@ -213,6 +213,11 @@ struct CommState {
     /// instance still joins if the missing ones arrive (one per entry of
     /// `hangs`, so as bounded).
     stalled: HashMap<InstanceKey, Open>,
+    /// The position whose data last kept an expiring instance undecided:
+    /// looked at first next time, so a member behind on a huge
+    /// communicator costs one lookup per instance and tick, not a walk of
+    /// every position (a 16,384-rank flood spent most of its time there).
+    expire_blocker: Option<u32>,
 }
 
 impl CommState {
@@ -230,6 +235,7 @@ impl CommState {
             closed_order: VecDeque::new(),
             hangs: HashMap::new(),
             stalled: HashMap::new(),
+            expire_blocker: None,
         }
     }
 
