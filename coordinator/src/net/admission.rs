@@ -11,7 +11,11 @@
 //! - [`LogLimiter`]: refusals are logged at a bounded rate (an attacker must
 //!   not be able to fill the disk through the log either).
 
-use std::{collections::HashMap, net::IpAddr, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 /// Connections from one source address still before their hello. A host
 /// runs one agent, which opens one connection at a time (a reconnect after
@@ -26,6 +30,18 @@ pub const MAX_PREAUTH_PER_ADDR: u32 = 8;
 /// per-connection state, so the total stays in the tens of MiB.
 pub const MAX_PREAUTH_TOTAL: u32 = 1024;
 
+/// Connections that found every pre-hello place taken, waiting for one.
+/// Refused, an agent backs off (0.2 s doubling to 5 s), so 2,048 hosts
+/// connecting at once to a busy coordinator took 14 s to all get in; a
+/// waiting connection costs only its first datagrams until admitted
+/// (quinn holds them, within its bounds on handshakes not yet answered:
+/// [`MAX_PREAUTH_TOTAL`] in progress plus these).
+pub const MAX_WAITING: usize = MAX_PREAUTH_TOTAL as usize;
+
+/// How long a connection may wait for a pre-hello place: well inside the
+/// agent's connect timeout, so one admitted late still finds its agent.
+pub const MAX_WAIT: Duration = Duration::from_secs(2);
+
 /// At most one log line per this interval for each kind of refusal; the
 /// rest are counted and the count is said on the next line.
 pub const LOG_EVERY: Duration = Duration::from_secs(5);
@@ -37,6 +53,8 @@ pub enum PreauthRefusal {
     PerAddress,
     #[error("too many connections before hello in total (cap {MAX_PREAUTH_TOTAL})")]
     Total,
+    #[error("no place before hello came free within {MAX_WAIT:?}")]
+    Waited,
 }
 
 impl PreauthRefusal {
@@ -45,6 +63,7 @@ impl PreauthRefusal {
         match self {
             Self::PerAddress => "preauth_per_address",
             Self::Total => "preauth_total",
+            Self::Waited => "preauth_waited",
         }
     }
 }
@@ -103,6 +122,88 @@ impl PreauthGate {
     /// Pre-hello connections now.
     pub fn pending(&self) -> u32 {
         self.total
+    }
+}
+
+/// Connections waiting for a pre-hello place ([`PreauthGate`]), oldest
+/// first; each is admitted when a place frees or refused once it waited
+/// `max_wait` (or, on arrival, when `cap` are waiting already).
+#[derive(Debug)]
+pub struct WaitLine<T> {
+    queue: VecDeque<(Instant, IpAddr, T)>,
+    cap: usize,
+    max_wait: Duration,
+}
+
+/// What one [`WaitLine::admit`] decided.
+#[derive(Debug)]
+pub struct Decided<T> {
+    /// Given a place in the gate: to be served now.
+    pub admitted: Vec<(IpAddr, T)>,
+    /// To be refused, and why.
+    pub refused: Vec<(IpAddr, T, PreauthRefusal)>,
+}
+
+impl<T> Default for WaitLine<T> {
+    fn default() -> Self {
+        Self::new(MAX_WAITING, MAX_WAIT)
+    }
+}
+
+impl<T> WaitLine<T> {
+    pub fn new(cap: usize, max_wait: Duration) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            cap,
+            max_wait,
+        }
+    }
+
+    /// Puts a connection in line; gives it back when the line is full.
+    pub fn push(&mut self, now: Instant, ip: IpAddr, item: T) -> Result<(), T> {
+        if self.queue.len() >= self.cap {
+            return Err(item);
+        }
+        self.queue.push_back((now, ip, item));
+        Ok(())
+    }
+
+    /// Admits waiting connections, oldest first, while `gate` has places;
+    /// refuses those that waited too long, and one whose address holds
+    /// its share of places already.
+    pub fn admit(&mut self, gate: &mut PreauthGate, now: Instant) -> Decided<T> {
+        let mut d = Decided {
+            admitted: Vec::new(),
+            refused: Vec::new(),
+        };
+        while let Some((since, ip, _)) = self.queue.front() {
+            let (since, ip) = (*since, *ip);
+            if now.saturating_duration_since(since) > self.max_wait {
+                let (_, ip, item) = self.queue.pop_front().expect("front");
+                d.refused.push((ip, item, PreauthRefusal::Waited));
+                continue;
+            }
+            match gate.admit(ip) {
+                Ok(()) => {
+                    let (_, ip, item) = self.queue.pop_front().expect("front");
+                    d.admitted.push((ip, item));
+                }
+                Err(PreauthRefusal::Total) => break,
+                Err(why) => {
+                    let (_, ip, item) = self.queue.pop_front().expect("front");
+                    d.refused.push((ip, item, why));
+                }
+            }
+        }
+        d
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
     }
 }
 
@@ -215,6 +316,43 @@ mod tests {
         }
         assert_eq!(g.pending(), 0);
         assert!(g.per_addr.is_empty());
+    }
+
+    /// A connection that found the gate full waits its turn instead of
+    /// being refused: admitted as places free, oldest first; refused once
+    /// it waited too long, or on arrival when the line is full.
+    #[test]
+    fn a_full_gate_lines_connections_up_instead_of_refusing_them() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let t0 = Instant::now();
+        let mut g = PreauthGate::new(2, 2);
+        let mut line = WaitLine::new(3, Duration::from_secs(2));
+        g.admit(ip("10.0.0.1")).unwrap();
+        g.admit(ip("10.0.0.2")).unwrap();
+        for (n, a) in ["10.0.0.3", "10.0.0.4", "10.0.0.5"].iter().enumerate() {
+            assert!(line.push(t0, ip(a), n).is_ok());
+        }
+        assert_eq!(line.push(t0, ip("10.0.0.6"), 9), Err(9), "line full");
+        let d = line.admit(&mut g, t0);
+        assert!(d.admitted.is_empty() && d.refused.is_empty());
+        g.release(ip("10.0.0.1"));
+        let d = line.admit(&mut g, t0 + Duration::from_secs(1));
+        assert_eq!(d.admitted, vec![(ip("10.0.0.3"), 0)], "oldest first");
+        assert_eq!((line.len(), g.pending()), (2, 2));
+        g.release(ip("10.0.0.2"));
+        let d = line.admit(&mut g, t0 + Duration::from_secs(3));
+        assert!(d.admitted.is_empty());
+        assert_eq!(d.refused.len(), 2, "waited past max_wait");
+        assert!(d.refused.iter().all(|r| r.2 == PreauthRefusal::Waited));
+        assert!(line.is_empty());
+        // An address at its own cap is refused from the line, not kept.
+        let mut g = PreauthGate::new(1, 2);
+        g.admit(ip("10.0.0.1")).unwrap();
+        line.push(t0, ip("10.0.0.1"), 7).unwrap();
+        line.push(t0, ip("10.0.0.2"), 8).unwrap();
+        let d = line.admit(&mut g, t0);
+        assert_eq!(d.refused[0].2, PreauthRefusal::PerAddress);
+        assert_eq!(d.admitted, vec![(ip("10.0.0.2"), 8)]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use dashmap::DashMap;
@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 pub use crate::net::events::{Ack, IngestEvent};
 use crate::net::tls::{Identity, TlsError};
 use crate::{
-    net::admission::{LiveClaims, LogLimiter, PreauthGate},
+    net::admission::{LiveClaims, LogLimiter, PreauthGate, PreauthRefusal, WaitLine},
     net::clockport::ClockPortServer,
     net::control::{self, ProbeSchedule},
 };
@@ -76,7 +76,8 @@ const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Handshakes quinn buffers packets for before they are accepted or
 /// refused, and the bytes it buffers for each and in total (its defaults:
 /// 65,536 handshakes, 10 MiB each, 100 MiB in all).
-const MAX_INCOMING: usize = 2 * crate::net::admission::MAX_PREAUTH_TOTAL as usize;
+const MAX_INCOMING: usize =
+    crate::net::admission::MAX_PREAUTH_TOTAL as usize + crate::net::admission::MAX_WAITING;
 const INCOMING_BUFFER: u64 = 64 * 1024;
 const INCOMING_BUFFER_TOTAL: u64 = 16 << 20;
 /// Memory for batches between their stream and their answer (read,
@@ -165,6 +166,10 @@ struct Shared {
     schedule: ProbeSchedule,
     clock_port: Option<Arc<ClockPortServer>>,
     gate: Mutex<PreauthGate>,
+    /// Connections that found the gate full, waiting for a place.
+    line: Mutex<WaitLine<quinn::Incoming>>,
+    /// Told each time a pre-hello place is given back.
+    freed: tokio::sync::Notify,
     claims: Mutex<LiveClaims>,
     /// [`BATCH_BUDGET_KIB`], shared by every connection (waiters are
     /// served in turn, so each connection gets its share).
@@ -204,6 +209,7 @@ impl PreauthSlot<'_> {
     fn release(&mut self) {
         if std::mem::take(&mut self.held) {
             lock(&self.shared.gate).release(self.ip);
+            self.shared.freed.notify_one();
         }
     }
 }
@@ -290,6 +296,8 @@ impl Ingest {
                 schedule,
                 clock_port,
                 gate: Mutex::new(PreauthGate::default()),
+                line: Mutex::new(WaitLine::default()),
+                freed: tokio::sync::Notify::new(),
                 claims: Mutex::new(LiveClaims::default()),
                 budget: Arc::new(Semaphore::new(BATCH_BUDGET_KIB as usize)),
                 log_limits: Mutex::new(HashMap::new()),
@@ -334,26 +342,71 @@ impl Ingest {
     /// Accepts connections until the endpoint is closed, forwarding what they
     /// carry to `events`.
     pub async fn run(&self, events: mpsc::Sender<IngestEvent>) {
+        let line = tokio::spawn(serve_line(self.shared.clone(), events.clone()));
         while let Some(incoming) = self.endpoint.accept().await {
             let remote = incoming.remote_address();
             // Capped before the TLS handshake is even answered: a stranger
-            // costs nothing past the cap.
-            if let Err(why) = lock(&self.shared.gate).admit(remote.ip()) {
-                incoming.refuse();
-                self.shared.refused(why.label(), remote, &why.to_string());
-                continue;
-            }
-            let (shared, events) = (self.shared.clone(), events.clone());
-            tokio::spawn(async move {
-                let slot = PreauthSlot {
-                    shared: &shared,
-                    ip: remote.ip(),
-                    held: true,
-                };
-                if let Err(reason) = serve_connection(incoming, &shared, &events, slot).await {
-                    debug!(%remote, "agent connection ended: {reason}");
+            // costs nothing past the cap. A full gate lines it up instead.
+            let admitted = lock(&self.shared.gate).admit(remote.ip());
+            let why = match admitted {
+                Ok(()) => {
+                    spawn_connection(self.shared.clone(), events.clone(), incoming);
+                    continue;
                 }
-            });
+                Err(PreauthRefusal::Total) => {
+                    match lock(&self.shared.line).push(Instant::now(), remote.ip(), incoming) {
+                        Ok(()) => continue,
+                        Err(back) => {
+                            back.refuse();
+                            PreauthRefusal::Total
+                        }
+                    }
+                }
+                Err(why) => {
+                    incoming.refuse();
+                    why
+                }
+            };
+            self.shared.refused(why.label(), remote, &why.to_string());
+        }
+        line.abort();
+    }
+}
+
+/// Serves an admitted connection (its pre-hello place held) in its own task.
+fn spawn_connection(shared: Arc<Shared>, events: mpsc::Sender<IngestEvent>, incoming: Incoming) {
+    let remote = incoming.remote_address();
+    tokio::spawn(async move {
+        let slot = PreauthSlot {
+            shared: &shared,
+            ip: remote.ip(),
+            held: true,
+        };
+        if let Err(reason) = serve_connection(incoming, &shared, &events, slot).await {
+            debug!(%remote, "agent connection ended: {reason}");
+        }
+    });
+}
+
+/// Admits the connections waiting in line as pre-hello places come free,
+/// and refuses those that waited too long (checked every 100 ms too).
+async fn serve_line(shared: Arc<Shared>, events: mpsc::Sender<IngestEvent>) {
+    loop {
+        tokio::select! {
+            () = shared.freed.notified() => {}
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        let decided = {
+            let mut gate = lock(&shared.gate);
+            lock(&shared.line).admit(&mut gate, Instant::now())
+        };
+        for (_, incoming) in decided.admitted {
+            spawn_connection(shared.clone(), events.clone(), incoming);
+        }
+        for (_, incoming, why) in decided.refused {
+            let remote = incoming.remote_address();
+            incoming.refuse();
+            shared.refused(why.label(), remote, &why.to_string());
         }
     }
 }
