@@ -30,6 +30,12 @@ use std::{
 
 use faultkit::*;
 
+/// The job's length: the fault runs 100..250, a verdict is due by 330, and
+/// two agent kills (each seconds to die) still fit after it.
+const ITERATIONS: u64 = 520;
+/// No kill in the job's last iterations: the job may end before it lands.
+const LAST_KILL_MARGIN: u64 = 10;
+
 /// xorshift64*: enough randomness for kill moments, and replayable.
 struct Rng(u64);
 impl Rng {
@@ -72,7 +78,10 @@ fn chaos_three_coordinator_kills_two_agent_kills() {
     eprintln!("chaos seed {seed} (CHAOS_SEED={seed} replays these moments)");
     let mut rng = Rng(seed);
     // Rank 5 (host 1) is compute-slow for iterations 100..250.
-    let mut job = Job::start("chaos", spec("scenarios/specs/dp8-compute-slow.toml", 420));
+    let mut job = Job::start(
+        "chaos",
+        spec("scenarios/specs/dp8-compute-slow.toml", ITERATIONS),
+    );
     let svc = job.services();
     let logs = job.dir.join("logs");
 
@@ -121,7 +130,19 @@ fn chaos_three_coordinator_kills_two_agent_kills() {
     let mut agent = svc.agents[0].clone();
     let mut agent_pid = agent.pid;
     for k in 0..2 {
-        let it = job.iterations_done(0) as u64 + rng.range(2, 20);
+        // A killed agent takes seconds to die (its probes are torn down;
+        // beside two busy loops once 180 iterations), so the second
+        // moment can fall past the job's end: it is then made short of
+        // the last iterations, or, the job being there already, skipped.
+        let done = job.iterations_done(0) as u64;
+        if done >= ITERATIONS - LAST_KILL_MARGIN {
+            eprintln!(
+                "host 0's agent kill {} skipped: the job is at iteration {done} of {ITERATIONS}",
+                k + 1
+            );
+            break;
+        }
+        let it = (done + rng.range(2, 20)).min(ITERATIONS - LAST_KILL_MARGIN);
         job.wait_iterations(0, it as usize);
         kill9(agent_pid);
         wait_dead(agent_pid, "the agent");
