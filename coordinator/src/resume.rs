@@ -21,10 +21,17 @@
 //!   time since, so the resent spools map at once instead of waiting for
 //!   this life's first probe answers; the first fresh probe replaces a seed.
 //!
+//! - [`BASELINES_FILE`]: the job's pace (the baseline its slowdowns are
+//!   told against, the last [`crate::analyzer::KEPT_HISTORY`] steps the slow
+//!   stretches read) and the recent steps, rewritten atomically with the
+//!   report ([`crate::analyzer::Baselines`]). With `timeline.json` (the
+//!   report page's series) it is handed to the new life, which applies both
+//!   at its first sealed iteration if they are this job's.
+//!
 //! What does not survive: open collective instances and the per-rank
-//! statistics behind the verdicts (baselines: windows of recent samples
-//! per rank and communicator, not a few numbers; relearned within the
-//! warm-up iterations); see `docs/operations.md`, "What survives a restart".
+//! windows of the tests (the last few iterations per rank, relearned within
+//! the new life's warm-up); see `docs/operations.md`, "What survives a
+//! restart".
 
 use std::{
     collections::BTreeMap,
@@ -35,8 +42,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::analyzer::Baselines;
 use crate::clock::ClockSeed;
 use crate::report::outputs::{self, OutputError, ReadError};
+use crate::report::timeline::Timeline;
 use crate::report::IngestCounters;
 use crate::report::Report;
 pub use crate::report::ResumeInfo;
@@ -47,6 +56,9 @@ pub const MARKS_FILE: &str = "ingested.jsonl";
 
 /// The clock models' file name in `--out`.
 pub const CLOCKS_FILE: &str = "clocks.json";
+
+/// The job's baselines' file name in `--out`.
+pub const BASELINES_FILE: &str = "baselines.json";
 
 /// Iterations a new life must analyse before a verdict that was active
 /// when the earlier life died, and that it has not raised again, is shown
@@ -73,6 +85,8 @@ pub enum ResumeError {
     Compact(#[from] OutputError),
     #[error("cannot write the clock models")]
     Clocks(#[source] OutputError),
+    #[error("cannot write the job's baselines")]
+    Baselines(#[source] OutputError),
 }
 
 /// The clock models an earlier life kept ([`CLOCKS_FILE`]).
@@ -99,6 +113,12 @@ pub fn save_clocks(dir: &Path, file: &ClockFile) -> Result<(), ResumeError> {
     let bytes =
         serde_json::to_vec_pretty(file).map_err(|e| ResumeError::Clocks(OutputError::Json(e)))?;
     outputs::write_atomic(dir, CLOCKS_FILE, &bytes).map_err(ResumeError::Clocks)
+}
+
+/// Writes the job's baselines atomically (temp file, fsync, rename).
+pub fn save_baselines(dir: &Path, b: &Baselines) -> Result<(), ResumeError> {
+    let bytes = serde_json::to_vec(b).map_err(|e| ResumeError::Baselines(OutputError::Json(e)))?;
+    outputs::write_atomic(dir, BASELINES_FILE, &bytes).map_err(ResumeError::Baselines)
 }
 
 /// The seeds to start this life's clocks from: those an earlier life kept
@@ -154,6 +174,10 @@ pub struct Earlier {
     pub moved_aside: Option<PathBuf>,
     /// The clock models the last earlier life kept.
     pub clocks: Option<ClockFile>,
+    /// The job's baselines the last earlier life kept.
+    pub baselines: Option<Baselines>,
+    /// The report page's series it last wrote.
+    pub timeline: Timeline,
 }
 
 /// Reads what earlier lives left in `dir` (nothing there: an empty
@@ -203,6 +227,31 @@ pub fn load(dir: &Path) -> Result<Earlier, ResumeError> {
                 source,
             })
         }
+    }
+    let baselines = dir.join(BASELINES_FILE);
+    match fs::read(&baselines) {
+        Ok(bytes) => match serde_json::from_slice::<Baselines>(&bytes) {
+            Ok(b) => e.baselines = Some(b),
+            // Only a head start is lost: the baselines are learned again.
+            Err(err) => tracing::warn!(
+                path = %baselines.display(),
+                error = %err,
+                "unreadable baselines; learning the job's pace again"
+            ),
+        },
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(ResumeError::Read {
+                path: baselines,
+                source,
+            })
+        }
+    }
+    match outputs::read_timeline(dir) {
+        Ok(t) => e.timeline = t,
+        Err(ReadError::Io { path, source }) => return Err(ResumeError::Read { path, source }),
+        // The page's series starts again; the report keeps the verdicts.
+        Err(err) => tracing::warn!("{err}; the report page's series starts again"),
     }
     let report = dir.join(outputs::REPORT_JSON);
     if report.exists() {

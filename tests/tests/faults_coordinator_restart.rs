@@ -38,6 +38,26 @@ fn coordinator_restart_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // And the job's pace (its baseline steps).
+    let baselines = job.dir.join("baselines.json");
+    let kept_baseline = || {
+        fs::read(&baselines)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| {
+                v["pace"]["baseline"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty())
+            })
+    };
+    while !kept_baseline() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no baselines kept in {}",
+            baselines.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     kill9(svc.coordinator.pid);
     // Away long enough for several flushes to pile up in the spools.
     std::thread::sleep(Duration::from_secs(3));
@@ -64,6 +84,22 @@ fn coordinator_restart_loses_nothing() {
             .any(|l| l.contains("clock models seeded") && l.contains("hosts=2")),
         "the second life did not seed its clocks; see {}",
         log2.display()
+    );
+    assert!(
+        log2_text
+            .lines()
+            .any(|l| l.contains("the job's pace goes on from the earlier coordinator's baseline")),
+        "the second life learned the job's pace afresh; see {}",
+        log2.display()
+    );
+    // The page's series spans both lives.
+    let timeline: serde_json::Value =
+        serde_json::from_slice(&fs::read(job.dir.join("timeline.json")).expect("timeline.json"))
+            .expect("timeline.json parses");
+    let first_row = timeline["rows"][0]["first"].as_u64();
+    assert!(
+        first_row.is_some_and(|f| f < 40),
+        "the series starts at iteration {first_row:?}, after the restart"
     );
     let lines2 = ingested_batches(&log2);
     let lives = without_preambles(&[

@@ -99,6 +99,7 @@ impl Analyzer {
             // `Analyzer::resumed_life`).
             core.warm_from = k.saturating_add(self.cfg.lifecycle.warmup_iterations);
             core.lifecycle.hold_until(core.warm_from);
+            self.apply_carried(core);
         }
         // Warm-up steps (allocators, autotuning) are no baseline: with them a
         // healthy job looked 10% slower right after its warm-up.

@@ -46,10 +46,12 @@ use crate::verdict::victims::{
     relay_transfer_lateness, Blind,
 };
 use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
+pub use carry::{Baselines, KEPT_HISTORY};
 
 // One file per phase of the runtime, each an `impl Analyzer` block: a batch
 // comes in through `ingest`, `tick` drains and seals iterations, `evaluate`
 // judges each sealed one, `outputs` renders what is held.
+mod carry;
 mod evaluate;
 mod ingest;
 mod outputs;
@@ -252,6 +254,8 @@ struct Core {
     /// No iteration before this one is a baseline or a finding (a resumed
     /// life's own warm-up; 0 in a first life).
     warm_from: u64,
+    /// An earlier life's learning, applied at this life's first iteration.
+    carried: Option<carry::Carried>,
 }
 
 /// The coordinator's reasoning core.
@@ -380,6 +384,7 @@ impl Analyzer {
             held_for_deep: None,
             resume_pending: false,
             warm_from: 0,
+            carried: None,
             steps: VecDeque::new(),
             timeline: Default::default(),
         };

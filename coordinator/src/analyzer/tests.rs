@@ -342,3 +342,80 @@ fn a_restarted_agents_renumbered_records_join_the_right_instances() {
     );
     assert!(whole.report().ingest.counters.takeover.is_zero());
 }
+
+/// The coordinator is restarted at iteration `restart` of a job whose rank
+/// 5 is compute-slow from iteration 70 on; the new life is started from
+/// the earlier one's baselines and page series (`carry`) or not. Returns
+/// the second life after iteration `until`.
+fn second_life(restart: u64, until: u64, carry: bool) -> Analyzer {
+    let first = Analyzer::new(AnalyzerConfig::default());
+    let second = Analyzer::new(AnalyzerConfig::default());
+    second.resumed_life();
+    let mut g = crate::synthjob::compute_fault(Some(70));
+    crate::synthjob::start(&first, &mut g);
+    crate::synthjob::start(&second, &mut g);
+    for it in 0..until {
+        if it == restart {
+            if let Some(p) = first.iteration_period() {
+                second.restore_period(p);
+            }
+            if carry {
+                // Through JSON, as `--out` keeps them.
+                let b = serde_json::to_string(&first.baselines().expect("learned")).unwrap();
+                second.carry_over(serde_json::from_str(&b).unwrap(), first.timeline());
+            }
+        }
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            first.add_clock_sample(h, *s).unwrap();
+            second.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, b) in &out.batches {
+            if it < restart {
+                first.ingest(b, *recv);
+                // The second life sees the declarations its agents resend.
+                let mut declared = b.clone();
+                declared.collectives.clear();
+                declared.intervals.clear();
+                declared.links.clear();
+                declared.exits.clear();
+                second.ingest(&declared, *recv);
+            } else {
+                second.ingest(b, *recv);
+            }
+        }
+        if it < restart {
+            first.tick(out.end_ns as i64 + 3_000_000);
+        } else {
+            second.tick(out.end_ns as i64 + 3_000_000);
+        }
+    }
+    second
+}
+
+/// A restart 15 iterations into a slowdown: with the earlier life's
+/// baselines the new one still tells the job slowed, from when, and
+/// against the pace it had before the fault; learned afresh, the slow
+/// steps became the job's pace. The page's series spans both lives.
+#[test]
+fn a_restart_mid_slowdown_keeps_the_jobs_pace() {
+    let kept = second_life(85, 150, true).report();
+    let sd = kept.slowdown.as_ref().expect("the slowdown is still told");
+    assert!(sd.rise > 0.2, "{sd:?}");
+    assert!((66..=76).contains(&sd.since_iteration), "{sd:?}");
+    let afresh = second_life(85, 150, false).report();
+    assert!(afresh.slowdown.is_none(), "{:?}", afresh.slowdown);
+    let before = kept.job.baseline_step_ms.unwrap();
+    let relearned = afresh.job.baseline_step_ms.unwrap();
+    assert!(
+        relearned > before * (1.0 + sd.rise / 2.0),
+        "the fresh baseline ({relearned} ms) is the slow pace, the kept one ({before} ms) is not"
+    );
+    let rows = &second_life(85, 150, true).timeline().rows;
+    assert!(
+        rows.first().is_some_and(|r| r.first < 85),
+        "{:?}",
+        rows.first()
+    );
+    assert!(rows.last().is_some_and(|r| r.last >= 140));
+}

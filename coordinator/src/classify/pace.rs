@@ -264,6 +264,81 @@ impl Pace {
     }
 }
 
+/// What a [`Pace`] has learned, for a coordinator started again on the
+/// same `--out` ([`crate::resume`]): without it the new life's baseline
+/// would be its own first steps, and a restart in the middle of a slowdown
+/// would make the slow steps the job's norm.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PaceState {
+    /// The baseline steps (ns), at most `baseline_steps`.
+    pub baseline: Vec<f64>,
+    /// The recent window: (iteration, step ns), oldest first.
+    pub recent: Vec<(u64, f64)>,
+    /// Onset of the slowdown under way, if any.
+    pub since: Option<u64>,
+    /// The last steps of the history the slow stretches read (iteration,
+    /// step ns), oldest first.
+    pub history: Vec<(u64, f64)>,
+}
+
+impl PaceState {
+    /// Drops what no pace could have produced (a step not finite or not
+    /// positive, iterations out of order), so a hand-edited or corrupt file
+    /// cannot poison the medians.
+    fn sane(mut self) -> Self {
+        let ok = |x: &f64| x.is_finite() && *x > 0.0;
+        self.baseline.retain(ok);
+        for v in [&mut self.recent, &mut self.history] {
+            v.retain(|(_, x)| ok(x));
+            let mut last = None;
+            v.retain(|(k, _)| {
+                let keep = last.is_none_or(|l| *k > l);
+                if keep {
+                    last = Some(*k);
+                }
+                keep
+            });
+        }
+        self
+    }
+}
+
+impl Pace {
+    /// What this pace has learned, with the last `max_history` steps of
+    /// its history.
+    pub fn state(&self, max_history: usize) -> PaceState {
+        let skip = self.history.len().saturating_sub(max_history);
+        PaceState {
+            baseline: self.baseline.clone(),
+            recent: self.recent.iter().copied().collect(),
+            since: self.since,
+            history: self.history.iter().skip(skip).copied().collect(),
+        }
+    }
+
+    /// Continues from an earlier life's `state`, before this life observed
+    /// anything (returns false and changes nothing otherwise). The recent
+    /// window's per-rank shares are not kept: the candidates of a slowdown
+    /// come from this life's iterations as they arrive.
+    pub fn restore(&mut self, state: PaceState) -> bool {
+        if !self.baseline.is_empty() || !self.recent.is_empty() || !self.history.is_empty() {
+            return false;
+        }
+        let mut s = state.sane();
+        s.baseline.truncate(self.cfg.baseline_steps);
+        let extra = s.recent.len().saturating_sub(self.cfg.recent_steps);
+        s.recent.drain(..extra);
+        let extra = s.history.len().saturating_sub(HISTORY_STEPS);
+        s.history.drain(..extra);
+        self.baseline = s.baseline;
+        self.shares = s.recent.iter().map(|_| BTreeMap::new()).collect();
+        self.recent = s.recent.into();
+        self.since = s.since;
+        self.history = s.history.into();
+        true
+    }
+}
+
 /// A verdict's cost read from the job's pace instead of the what-if.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RiseEstimate {
@@ -328,6 +403,67 @@ mod tests {
     fn noisy(k: u64) -> f64 {
         // ±5% deterministic wobble around 45 ms.
         45e6 * (1.0 + 0.05 * ((k * 7919 % 101) as f64 / 50.0 - 1.0))
+    }
+
+    /// A coordinator restarted 10 steps into a 30 % slowdown: the new life,
+    /// started from the earlier life's state, still tells the slowdown and
+    /// its onset; one that learned its baseline afresh takes the slow steps
+    /// for the job's pace.
+    #[test]
+    fn a_restart_mid_slowdown_keeps_the_baseline() {
+        let mut first = Pace::new();
+        for k in 0..70 {
+            first.observe(k, noisy(k), &BTreeMap::new());
+            first.record_step(k, noisy(k));
+        }
+        for k in 70..80 {
+            first.observe(k, noisy(k) * 1.3, &BTreeMap::new());
+            first.record_step(k, noisy(k) * 1.3);
+        }
+        let kept = first.state(1_000);
+        // Through JSON, as in `--out`.
+        let kept: PaceState = serde_json::from_str(&serde_json::to_string(&kept).unwrap()).unwrap();
+        let mut resumed = Pace::new();
+        assert!(resumed.restore(kept.clone()));
+        let mut afresh = Pace::new();
+        // The restarted life's own warm-up (20 steps) is not observed.
+        for k in 100..160 {
+            resumed.observe(k, noisy(k) * 1.3, &BTreeMap::new());
+            afresh.observe(k, noisy(k) * 1.3, &BTreeMap::new());
+        }
+        let s = resumed.slowing().expect("the slowdown is still told");
+        assert!((s.rise - 0.3).abs() < 0.06, "{s:?}");
+        assert!((68..=72).contains(&s.since_iteration), "{s:?}");
+        assert!((resumed.baseline_ms().unwrap() - 45.0).abs() < 1.5);
+        assert!(afresh.slowing().is_none(), "the slow steps became the norm");
+        assert_eq!(
+            resumed.history, first.history,
+            "the stretches' history goes on"
+        );
+        // Only into a pace that has seen nothing yet.
+        assert!(!resumed.restore(kept));
+    }
+
+    #[test]
+    fn a_corrupt_pace_state_is_cleaned_before_use() {
+        let mut p = Pace::new();
+        let mut s = PaceState {
+            baseline: vec![45e6; 50],
+            recent: vec![(5, 45e6), (4, 46e6), (6, f64::NAN), (7, -1.0), (8, 44e6)],
+            since: None,
+            history: vec![(1, f64::INFINITY), (2, 45e6)],
+        };
+        s.baseline.push(f64::NAN);
+        assert!(p.restore(s));
+        assert_eq!(p.baseline.len(), BASELINE_STEPS);
+        assert!(p.baseline.iter().all(|x| x.is_finite()));
+        assert_eq!(
+            p.recent.iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![5, 8],
+            "out of order, NaN and negative steps dropped"
+        );
+        assert_eq!(p.shares.len(), p.recent.len());
+        assert_eq!(p.history.len(), 1);
     }
 
     #[test]

@@ -91,6 +91,12 @@ impl Server {
                     }
                 }
             }
+            if let Some(b) = a.baselines() {
+                if let Err(e) = crate::resume::save_baselines(&dir, &b) {
+                    warn!(error = ?e, "the job's baselines not kept");
+                    failures.outputs.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             debug!(target: "slowrank::timing", report_ms = t1.as_secs_f64() * 1e3,
                 annotate_ms = (t2 - t1).as_secs_f64() * 1e3, trace_ms = (t3 - t2).as_secs_f64() * 1e3,
                 write_ms = (t0.elapsed() - t3).as_secs_f64() * 1e3, "outputs written");

@@ -233,6 +233,13 @@ fn resume(
     let e = crate::resume::load(dir)?;
     if e.report.is_some() || !e.marks.is_empty() {
         analyzer.resumed_life();
+        let mut b = e.baselines.clone().unwrap_or_default();
+        // An earlier life killed before its first warm step kept no
+        // baselines, but its page series is the job's all the same.
+        b.job_id = b
+            .job_id
+            .or_else(|| e.report.as_ref().and_then(|r| r.job.job_id.clone()));
+        analyzer.carry_over(b, e.timeline.clone());
         info!(
             dir = %dir.display(),
             agents = e.marks.len(),
