@@ -502,8 +502,16 @@ fn line_up(window: &[Probe], refs: &BTreeMap<u64, Ref>, floor: Option<u64>) -> O
         if mismatch || diffs.len() < MIN_MATCHED.min(window.len()) {
             continue;
         }
-        diffs.sort_unstable();
-        let score = diffs[diffs.len() / 2];
+        // The mean, not the median: a step's gradient buckets are enqueued
+        // within a fraction of a millisecond of each other (the host runs
+        // ahead of the GPU), so one instance off pairs most records with a
+        // neighbour entered at nearly the same time and only the one per
+        // step that crosses into the next step with a whole step's gap.
+        // The median never sees those (a chaos run lined three members up
+        // one instance early and one an instance late, and the late one was
+        // named host-slow).
+        let score =
+            (diffs.iter().map(|d| *d as i128).sum::<i128>() / diffs.len() as i128) as CoordNs;
         let better = match best {
             None => true,
             Some((s, n, _)) => score < s || (score == s && diffs.len() > n),
@@ -589,6 +597,36 @@ mod tests {
                 Route::Offer(rec(7, 1, 500, op, bytes))
             );
             assert_eq!(r.counters().lined_up, 1);
+        }
+    }
+
+    /// A step's four equal buckets enqueued 0.2 ms apart (the host runs
+    /// ahead of the GPU), steps 60 ms apart, the member 0.25 ms behind the
+    /// others: one instance off, three of its four records per step land
+    /// on a neighbour entered nearly when it was (0.05 ms off), the fourth
+    /// a whole step off. The recorded case of a chaos run (true offset
+    /// 1,780; the median of the differences chose 1,779 and 1,781).
+    #[test]
+    fn buckets_enqueued_together_are_lined_up_by_the_step_they_belong_to() {
+        let at = |seq: u64| (seq / 4) as CoordNs * 60 * MS + (seq % 4) as CoordNs * MS / 5;
+        for gap in [1_779, 1_780, 1_781, 1_782] {
+            let mut r = Realigner::default();
+            let host: Arc<str> = Arc::from("host-0");
+            r.take_over(7, 2, 1, "new", &host, None, 0);
+            for s in 0..gap + 200 {
+                r.route(rec(7, 0, s, CollOp::AllReduce, 26 << 20), "a0", at(s));
+                if s >= gap {
+                    let late = MS / 4;
+                    r.route(
+                        rec(7, 1, s - gap, CollOp::AllReduce, 26 << 20),
+                        "new",
+                        at(s) + late,
+                    );
+                }
+            }
+            let out = r.poll(at(gap + 200));
+            assert_eq!(out.len(), 1, "gap {gap}");
+            assert_eq!(out[0].offset, gap, "gap {gap}");
         }
     }
 
