@@ -192,6 +192,12 @@ pub fn stage_imbalance(
             o[o.len() / 2]
         }
     };
+    tracing::debug!(
+        ?floor,
+        stage,
+        typical,
+        "the least-working replica's work per stage (ns)"
+    );
     if typical <= 0.0 || w < (1.0 + cfg.stage_excess) * typical {
         return None;
     }
