@@ -122,6 +122,12 @@ impl Analyzer {
                 host = %rel.host,
                 offset = rel.offset,
                 records = rel.records.len(),
+                mean_diff_ms = rel.fit.map(|f| f.mean_ns as f64 / 1e6),
+                runner_up_ms = rel.fit.and_then(|f| f.runner_up_ns).map(|n| n as f64 / 1e6),
+                clock_bound_us = self
+                    .clocks
+                    .get(&*rel.host)
+                    .map(|c| c.value().error_bound_ns() / 1e3),
                 "a restarted agent's member lined up with the other members: its collectives join again"
             );
             // Its oldest records may belong to instances that closed

@@ -84,6 +84,17 @@ pub struct Released {
     pub rank: u32,
     pub offset: u64,
     pub records: Vec<CollectiveRecord>,
+    /// How well the offset fit, when it was matched against other members.
+    pub fit: Option<Fit>,
+}
+
+/// How well a line-up fit: the mean entry difference at the chosen offset
+/// and at the best other one (for the log: a runner-up nearly as close
+/// means the choice was nearly a toss).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fit {
+    pub mean_ns: CoordNs,
+    pub runner_up_ns: Option<CoordNs>,
 }
 
 /// Counters, for `report.json` and `/metrics`.
@@ -314,7 +325,7 @@ impl Realigner {
                 continue;
             }
             let (s0, h0) = (held[start].0.seq, held[0].0.seq);
-            let Some(k) = line_up(&window, refs, floor.map(|f| f + (s0 - h0))) else {
+            let Some((k, fit)) = line_up_fit(&window, refs, floor.map(|f| f + (s0 - h0))) else {
                 continue;
             };
             let Some(offset) = k.checked_sub(s0) else {
@@ -323,7 +334,9 @@ impl Realigner {
             // Records whose instances closed before the takeover was known
             // are offered too: the join counts them as replayed and
             // unjoinable, the others still join.
-            out.push(release(m, comm_id, rank, offset, &mut self.counters));
+            let mut r = release(m, comm_id, rank, offset, &mut self.counters);
+            r.fit = Some(fit);
+            out.push(r);
         }
         out.extend(self.among_themselves(now));
         // References are needed only while someone waits for them.
@@ -454,6 +467,7 @@ fn release(
         rank,
         offset,
         records,
+        fit: None,
     }
 }
 
@@ -475,6 +489,15 @@ fn probes<'a>(held: impl Iterator<Item = &'a (CollectiveRecord, CoordNs)>) -> Ve
 /// when no number matches [`MIN_MATCHED`] of `refs`' instances without a
 /// mismatch. Numbers at or below `floor` are not candidates.
 fn line_up(window: &[Probe], refs: &BTreeMap<u64, Ref>, floor: Option<u64>) -> Option<u64> {
+    line_up_fit(window, refs, floor).map(|(k, _)| k)
+}
+
+/// [`line_up`], with how well the chosen number fit.
+fn line_up_fit(
+    window: &[Probe],
+    refs: &BTreeMap<u64, Ref>,
+    floor: Option<u64>,
+) -> Option<(u64, Fit)> {
     let (first, last) = (window.first()?.3, window.last()?.3);
     let lo = floor.map_or(0, |f| f + 1);
     let mut candidates: Vec<u64> = refs
@@ -486,6 +509,7 @@ fn line_up(window: &[Probe], refs: &BTreeMap<u64, Ref>, floor: Option<u64>) -> O
     candidates.sort_unstable();
     candidates.dedup();
     let mut best: Option<(CoordNs, usize, u64)> = None;
+    let mut runner_up: Option<CoordNs> = None;
     for k in candidates {
         let mut diffs = Vec::with_capacity(window.len());
         let mut mismatch = false;
@@ -517,10 +541,23 @@ fn line_up(window: &[Probe], refs: &BTreeMap<u64, Ref>, floor: Option<u64>) -> O
             Some((s, n, _)) => score < s || (score == s && diffs.len() > n),
         };
         if better {
+            if let Some((s, _, _)) = best {
+                runner_up = Some(runner_up.map_or(s, |r| r.min(s)));
+            }
             best = Some((score, diffs.len(), k));
+        } else {
+            runner_up = Some(runner_up.map_or(score, |r| r.min(score)));
         }
     }
-    best.map(|(_, _, k)| k)
+    best.map(|(mean_ns, _, k)| {
+        (
+            k,
+            Fit {
+                mean_ns,
+                runner_up_ns: runner_up,
+            },
+        )
+    })
 }
 
 #[cfg(test)]
@@ -627,6 +664,10 @@ mod tests {
             let out = r.poll(at(gap + 200));
             assert_eq!(out.len(), 1, "gap {gap}");
             assert_eq!(out[0].offset, gap, "gap {gap}");
+            // One instance off costs a step every four records.
+            let fit = out[0].fit.expect("matched against the other member");
+            assert!(fit.mean_ns < MS / 2, "{fit:?}");
+            assert!(fit.runner_up_ns.is_some_and(|r| r > 10 * MS), "{fit:?}");
         }
     }
 
