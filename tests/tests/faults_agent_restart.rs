@@ -172,22 +172,31 @@ fn restarted_agent_reattaches_to_running_ranks() {
         let mine = entries(&second, rank);
         let truth = (0..host0.keys().max().copied().unwrap_or(0))
             .filter_map(|off| {
-                let mut d: Vec<i64> = mine
+                let d: Vec<i64> = mine
                     .iter()
                     .take(200)
                     .filter_map(|(s, e)| {
                         host0.get(&(s + off)).map(|h| (*e as i64 - *h as i64).abs())
                     })
                     .collect();
-                (d.len() >= 50).then(|| {
-                    d.sort_unstable();
-                    (d[d.len() / 2], off)
-                })
+                // The mean, as the coordinator's line-up: the median cannot
+                // tell one instance off when a step's buckets are enqueued
+                // together.
+                (d.len() >= 50).then(|| (d.iter().sum::<i64>() / d.len() as i64, off))
             })
             .min()
             .map(|(_, off)| off)
             .expect("host 0's records overlap the new agent's");
-        eprintln!("rank {rank}: lined up at offset {offset}, by raw times {truth}");
+        // How close the choice was (the coordinator's own account of it).
+        let fit: Vec<&str> = line
+            .split_whitespace()
+            .filter(|f| {
+                f.starts_with("mean_diff_ms=")
+                    || f.starts_with("runner_up_ms=")
+                    || f.starts_with("clock_bound_us=")
+            })
+            .collect();
+        eprintln!("rank {rank}: lined up at offset {offset}, by raw times {truth}; {fit:?}");
         assert!(
             offset.abs_diff(truth) <= 2,
             "rank {rank} lined up at offset {offset}, its records match host 0's at {truth}"
