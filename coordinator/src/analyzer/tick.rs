@@ -320,7 +320,21 @@ impl Analyzer {
         // too late for an agent replaying its spool after a coordinator
         // restart, which would expire instances whose records are still in
         // that spool (and reject them as late when they come).
+        // A member a restarted agent took over is not current until it is
+        // lined up: its records are held, not missing. (Lined up one by
+        // one, the first member's records completed all but the others'
+        // part of hundreds of instances, and one was called hung 0.2 s
+        // before the others were lined up; their records for it then came
+        // to a closed instance.)
+        let held = if self.realigning.load(Ordering::Relaxed) {
+            lock(&self.realign).holding_ranks()
+        } else {
+            Default::default()
+        };
         let current = |rank: u32, host: &str, deadline: CoordNs| {
+            if held.contains(&rank) {
+                return false;
+            }
             let Some(r) = self.ranks.get(&rank) else {
                 return false;
             };

@@ -167,6 +167,17 @@ impl Realigner {
         self.members.is_empty()
     }
 
+    /// Ranks with a membership still held here (taken over, not lined up
+    /// yet): their agent is current, but their records are not in the join,
+    /// so an instance they are absent from is not hung for want of them.
+    pub fn holding_ranks(&self) -> std::collections::HashSet<u32> {
+        self.members
+            .iter()
+            .filter(|(_, m)| matches!(m.state, State::Holding { .. }))
+            .map(|((_, rank), _)| *rank)
+            .collect()
+    }
+
     pub fn counters(&self) -> RealignCounters {
         let mut c = self.counters;
         c.held = self
@@ -669,6 +680,16 @@ mod tests {
             assert!(fit.mean_ns < MS / 2, "{fit:?}");
             assert!(fit.runner_up_ns.is_some_and(|r| r > 10 * MS), "{fit:?}");
         }
+    }
+
+    #[test]
+    fn a_member_is_held_until_it_is_lined_up() {
+        let mut r = Realigner::default();
+        let routes = job(&mut r, 400, 13, 0);
+        assert!(routes.iter().all(|x| *x == Route::Held));
+        assert_eq!(r.holding_ranks(), std::collections::HashSet::from([1]));
+        assert_eq!(r.poll(16 * 1000 * MS).len(), 1);
+        assert!(r.holding_ranks().is_empty());
     }
 
     #[test]
