@@ -23,10 +23,10 @@ pub(super) struct IterCtx {
 #[derive(Clone, Copy)]
 struct Why<'a> {
     blame: &'a HashMap<Node, f64>,
-    alarms: &'a std::collections::HashSet<u32>,
-    by_what_if: &'a std::collections::HashSet<u32>,
+    alarms: &'a foldhash::HashSet<u32>,
+    by_what_if: &'a foldhash::HashSet<u32>,
     /// Named only because an open verdict's sequential evidence stands.
-    held: &'a std::collections::HashSet<u32>,
+    held: &'a foldhash::HashSet<u32>,
     shares: &'a BTreeMap<u32, f64>,
 }
 
@@ -511,7 +511,7 @@ impl Analyzer {
             ),
             _ => true,
         });
-        let compute_active: std::collections::HashSet<u32> = core
+        let compute_active: foldhash::HashSet<u32> = core
             .lifecycle
             .verdicts()
             .filter(|v| v.active && v.kind == classify::Kind::Compute)
@@ -537,7 +537,12 @@ impl Analyzer {
                 cfg: self.cfg.victims,
             },
         );
-        crate::classify::hostwide::merge(obs, &self.live_ranks_by_host());
+        // Only a host whose every rank is flagged merges: two flagged ranks
+        // at least, else the per-rank walk of every host is for nothing
+        // (a fifth of an iteration's work at 16,384 ranks).
+        if obs.len() >= 2 {
+            crate::classify::hostwide::merge(obs, &self.live_ranks_by_host());
+        }
     }
 
     /// Iteration `k` (which began at `from`) as a replayable what-if model,
@@ -580,7 +585,7 @@ impl Analyzer {
         core: &mut Core,
         model: Option<&crate::graph::whatif::WhatIf>,
         step: f64,
-    ) -> (std::collections::HashSet<u32>, BTreeMap<u32, f64>) {
+    ) -> (foldhash::HashSet<u32>, BTreeMap<u32, f64>) {
         let shares = model.map_or_else(BTreeMap::new, |m| what_if_shares(m, step));
         let alarms = core.sequential.update(&shares).into_iter().collect();
         if model.is_some() {
@@ -690,6 +695,6 @@ fn what_if_shares(m: &crate::graph::whatif::WhatIf, step: f64) -> BTreeMap<u32, 
 /// lead where it arrived last ([`crate::classify::align::gpu_leads`]).
 #[derive(Debug, Default)]
 pub(super) struct GpuTiming {
-    ranks: std::collections::HashSet<u32>,
+    ranks: foldhash::HashSet<u32>,
     leads: BTreeMap<u32, f64>,
 }

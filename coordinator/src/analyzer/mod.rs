@@ -14,7 +14,8 @@
 //! use. Memory stays bounded: the join window, unsealed iterations, link and
 //! interval rings, pending instances and trace snapshots are all capped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -582,7 +583,7 @@ pub struct Slowdown {
 /// Should every missing rank be waiting somewhere (a cycle), all are roots.
 fn split_hangs(hangs: &[HangState]) -> (Vec<&HangState>, Vec<&HangState>) {
     let active: Vec<&HangState> = hangs.iter().filter(|h| h.active).collect();
-    let waiting: std::collections::HashSet<u32> = active
+    let waiting: foldhash::HashSet<u32> = active
         .iter()
         .flat_map(|h| h.candidate.present_ranks.iter().copied())
         .collect();

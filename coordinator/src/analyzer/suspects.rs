@@ -18,19 +18,19 @@ impl Analyzer {
         core: &Core,
         k: u64,
         scores: &mut [RankScore],
-        alarms: &std::collections::HashSet<u32>,
+        alarms: &foldhash::HashSet<u32>,
     ) -> (
-        std::collections::HashSet<u32>,
-        std::collections::HashSet<u32>,
-        std::collections::HashSet<u32>,
+        foldhash::HashSet<u32>,
+        foldhash::HashSet<u32>,
+        foldhash::HashSet<u32>,
     ) {
         let told = core
             .iteration
             .period()
             .is_some_and(|p| p.method != crate::graph::iteration::Method::Undetermined);
         Self::hold_turns(core, k, scores);
-        let mut by_what_if: std::collections::HashSet<u32> = Default::default();
-        let mut held: std::collections::HashSet<u32> = Default::default();
+        let mut by_what_if: foldhash::HashSet<u32> = Default::default();
+        let mut held: foldhash::HashSet<u32> = Default::default();
         for s in scores.iter_mut() {
             if told && core.sequential.decisive(s.rank) && !s.suspicious {
                 tracing::debug!(rank = s.rank, iteration = k, "named by a decisive what-if");
@@ -38,7 +38,7 @@ impl Analyzer {
                 by_what_if.insert(s.rank);
             }
         }
-        let alarms: std::collections::HashSet<u32> = scores
+        let alarms: foldhash::HashSet<u32> = scores
             .iter()
             .filter(|s| {
                 s.suspicious

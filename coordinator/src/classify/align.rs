@@ -308,9 +308,9 @@ pub fn gpu_leads(instances: &[&AlignedInstance]) -> std::collections::BTreeMap<u
 pub fn gpu_timed_ranks(
     instances: &[&AlignedInstance],
     blind: impl Fn(u32) -> bool,
-) -> std::collections::HashSet<u32> {
-    let mut host_side: std::collections::HashSet<u32> = Default::default();
-    let mut gpu_side: std::collections::HashSet<u32> = Default::default();
+) -> foldhash::HashSet<u32> {
+    let mut host_side: foldhash::HashSet<u32> = Default::default();
+    let mut gpu_side: foldhash::HashSet<u32> = Default::default();
     for a in instances {
         let set = if a.basis == Basis::Gpu {
             &mut gpu_side

@@ -2,7 +2,8 @@
 //! on the coordinator clock: run-queue delay, off-CPU time outside GPU syncs,
 //! launch rate — the direct evidence for a host-slow rank.
 
-use std::collections::{HashMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::VecDeque;
 
 use crate::clock::{median, CoordNs};
 

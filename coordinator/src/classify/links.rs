@@ -17,7 +17,8 @@
 //! or its whole network path), and blaming each pair would print one false
 //! "bad cable" per NIC. Such hosts are listed in the findings instead.
 
-use std::collections::{HashMap, VecDeque};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::VecDeque;
 
 use crate::clock::{median, CoordNs};
 

@@ -26,7 +26,8 @@
 //!   what the step waited for, never times the members (that is the GPU
 //!   time lost, `lost_ns`, not the step's).
 
-use std::collections::{BTreeMap, HashSet};
+use foldhash::HashSet;
+use std::collections::BTreeMap;
 
 use crate::classify::Kind;
 use crate::classify::{Observation, Subject, OFF_CRITICAL_PATH};
@@ -164,6 +165,7 @@ mod tests {
     use super::*;
     use crate::classify::Classification;
     use crate::graph::whatif::{Arrival, Event, IterGraph};
+    use foldhash::HashSetExt;
 
     const MS: f64 = 1e6;
 
@@ -235,7 +237,7 @@ mod tests {
         assert_eq!(o[&Subject::Rank(3)].saved_ns, None);
         assert_eq!(un.len(), 1);
         assert_eq!(un[0].saved_ns, None);
-        let gpu: HashSet<u32> = [3].into();
+        let gpu: HashSet<u32> = [3].into_iter().collect();
         let it = Iteration {
             gpu_ranks: &gpu,
             gpu_leads: &BTreeMap::new(),

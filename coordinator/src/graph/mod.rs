@@ -28,7 +28,7 @@ pub mod spread;
 pub mod structure;
 pub mod whatif;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
@@ -157,6 +157,7 @@ impl WaitGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use foldhash::HashMapExt;
 
     /// Stage-1 rank 1 is slow; stage-2 rank 2 waits for it (p2p) and is then
     /// late for its DP peers 3, 4. Blame rests on 1, not on the victim 2.
@@ -188,7 +189,9 @@ mod tests {
         edges.insert((0, 1), 5.0);
         edges.insert((1, 0), 5.0);
         let g = WaitGraph::from_edges(&edges);
-        let pass: HashMap<Node, f64> = [(Node::Rank(0), 1.0), (Node::Rank(1), 1.0)].into();
+        let pass: HashMap<Node, f64> = [(Node::Rank(0), 1.0), (Node::Rank(1), 1.0)]
+            .into_iter()
+            .collect();
         let b = g.blame(&pass, 7);
         let total: f64 = b.values().sum();
         assert!((total - 10.0).abs() < 1e-9);

@@ -22,6 +22,7 @@
 mod expire;
 mod instance;
 pub mod park;
+mod present;
 pub mod realign;
 pub mod splits;
 pub mod validate;
@@ -31,7 +32,8 @@ pub use instance::{
     HANG_LIST_MAX, MAX_MISSING_RANGES, UNKNOWN_RANK,
 };
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -175,7 +177,7 @@ struct Open {
     positions: Vec<u32>,
     /// Members present, by index (comm position; 0 or 1 for p2p): only
     /// what arrived is stored, never a table of the claimed size.
-    records: HashMap<u32, Member>,
+    records: present::Present,
     /// Members the instance needs (the communicator's size; 2 for p2p).
     expected: usize,
     first_host: Arc<str>,
@@ -445,7 +447,7 @@ impl Joiner {
         if open.records.contains_key(&(idx as u32)) {
             return Err(RecordError::Conflict);
         }
-        open.records.insert(idx as u32, member);
+        open.records.insert_if_absent(idx as u32, member);
         let full = open.records.len() >= open.expected;
         Ok(self.complete_or_cap(st, comm_id, key, full))
     }
@@ -470,7 +472,7 @@ impl Joiner {
                 op: member.rec.op,
                 bytes: member.rec.bytes,
                 positions: if p2p { positions } else { Vec::new() },
-                records: HashMap::new(),
+                records: present::Present::new(),
                 expected: n,
                 first_host: member.host.clone(),
                 first_agent_ns: member.rec.host_entry_ns,
@@ -594,12 +596,15 @@ impl Joiner {
             } else {
                 pos as usize
             };
-            open.records.entry(idx as u32).or_insert(Member {
-                rank: rec.rank,
-                rank_in_comm: pos,
-                host: host.clone(),
-                rec,
-            });
+            open.records.insert_if_absent(
+                idx as u32,
+                Member {
+                    rank: rec.rank,
+                    rank_in_comm: pos,
+                    host: host.clone(),
+                    rec,
+                },
+            );
         }
         let mut completed = None;
         if resolved {
@@ -627,7 +632,7 @@ impl Joiner {
         nranks: u32,
         open: Open,
     ) -> JoinedInstance {
-        let mut members: Vec<Member> = open.records.into_values().collect();
+        let mut members: Vec<Member> = open.records.into_members();
         members.sort_unstable_by_key(|m| m.rank_in_comm);
         if let InstanceKey::Coll(seq) = key {
             for m in &members {

@@ -28,7 +28,8 @@
 //! Limits: point-to-point records are matched by their order between two members,
 //! which the gap breaks, so a taken-over member's are counted lost too.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use slowrank_shared::wire::{CollOp, CollectiveRecord};
@@ -170,7 +171,7 @@ impl Realigner {
     /// Ranks with a membership still held here (taken over, not lined up
     /// yet): their agent is current, but their records are not in the join,
     /// so an instance they are absent from is not hung for want of them.
-    pub fn holding_ranks(&self) -> std::collections::HashSet<u32> {
+    pub fn holding_ranks(&self) -> foldhash::HashSet<u32> {
         self.members
             .iter()
             .filter(|(_, m)| matches!(m.state, State::Holding { .. }))
@@ -351,7 +352,7 @@ impl Realigner {
         }
         out.extend(self.among_themselves(now));
         // References are needed only while someone waits for them.
-        let waiting: std::collections::HashSet<u64> = self
+        let waiting: foldhash::HashSet<u64> = self
             .members
             .iter()
             .filter(|(_, m)| matches!(m.state, State::Holding { .. }))
@@ -687,7 +688,10 @@ mod tests {
         let mut r = Realigner::default();
         let routes = job(&mut r, 400, 13, 0);
         assert!(routes.iter().all(|x| *x == Route::Held));
-        assert_eq!(r.holding_ranks(), std::collections::HashSet::from([1]));
+        assert_eq!(
+            r.holding_ranks(),
+            [1].into_iter().collect::<foldhash::HashSet<u32>>()
+        );
         assert_eq!(r.poll(16 * 1000 * MS).len(), 1);
         assert!(r.holding_ranks().is_empty());
     }

@@ -5,7 +5,9 @@
 //!
 //! Pure rules over plain data; the analyzer asks them on ingest.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::sync::Mutex;
+
+use foldhash::{HashMap, HashMapExt};
 
 /// Hosts with a live agent connection, as `serve` reports them. Until it
 /// reports anything (offline replays, in-process tests) liveness is

@@ -515,7 +515,7 @@ mod tests {
             http: &crate::net::metrics_http::HttpStats::default(),
         };
         let text = serve_exposition(&m, &ingest, &HookStats::default(), 2, &guards).render();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = foldhash::HashSet::default();
         for l in text.lines().filter(|l| l.starts_with("# HELP ")) {
             let name = l.split(' ').nth(2).unwrap();
             assert!(seen.insert(name.to_owned()), "{name} twice:\n{text}");

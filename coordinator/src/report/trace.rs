@@ -13,7 +13,8 @@
 //! name says how many ranks were left out. The whole trace is bounded by
 //! [`MAX_TRACE_BYTES`].
 
-use std::collections::{BTreeSet, HashMap};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 

@@ -7,7 +7,8 @@
 //! on one iteration's observations, before the verdict lifecycle, and drop
 //! such victims — handing their cost to the cause where it is named.
 
-use std::collections::{BTreeMap, HashMap};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::BTreeMap;
 
 use crate::classify;
 use crate::verdict::{Observation, Subject};
@@ -346,7 +347,7 @@ mod tests {
         use classify::Kind::{Communication, Compute};
         // tp4-dp4: rank 6's NIC at 30%; its ring neighbours 2 and 10 finish
         // their all-reduces late and looked compute-slow.
-        let nic_peers = HashMap::from([(6, vec![2, 10])]);
+        let nic_peers: HashMap<u32, Vec<u32>> = [(6, vec![2, 10])].into_iter().collect();
         let mut obs = BTreeMap::from([
             (Subject::Nic(6), observation(Communication, 6, 0.04)),
             (Subject::Rank(2), observation(Compute, 2, 0.16)),

@@ -8,7 +8,8 @@
 //! pipeline communicators: a rank that waited there arrives late through no
 //! fault of its own), waits inflicted, order statistics and host counters.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::clock::CoordNs;
 use crate::join::InstanceKey;
@@ -162,9 +163,9 @@ pub struct Stats {
     /// lateness there, ns): which of two partners waited for the other.
     blind_gauge: HashMap<u32, Vec<(u64, f64)>>,
     /// Ranks in some instance spanning hosts: the deep set can time them.
-    crosses_hosts: std::collections::HashSet<u32>,
+    crosses_hosts: foldhash::HashSet<u32>,
     /// Collective communicators whose instances span hosts.
-    spanning_comms: std::collections::HashSet<u64>,
+    spanning_comms: foldhash::HashSet<u64>,
     /// rank → the last iteration it was in an instance timed GPU-side.
     gpu_timed: HashMap<u32, u64>,
     pub dropped_late: u64,
@@ -185,8 +186,8 @@ impl Stats {
             p2p_peers: HashMap::new(),
             blind_partners: HashMap::new(),
             blind_gauge: HashMap::new(),
-            crosses_hosts: std::collections::HashSet::new(),
-            spanning_comms: std::collections::HashSet::new(),
+            crosses_hosts: foldhash::HashSet::default(),
+            spanning_comms: foldhash::HashSet::default(),
             gpu_timed: HashMap::new(),
             dropped_late: 0,
             dropped_overflow: 0,

@@ -56,7 +56,7 @@ fn heatmap_ranks(r: &Report, t: &Timeline) -> (Vec<u32>, usize) {
             }
         }
     }
-    let mut mean: std::collections::HashMap<u32, (f64, u32)> = Default::default();
+    let mut mean: foldhash::HashMap<u32, (f64, u32)> = Default::default();
     for row in &t.rows {
         for (rk, l) in &row.late_ms {
             let e = mean.entry(*rk).or_default();
