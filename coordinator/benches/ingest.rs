@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 use slowrank_coordinator::{Analyzer, AnalyzerConfig, ClockSample};
 use slowrank_shared::wire::{Batch, CollOp, CollectiveRecord, CommRecord, RankIdentity};
 
+// The coordinator binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const RANKS_PER_HOST: u32 = 8;
 const COMM_ID: u64 = 0x5107_f100d;
 /// Agent and coordinator clocks agree; the job starts here.

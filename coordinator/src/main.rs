@@ -11,6 +11,11 @@ use slowrank_coordinator::{
     thresholds,
 };
 
+// Many short-lived per-iteration tables: glibc's allocator spent a seventh
+// of the coordinator's CPU at 16,384 ranks (BENCHMARKS.md, flood).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Finds the rank that slows a distributed GPU training job down.
 ///
 /// Start `slowrank serve` once per job, then `slowrank-agent` on every host

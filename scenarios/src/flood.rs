@@ -115,6 +115,12 @@ pub struct FloodResult {
     /// Generator behind its real-time schedule when the time was up (s);
     /// 0 when it sent everything on time.
     pub generator_lag_s: f64,
+    /// Seconds from starting the agents until the coordinator counted all
+    /// of them connected (the connect storm; `None`: not all within 60 s).
+    /// The job starts after it, as a real job's first collective comes
+    /// long after its hosts' agents are up (NCCL's bootstrap of thousands
+    /// of ranks alone takes longer).
+    pub all_connected_s: Option<f64>,
     pub coordinator_cpu_s: f64,
     pub cpu_percent_mean: f64,
     pub rss_mib_max: f64,
@@ -389,7 +395,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
     let hosts = o.ranks / RANKS_PER_HOST;
     let client = client_config(&ca, &ca_path.display().to_string())?;
 
-    let (sent, lag, samples, t_onset) = rt.block_on(async {
+    let (sent, lag, samples, t_onset, all_connected_s) = rt.block_on(async {
         let mut uplinks = Vec::new();
         for h in 0..hosts {
             let host = format!("flood-{h}");
@@ -417,6 +423,24 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
                     h as u8,
                 ))),
             }));
+        }
+        // The job starts once every agent is connected (or after 60 s):
+        // records of a job already running while the last of 2,048 hosts
+        // is still in its TLS handshake measure the connect storm, which
+        // `all_connected_s` reports on its own, not steady ingest.
+        let t_connect = Instant::now();
+        let mut all_connected_s = None;
+        while t_connect.elapsed() < Duration::from_secs(60) {
+            let n =
+                tokio::task::spawn_blocking(move || scrape(metrics, "slowrank_agents_connected"))
+                    .await
+                    .ok()
+                    .flatten();
+            if n.is_some_and(|n| n >= u64::from(hosts)) {
+                all_connected_s = Some(t_connect.elapsed().as_secs_f64());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // Give the clock probes a second before the job starts.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -511,7 +535,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
             }
         })
         .await;
-        (sent, lag.max(0.0), samples, t_onset)
+        (sent, lag.max(0.0), samples, t_onset, all_connected_s)
     });
     rt.shutdown_timeout(Duration::from_secs(1));
     let accepted = scrape_accepted(metrics);
@@ -551,6 +575,7 @@ pub fn flood(o: &FloodOptions) -> Result<FloodResult, FloodError> {
         wire_bytes_per_rank_s: bytes.map(|b| b as f64 / f64::from(o.ranks) / o.seconds.max(1e-9)),
         ingest_per_s: accepted.map(|a| a as f64 / (run_s + 3.0)),
         generator_lag_s: lag,
+        all_connected_s,
         coordinator_cpu_s: cpu_total,
         cpu_percent_mean: mean(&samples.iter().map(|s| s.cpu_percent).collect::<Vec<_>>()),
         rss_mib_max: rss.iter().copied().fold(0.0, f64::max),

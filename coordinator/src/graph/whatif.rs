@@ -90,6 +90,9 @@ struct Chain {
 pub struct WhatIf {
     g: DiGraph<NodeKind, ()>,
     order: Vec<NodeIndex>,
+    /// Per node, the arriving rank's own work before it (0 for
+    /// completions): a replay reads it by index, not through `chains`.
+    node_work: Vec<f64>,
     start: f64,
     transfer: Vec<f64>,
     chains: BTreeMap<u32, Chain>,
@@ -129,6 +132,13 @@ impl WhatIf {
             }
         };
         let (roles, role_of, role_median) = roles_of(&built);
+        let node_work = g
+            .node_indices()
+            .map(|n| match g[n] {
+                NodeKind::Arrive { rank, j } => built[&rank].work[j],
+                NodeKind::Complete { .. } => 0.0,
+            })
+            .collect();
         let last = last_arrivers(it);
         let members = it
             .events
@@ -141,6 +151,7 @@ impl WhatIf {
             stages: it.stages.clone(),
             g,
             order,
+            node_work,
             start: it.start,
             transfer,
             chains: built,
@@ -285,9 +296,11 @@ impl WhatIf {
                 .fold(f64::NEG_INFINITY, f64::max);
             t[n.index()] = match self.g[n] {
                 NodeKind::Arrive { rank, j } => {
-                    let w = match replaced.get(&rank) {
-                        Some(w) => w[j],
-                        None => self.chains[&rank].work[j],
+                    let w = match replaced.is_empty() {
+                        true => self.node_work[n.index()],
+                        false => replaced
+                            .get(&rank)
+                            .map_or(self.node_work[n.index()], |w| w[j]),
                     };
                     let from = if ready.is_finite() { ready } else { self.start };
                     from + w
@@ -399,13 +412,13 @@ fn transfer_times(it: &IterGraph) -> Vec<f64> {
 fn blocking_by_role(
     it: &IterGraph,
     chains: &BTreeMap<u32, Vec<(f64, usize, u64)>>,
-) -> BTreeMap<u32, Vec<bool>> {
+) -> BTreeMap<u32, std::rc::Rc<Vec<bool>>> {
     let shapes_of = |seq: &[(f64, usize, u64)]| -> Vec<u64> { seq.iter().map(|a| a.2).collect() };
     let mut roles: BTreeMap<Vec<u64>, Vec<u32>> = BTreeMap::new();
     for (r, seq) in chains {
         roles.entry(shapes_of(seq)).or_default().push(*r);
     }
-    let mut blocking: BTreeMap<u32, Vec<bool>> = BTreeMap::new();
+    let mut blocking: BTreeMap<u32, std::rc::Rc<Vec<bool>>> = BTreeMap::new();
     for members in roles.values() {
         let n = chains[&members[0]].len();
         let waits: Vec<bool> = (0..n)
@@ -423,6 +436,9 @@ fn blocking_by_role(
                 median(&mut d) >= 0.0
             })
             .collect();
+        // Shared by the role: a copy per rank was 16,384 vectors an
+        // iteration at that many ranks.
+        let waits = std::rc::Rc::new(waits);
         for r in members {
             blocking.insert(*r, waits.clone());
         }
@@ -437,7 +453,7 @@ fn build_graph(
     it: &IterGraph,
     chains: &BTreeMap<u32, Vec<(f64, usize, u64)>>,
     busy: &BTreeMap<(u32, usize), f64>,
-    blocking: &BTreeMap<u32, Vec<bool>>,
+    blocking: &BTreeMap<u32, std::rc::Rc<Vec<bool>>>,
 ) -> (DiGraph<NodeKind, ()>, BTreeMap<u32, Chain>) {
     let mut g: DiGraph<NodeKind, ()> = DiGraph::new();
     let complete: Vec<NodeIndex> = (0..it.events.len())
