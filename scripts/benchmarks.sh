@@ -91,12 +91,12 @@ run_wire() {  # bytes the coordinator received per rank per second (default set)
   cp "$B/wire/run/report.json" "$B/wire/report.json"
   rm -rf "$B/wire/run"
 }
-run_flood() {  # scale: 1,024 / 4,096 / 16,384 ranks at 100 collectives/s each
+run_flood() {  # scale: 1,024 / 4,096 / 16,384 ranks at FLOOD_RATE (100) collectives/s each
   # Release builds: a debug coordinator measures the compiler, not the design.
   cargo build --release -q -p slowrank-coordinator -p slowrank-scenarios || return 1
   for n in ${FLOOD_RANKS:-1024 4096 16384}; do
     SLOWRANK_COORDINATOR_BIN="$PWD/target/release/slowrank" \
-    ./target/release/slowrank-scenario flood --ranks "$n" --collectives-per-s 100 --flush-ms 200 \
+    ./target/release/slowrank-scenario flood --ranks "$n" --collectives-per-s "${FLOOD_RATE:-100}" --flush-ms 200 \
       --seconds "${FLOOD_S:-20}" --onset 3 \
       --slow-rank 13 --out "$B/flood-work" > "$B/flood-$n.json" 2> "$B/flood-$n.log"
     rm -rf "$B/flood-work"
