@@ -43,6 +43,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::analyzer::Baselines;
+pub use crate::analyzer::Mark;
 use crate::clock::ClockSeed;
 use crate::report::outputs::{self, OutputError, ReadError};
 use crate::report::timeline::Timeline;
@@ -128,16 +129,6 @@ pub fn clock_seeds(earlier: &Earlier, boot: Option<&str>) -> BTreeMap<String, Cl
         (Some(f), Some(b)) if f.boot_id == b => f.hosts.clone(),
         _ => BTreeMap::new(),
     }
-}
-
-/// The last batch ingested from one agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mark {
-    pub agent_id: String,
-    pub host: String,
-    pub seq: u64,
-    pub ringbuf_drops: u64,
-    pub spool_drops: u64,
 }
 
 /// One line of the journal: a batch ingested, or a life started (written

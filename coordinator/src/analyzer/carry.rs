@@ -19,6 +19,17 @@ use crate::report::timeline::Timeline;
 /// (300 KB); at a step a second, the last 2.8 hours.
 pub const KEPT_HISTORY: usize = 10_000;
 
+/// The last batch ingested from one agent: what the ingest journal keeps
+/// ([`crate::resume`]) so that a resumed life knows the agent's resends.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Mark {
+    pub agent_id: String,
+    pub host: String,
+    pub seq: u64,
+    pub ringbuf_drops: u64,
+    pub spool_drops: u64,
+}
+
 /// An earlier life's learning ([`Analyzer::baselines`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Baselines {

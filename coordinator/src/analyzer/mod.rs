@@ -47,7 +47,7 @@ use crate::verdict::victims::{
     relay_transfer_lateness, Blind,
 };
 use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject, VerdictEvent};
-pub use carry::{Baselines, KEPT_HISTORY};
+pub use carry::{Baselines, Mark, KEPT_HISTORY};
 
 // One file per phase of the runtime, each an `impl Analyzer` block: a batch
 // comes in through `ingest`, `tick` drains and seals iterations, `evaluate`
@@ -518,7 +518,7 @@ impl Analyzer {
 
     /// Resumes from an earlier life's ingest journal: each agent's last
     /// ingested batch, so its resends of those are known as duplicates.
-    pub fn restore_marks<'a>(&self, marks: impl IntoIterator<Item = &'a crate::resume::Mark>) {
+    pub fn restore_marks<'a>(&self, marks: impl IntoIterator<Item = &'a Mark>) {
         for m in marks {
             let mut a = self.agents.entry(m.agent_id.clone()).or_default();
             a.host = Some(m.host.clone());

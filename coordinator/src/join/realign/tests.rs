@@ -1,0 +1,274 @@
+use super::*;
+
+const MS: CoordNs = 1_000_000;
+
+fn rec(comm_id: u64, rank: u32, seq: u64, op: CollOp, bytes: u64) -> CollectiveRecord {
+    CollectiveRecord {
+        pid: rank,
+        rank,
+        comm_id,
+        seq,
+        op,
+        bytes,
+        peer: -1,
+        host_entry_ns: 0,
+        host_exit_ns: 0,
+        gpu_arrive_ns: 0,
+        gpu_done_ns: 0,
+        launches_before: 0,
+        sync_wait_ns_before: 0,
+        gpu_busy_before_ns: None,
+        ret: 0,
+    }
+}
+
+/// A step of 4 collectives every 40 ms: three equal gradient buckets
+/// 8 ms apart, then a small allreduce (the loss).
+fn step_op(seq: u64) -> (CollOp, u64, CoordNs) {
+    let (step, i) = (seq / 4, seq % 4);
+    let bytes = if i == 3 { 4 } else { 1 << 20 };
+    (
+        CollOp::AllReduce,
+        bytes,
+        step as CoordNs * 40 * MS + i as CoordNs * 8 * MS,
+    )
+}
+
+/// Rank 0 reports instances 0..n; rank 1 was taken over after instance
+/// `gap` and is `late` behind.
+fn job(r: &mut Realigner, n: u64, gap: u64, late: CoordNs) -> Vec<Route> {
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 2, 1, "new", &host, Some(gap / 2), 0);
+    let mut routes = Vec::new();
+    for s in 0..n {
+        let (op, bytes, t) = step_op(s);
+        assert!(matches!(
+            r.route(rec(7, 0, s, op, bytes), "a0", t),
+            Route::Offer(_)
+        ));
+        if s > gap {
+            routes.push(r.route(rec(7, 1, s - gap - 1, op, bytes), "new", t + late));
+        }
+    }
+    routes
+}
+
+#[test]
+fn a_taken_over_member_is_lined_up_at_its_true_offset() {
+    for (gap, late) in [(13, 0), (13, 3 * MS), (40, 3 * MS), (41, -2 * MS), (100, 0)] {
+        let mut r = Realigner::default();
+        let routes = job(&mut r, 400, gap, late);
+        assert!(routes.iter().all(|x| *x == Route::Held));
+        let out = r.poll(16 * 1000 * MS);
+        assert_eq!(out.len(), 1, "gap {gap} late {late}");
+        assert_eq!(out[0].offset, gap + 1, "gap {gap} late {late}");
+        assert_eq!(out[0].records[0].seq, gap + 1);
+        // Later records are renumbered as they come.
+        let (op, bytes, t) = step_op(500);
+        assert_eq!(
+            r.route(rec(7, 1, 500 - gap - 1, op, bytes), "new", t),
+            Route::Offer(rec(7, 1, 500, op, bytes))
+        );
+        assert_eq!(r.counters().lined_up, 1);
+    }
+}
+
+/// A step's four equal buckets enqueued 0.2 ms apart (the host runs
+/// ahead of the GPU), steps 60 ms apart, the member 0.25 ms behind the
+/// others: one instance off, three of its four records per step land
+/// on a neighbour entered nearly when it was (0.05 ms off), the fourth
+/// a whole step off. The recorded case of a chaos run (true offset
+/// 1,780; the median of the differences chose 1,779 and 1,781).
+#[test]
+fn buckets_enqueued_together_are_lined_up_by_the_step_they_belong_to() {
+    let at = |seq: u64| (seq / 4) as CoordNs * 60 * MS + (seq % 4) as CoordNs * MS / 5;
+    for gap in [1_779, 1_780, 1_781, 1_782] {
+        let mut r = Realigner::default();
+        let host: Arc<str> = Arc::from("host-0");
+        r.take_over(7, 2, 1, "new", &host, None, 0);
+        for s in 0..gap + 200 {
+            r.route(rec(7, 0, s, CollOp::AllReduce, 26 << 20), "a0", at(s));
+            if s >= gap {
+                let late = MS / 4;
+                r.route(
+                    rec(7, 1, s - gap, CollOp::AllReduce, 26 << 20),
+                    "new",
+                    at(s) + late,
+                );
+            }
+        }
+        let out = r.poll(at(gap + 200));
+        assert_eq!(out.len(), 1, "gap {gap}");
+        assert_eq!(out[0].offset, gap, "gap {gap}");
+        // One instance off costs a step every four records.
+        let fit = out[0].fit.expect("matched against the other member");
+        assert!(fit.mean_ns < MS / 2, "{fit:?}");
+        assert!(fit.runner_up_ns.is_some_and(|r| r > 10 * MS), "{fit:?}");
+    }
+}
+
+#[test]
+fn a_member_is_held_until_it_is_lined_up() {
+    let mut r = Realigner::default();
+    let routes = job(&mut r, 400, 13, 0);
+    assert!(routes.iter().all(|x| *x == Route::Held));
+    assert_eq!(
+        r.holding_ranks(),
+        [1].into_iter().collect::<foldhash::HashSet<u32>>()
+    );
+    assert_eq!(r.poll(16 * 1000 * MS).len(), 1);
+    assert!(r.holding_ranks().is_empty());
+}
+
+#[test]
+fn it_waits_until_the_other_members_cover_its_records() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 2, 1, "new", &host, None, 0);
+    for s in 20..40 {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
+    }
+    // Nobody else reported yet: nothing to line up with.
+    assert!(r.poll(MS).is_empty());
+    for s in 0..30 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+    assert!(r.poll(2 * MS).is_empty(), "not covered yet, still patient");
+    // A second past its newest record: covered.
+    for s in 30..160 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+    let out = r.poll(3 * MS);
+    assert_eq!(out.first().map(|o| o.offset), Some(20));
+}
+
+#[test]
+fn records_of_the_old_agent_and_of_other_members_pass_unchanged() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    assert!(r.is_idle());
+    r.take_over(7, 2, 1, "new", &host, Some(3), 0);
+    r.take_over(7, 2, 1, "new", &host, Some(3), 0);
+    assert_eq!(r.counters().taken_over, 1, "said again by the same agent");
+    let late = rec(7, 1, 3, CollOp::AllReduce, 4);
+    assert_eq!(r.route(late.clone(), "old", 0), Route::Offer(late));
+    let other = rec(8, 1, 3, CollOp::AllReduce, 4);
+    assert_eq!(r.route(other.clone(), "new", 0), Route::Offer(other));
+    let mut p2p = rec(7, 1, 0, CollOp::Send, 4);
+    p2p.peer = 0;
+    assert_eq!(r.route(p2p, "new", 0), Route::Lost);
+    assert_eq!(r.counters().lost, 1);
+}
+
+#[test]
+fn no_offset_without_enough_matches_and_none_below_the_floor() {
+    let mut refs = BTreeMap::new();
+    for s in 0..40u64 {
+        let (op, bytes, entry) = step_op(s);
+        refs.insert(s, Ref { op, bytes, entry });
+    }
+    let window: Vec<Probe> = (10..20u64)
+        .map(|s| {
+            let (op, bytes, t) = step_op(s);
+            (s - 10, op, bytes, t)
+        })
+        .collect();
+    assert_eq!(line_up(&window, &refs, None), Some(10));
+    // The floor rules the true offset out: the next best is a step on.
+    assert_eq!(line_up(&window, &refs, Some(10)), Some(14));
+    // A size no instance has matches nowhere.
+    let mut odd = window.clone();
+    odd[2].2 = 12345;
+    assert_eq!(line_up(&odd, &refs, None), None);
+    assert!(line_up(&window[..5], &refs, None).is_some());
+}
+
+#[test]
+fn records_from_before_the_takeover_was_known_do_not_pull_the_offset() {
+    // The new agent saw rank 1 from instance 20 on but could connect
+    // only later: the other member's records of instances 20..349 came
+    // before the takeover was announced, so they are not references.
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    for s in 0..350u64 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+    r.take_over(7, 2, 1, "new", &host, Some(5), 0);
+    // A second past the member's newest record: covered.
+    for s in 350..600u64 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+    for s in 20..470u64 {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
+    }
+    let out = r.poll(MS);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].offset, 20, "not the first reference (350)");
+    // Instances 20..349 are offered too (the join tells which closed).
+    assert_eq!(out[0].records[0].seq, 20);
+    assert_eq!(r.counters().lost, 0);
+}
+
+#[test]
+fn a_group_taken_over_whole_is_lined_up_with_itself() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    // A 2-rank group inside the restarted host; before the gap rank 0
+    // had reached number 40, rank 1 number 39.
+    r.take_over(9, 2, 0, "new", &host, Some(40), 0);
+    r.take_over(9, 2, 1, "new", &host, Some(39), 0);
+    // The new agent saw rank 0 from instance 60 on, rank 1 from 61 on
+    // (its probes attached a moment later).
+    for s in 60..100u64 {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(r.route(rec(9, 0, s - 60, op, bytes), "new", t), Route::Held);
+        if s >= 61 {
+            r.route(rec(9, 1, s - 61, op, bytes), "new", t + MS);
+        }
+    }
+    assert!(
+        r.poll(PATIENCE_NS - 1).is_empty(),
+        "still waiting for others"
+    );
+    let out = r.poll(PATIENCE_NS);
+    assert_eq!(out.len(), 2);
+    let first: HashMap<u32, u64> = out.iter().map(|o| (o.rank, o.records[0].seq)).collect();
+    // Numbered on from 41; the same instance has the same number.
+    assert_eq!(first[&0], 41);
+    assert_eq!(first[&1], 42);
+    assert_eq!(r.counters().lined_up, 2);
+}
+
+#[test]
+fn part_of_a_group_is_not_lined_up_with_itself() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    // 2 of a 4-rank group: the other two are elsewhere and silent.
+    r.take_over(9, 4, 0, "new", &host, None, 0);
+    r.take_over(9, 4, 1, "new", &host, None, 0);
+    for s in 0..20u64 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(9, 0, s, op, bytes), "new", t);
+        r.route(rec(9, 1, s, op, bytes), "new", t);
+    }
+    assert!(r.poll(2 * PATIENCE_NS).is_empty());
+    assert_eq!(r.counters().held, 40);
+}
+
+#[test]
+fn held_records_are_bounded_and_the_excess_counted() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 2, 1, "new", &host, None, 0);
+    for s in 0..(MAX_HELD as u64 + 10) {
+        r.route(rec(7, 1, s, CollOp::AllReduce, 4), "new", 0);
+    }
+    let c = r.counters();
+    assert_eq!((c.held, c.lost), (MAX_HELD as u64, 10));
+}
