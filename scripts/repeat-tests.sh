@@ -30,7 +30,7 @@ case "$1" in -h|--help) usage 0 ;; esac
 N=$1; shift
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || { echo "repeat-tests: N must be a positive number, got '$N'" >&2; exit 2; }
 
-DEFAULT=(faults_agent_restart faults_coordinator_restart faults_link_down faults_rank_crash
+DEFAULT=(faults_agent_restart faults_coordinator_restart faults_coordinator_back_late faults_link_down faults_rank_crash
          faults_chaos scenario_interrupt serve_restart quic serve_e2e serve_ingest mtls)
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=("${DEFAULT[@]}")

@@ -104,6 +104,19 @@ fn identities(ranks: u32, host: u32) -> (Vec<RankIdentity>, Vec<CommRecord>) {
     (ids, comms)
 }
 
+/// This process's resident memory (MiB), from `/proc/self/status`.
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 fn main() {
     let ranks = env_or("BENCH_RANKS", 16_384.0) as u32 / RANKS_PER_HOST * RANKS_PER_HOST;
     let per_s = env_or("BENCH_COLL_PER_S", 25.0);
@@ -186,6 +199,14 @@ fn main() {
             t_tick += t0.elapsed();
         }
         now += 100_000_000;
+        // Memory as the job goes on: a bounded analyzer levels off.
+        if (now - START_NS).is_multiple_of(5_000_000_000) {
+            eprintln!(
+                "  {:>4.0} s of job: RSS {:.0} MiB",
+                (now - START_NS) as f64 / 1e9,
+                rss_mib()
+            );
+        }
     }
     let r = a.report();
     let ing = &r.ingest;
