@@ -107,13 +107,16 @@ pub fn read_object(pid: u32, addr: u64) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
+    /// As large as the span the agent reads: a smaller object let the read
+    /// run on into live heap, where other tests' allocations change
+    /// between the samples and the check (1 failed CI run in many).
     #[repr(C)]
     struct FakeComm {
         pad: [u32; 5],
         rank: u32,
         junk: [u32; 3],
         nranks: u32,
-        tail: [u32; 6],
+        tail: [u32; SPAN / 4],
     }
 
     #[test]
@@ -125,7 +128,7 @@ mod tests {
                 rank,
                 junk: [7, 8, 9],
                 nranks,
-                tail: [0; 6],
+                tail: [0; SPAN / 4],
             })
         };
         let (a, b, c) = (mk(1, 8), mk(3, 4), mk(1, 2));
