@@ -98,6 +98,16 @@ pub struct Fit {
     pub runner_up_ns: Option<CoordNs>,
 }
 
+impl Fit {
+    /// How clearly the chosen offset won: the runner-up's mean difference
+    /// over the chosen one's (infinite without a runner-up).
+    pub fn clarity(&self) -> f64 {
+        self.runner_up_ns.map_or(f64::INFINITY, |r| {
+            r.max(0) as f64 / self.mean_ns.max(1) as f64
+        })
+    }
+}
+
 /// Counters, for `report.json` and `/metrics`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -331,16 +341,40 @@ impl Realigner {
             if end < MIN_MATCHED {
                 continue;
             }
-            let start = end.saturating_sub(WINDOW);
-            let window = probes(held.iter().skip(start).take(end - start));
-            if window[0].3 < lo && !patient {
-                continue;
-            }
-            let (s0, h0) = (held[start].0.seq, held[0].0.seq);
-            let Some((k, fit)) = line_up_fit(&window, refs, floor.map(|f| f + (s0 - h0))) else {
+            // The covered records from the first reference on, in windows
+            // of WINDOW; the window that tells its offset most clearly
+            // decides. A host that falls behind for a while (a loaded
+            // machine: one run's newest records entered up to a step
+            // late) blurs a window into a near tie between neighbouring
+            // offsets, and the newest window alone then lined a member up
+            // 3 instances off (BENCHMARKS.md, journal 2026-12-02).
+            let first = held.partition_point(|(_, e)| *e < lo);
+            let starts = if end >= first + WINDOW.min(end) {
+                window_starts(first, end)
+            } else if patient {
+                vec![end.saturating_sub(WINDOW)]
+            } else {
                 continue;
             };
-            let Some(offset) = k.checked_sub(s0) else {
+            let h0 = held[0].0.seq;
+            let mut chosen: Option<(f64, u64, Fit)> = None;
+            for start in starts {
+                let stop = (start + WINDOW).min(end);
+                let window = probes(held.iter().skip(start).take(stop - start));
+                let s0 = held[start].0.seq;
+                let Some((k, fit)) = line_up_fit(&window, refs, floor.map(|f| f + (s0 - h0)))
+                else {
+                    continue;
+                };
+                let Some(offset) = k.checked_sub(s0) else {
+                    continue;
+                };
+                let clarity = fit.clarity();
+                if chosen.as_ref().is_none_or(|c| clarity > c.0) {
+                    chosen = Some((clarity, offset, fit));
+                }
+            }
+            let Some((_, offset, fit)) = chosen else {
                 continue;
             };
             // Records whose instances closed before the takeover was known
@@ -481,6 +515,15 @@ fn release(
         records,
         fit: None,
     }
+}
+
+/// Starts of the windows of up to [`WINDOW`] records over `first..end`,
+/// half a window apart, the last one ending at `end`.
+fn window_starts(first: usize, end: usize) -> Vec<usize> {
+    let last = end.saturating_sub(WINDOW).max(first);
+    let mut v: Vec<usize> = (first..last).step_by(WINDOW / 2).collect();
+    v.push(last);
+    v
 }
 
 /// One record of a member, for [`line_up`]: its sequence number relative

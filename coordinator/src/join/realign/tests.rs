@@ -272,3 +272,43 @@ fn held_records_are_bounded_and_the_excess_counted() {
     let c = r.counters();
     assert_eq!((c.held, c.lost), (MAX_HELD as u64, 10));
 }
+
+/// The recorded agent-restart failure (repeat run 4 of 20 beside two busy
+/// loops, 2026-12-02): steps of four buckets, 1–5 ms apart and ≈ 45 ms
+/// between steps; the restarted host's rank kept pace for its first 60
+/// records, then fell behind by up to a step (52 ms) while the machine
+/// was loaded. The newest window alone was a near tie (true offset 20.8
+/// ms mean, 3 off 31.8 ms in the coordinator's terms) and the member was
+/// lined up 3 instances off; an early window is clear.
+#[test]
+fn a_member_that_falls_behind_for_a_while_is_lined_up_by_its_clearest_window() {
+    let at = |seq: u64| {
+        let gaps = [0, 2 * MS, 4 * MS, 7 * MS];
+        (seq / 4) as CoordNs * 48 * MS + gaps[(seq % 4) as usize]
+    };
+    let gap = 756;
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 2, 1, "new", &host, Some(124), 0);
+    let n = 94u64;
+    for s in 0..gap + n + 200 {
+        r.route(rec(7, 0, s, CollOp::AllReduce, 26 << 20), "a0", at(s));
+    }
+    for i in 0..n {
+        // On time (±1 ms) for 60 records, then 1.6 ms later each record.
+        let late = if i < 60 {
+            (i % 3) as CoordNs * MS / 2
+        } else {
+            (i - 60) as CoordNs * 8 * MS / 5
+        };
+        let s = gap + i;
+        r.route(
+            rec(7, 1, i, CollOp::AllReduce, 26 << 20),
+            "new",
+            at(s) + late,
+        );
+    }
+    let out = r.poll(at(gap + n + 200));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].offset, gap, "{:?}", out[0].fit);
+}
