@@ -347,7 +347,7 @@ impl Realigner {
             // machine: one run's newest records entered up to a step
             // late) blurs a window into a near tie between neighbouring
             // offsets, and the newest window alone then lined a member up
-            // 3 instances off (BENCHMARKS.md, journal 2026-12-02).
+            // 3 instances off (BENCHMARKS.md, journal 2026-12-01 22:53).
             let first = held.partition_point(|(_, e)| *e < lo);
             let starts = if end >= first + WINDOW.min(end) {
                 window_starts(first, end)
