@@ -19,19 +19,24 @@
 #   REPEAT_PROFILE=release  build and run the tests in release mode
 #   REPEAT_LOGS=DIR    where each run's output goes (default: a temp dir;
 #                      the logs of failed runs are kept and listed)
+# A test's `[fact] ...` lines (what a pass rests on, e.g. the chaos run's
+# lost-batch counts) are kept from every run in DIR/facts.txt and printed
+# after the table.
 # Exit status: 0 when every run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS=fallback
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
 N=$1; shift
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || { echo "repeat-tests: N must be a positive number, got '$N'" >&2; exit 2; }
 
 DEFAULT=(faults_agent_restart faults_coordinator_restart faults_coordinator_back_late faults_link_down faults_rank_crash
-         faults_chaos scenario_interrupt serve_restart quic serve_e2e serve_ingest mtls)
+         faults_chaos scenario_interrupt serve_restart quic serve_e2e serve_ingest mtls
+         agent_deep_links agent_dlopen_late agent_gpu_arrival agent_scenario_records stacks
+         hostile_hang hostile_identity hostile_metrics hostile_mtls hostile_preauth hostile_state ui)
 TESTS=("$@")
 [ ${#TESTS[@]} -gt 0 ] || TESTS=("${DEFAULT[@]}")
 
@@ -86,8 +91,9 @@ for t in "${TESTS[@]}"; do
     log="$LOGS/${t//:/_}.$i.log"
     t0=$(date +%s.%N)
     # shellcheck disable=SC2086
-    cargo test -q -p slowrank-tests "${PROFILE_FLAG[@]}" --test "$bin" -- $filter >"$log" 2>&1
+    cargo test -q -p slowrank-tests "${PROFILE_FLAG[@]}" --test "$bin" -- --nocapture $filter >"$log" 2>&1
     rc=$?
+    grep -h '^\[fact\]' "$log" | sed "s/^/$t run $i: /" >>"$LOGS/facts.txt"
     dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     runs[$t]=$((runs[$t] + 1))
     if [ $rc -ne 0 ]; then
@@ -111,6 +117,9 @@ for t in "${TESTS[@]}"; do
   total_fail=$((total_fail + fails[$t]))
 done
 echo "load: $LOAD; profile: ${REPEAT_PROFILE:-debug}; $(date -u +%FT%TZ); commit $(git rev-parse --short HEAD 2>/dev/null)"
+if [ -s "$LOGS/facts.txt" ]; then
+  echo "facts ($LOGS/facts.txt):"; sed 's/^/  /' "$LOGS/facts.txt"
+fi
 if [ ${#failed_logs[@]} -gt 0 ]; then
   echo "logs of failed runs:"; printf '  %s\n' "${failed_logs[@]}"
 fi

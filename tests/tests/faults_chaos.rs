@@ -262,5 +262,14 @@ fn chaos_three_coordinator_kills_two_agent_kills() {
         r["hangs"].as_array().map_or(0, Vec::len),
         r["ingest"]["takeover"]
     );
+    // One line per passing run for scripts/repeat-tests.sh's facts table:
+    // what "0 lost" rests on (the spool's own count, the parking's expiry,
+    // the takeover's unplaced records).
+    eprintln!(
+        "[fact] chaos seed={seed} coordinator_lives={lived} host1_batches={} missing={} spool_drops={spool_drops} parked_expired=0 rejected=0 takeover_lost={}",
+        produced.len(),
+        missing.len(),
+        r["ingest"]["takeover"]["lost"].as_u64().unwrap_or(0)
+    );
     job.cleanup();
 }

@@ -188,7 +188,7 @@ async fn full_disk_keeps_serving_and_the_last_report() {
     let identity = Identity::generate().expect("identity");
     let base = scratch("full-disk");
     let out = base.join("out");
-    let _fs = Tmpfs::mount(&out, 512);
+    let fs = Tmpfs::mount(&out, 512);
     let server = bind(&identity, &out, Duration::from_millis(100));
     let (addr, metrics) = (server.local_addr().unwrap(), server.metrics_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -237,5 +237,8 @@ async fn full_disk_keeps_serving_and_the_last_report() {
     let _ = stop.send(());
     life.await.expect("serve").expect("serve");
     assert!(temp_files(&out).is_empty());
+    // Unmount first: a mount point cannot be removed, and `base` was left
+    // behind in /tmp on every run while `fs` outlived this line.
+    drop(fs);
     let _ = std::fs::remove_dir_all(&base);
 }
