@@ -72,10 +72,9 @@ fn coordinator_restart_loses_nothing() {
         "the series starts at iteration {first_row:?}, after the restart"
     );
     let lines2 = ingested_batches(&log2);
-    let lives = without_preambles(&[
-        ingested_batches(&job.dir.join("logs").join("coordinator.log")),
-        lines2.clone(),
-    ]);
+    let (lives, _) =
+        ingested_by_lives(&[job.dir.join("logs").join("coordinator.log"), log2.clone()]);
+    let lives = without_preambles(&lives);
     let by_seq = |life: &[Ingested]| -> std::collections::BTreeMap<(String, u64), u64> {
         life.iter()
             .map(|b| ((b.host.clone(), b.seq), b.collectives))

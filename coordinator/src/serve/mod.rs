@@ -431,7 +431,11 @@ impl Server {
                         st.add(&batch, a.as_ref());
                     }
                     if sum.duplicate_batch {
-                        debug!(agent = %agent_id, seq = batch.seq, "duplicate batch ignored");
+                        // With host and size, like "batch ingested": the fault
+                        // tests read a resend of a batch a killed life
+                        // journaled but had not yet logged from this line.
+                        debug!(agent = %agent_id, host = %batch.host, seq = batch.seq,
+                            collectives = batch.collectives.len(), "duplicate batch ignored");
                     }
                     (agent_id, batch, ack, sum)
                 })
