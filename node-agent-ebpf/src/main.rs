@@ -78,6 +78,23 @@ enum Hit {
     Return,
 }
 
+/// [`followed`], or for a communicator's creation (a probe with an
+/// out-pointer: `ncclCommInitRank*`, `ncclCommSplit`) any process: a rank
+/// the agent finds after it created its communicators would otherwise be
+/// unnamed for its whole run (beside a CPU hog, the agent found two of a
+/// host's four ranks 0.85 s late, after their init). These calls are a few
+/// per process; the agent holds an unknown process's events for a while
+/// (its limbo) and replays them once it follows it.
+#[inline(always)]
+fn followed_or_creation(hit: Hit, cookie: u64) -> Option<(u32, u32)> {
+    if let Some(who) = followed(hit) {
+        return Some(who);
+    }
+    slowrank_shared::probe::cookie::out_arg(cookie)?;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    Some(((pid_tgid >> 32) as u32, pid_tgid as u32))
+}
+
 /// Returns (pid, tid) when the current process is followed, and counts the
 /// hit against a followed process.
 #[inline(always)]
@@ -133,11 +150,12 @@ fn emit(
 
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else {
+    // SAFETY: the cookie helper only reads the context it is given.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(who) = followed_or_creation(Hit::Entry, cookie) else {
         return 0;
     };
-    // SAFETY: the cookie helper only reads the context it is given.
-    remember_out_ptr(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    remember_out_ptr(&ctx, cookie);
     let mut args = [0u64; MAX_ARGS];
     let mut i = 0;
     while i < MAX_ARGS {
@@ -207,11 +225,11 @@ fn launches_of(pid: u32) -> u64 {
 /// register arguments, the first stack words and the process's launch count.
 #[uprobe]
 pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else {
-        return 0;
-    };
     // SAFETY: the cookie helper only reads the context it is given.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(who) = followed_or_creation(Hit::Entry, cookie) else {
+        return 0;
+    };
     remember_out_ptr(&ctx, cookie);
     let Some(mut slot) = EVENTS.reserve::<StackEvent>(0) else {
         bump(counter::RINGBUF_DROPS);
@@ -256,7 +274,9 @@ pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
 /// entry (`*comm` after `ncclCommInitRank`/`ncclCommSplit`) in `args[0]`.
 #[uretprobe]
 pub fn call_return_out(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Return) else {
+    // SAFETY: the cookie helper only reads the context it is given.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(who) = followed_or_creation(Hit::Return, cookie) else {
         return 0;
     };
     let key = bpf_get_current_pid_tgid();

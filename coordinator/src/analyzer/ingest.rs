@@ -12,8 +12,19 @@ impl Analyzer {
     pub fn ingest(&self, b: &Batch, recv_ns: u64) -> IngestSummary {
         let mut sum = IngestSummary::default();
         self.batches.fetch_add(1, Ordering::Relaxed);
+        // A resend of a batch this or an earlier life took is nothing new,
+        // whatever its other checks would say: judged on a clock first, a
+        // restarted life's not yet settled model once refused one a killed
+        // life had journaled, and its log called it ingested (a chaos run
+        // then counted it twice).
+        if self.is_resend(b) {
+            lock(&self.counters).duplicate_batches += 1;
+            sum.duplicate_batch = true;
+            return sum;
+        }
         if let Err(e) = self.check_batch(b, recv_ns) {
             sum.batch_rejected = Some(e.label());
+            sum.batch_rejected_why = Some(e.to_string());
             let mut c = lock(&self.counters);
             *c.batches_rejected.entry(e.label().to_owned()).or_default() += 1;
             push_recent(&mut c, &e);
@@ -188,6 +199,15 @@ impl Analyzer {
         }
     }
 
+    /// Whether the batch's number is one its agent's sequence already holds
+    /// (a preamble never is: see [`Self::admit`]).
+    fn is_resend(&self, b: &Batch) -> bool {
+        self.agents.get(&b.agent_id).is_some_and(|a| {
+            let preamble = b.seq == 0 && (only_declares(b) || a.last_seq.is_some_and(|l| l > 0));
+            !preamble && a.last_seq.is_some_and(|last| b.seq <= last)
+        })
+    }
+
     /// Whether the batch is new in its agent's sequence (a preamble always
     /// is), counting its gaps and drops; a duplicate or an impossible jump
     /// is counted and refused whole.
@@ -223,6 +243,7 @@ impl Analyzer {
             };
             drop(a);
             sum.batch_rejected = Some(e.label());
+            sum.batch_rejected_why = Some(e.to_string());
             let mut c = lock(&self.counters);
             *c.batches_rejected.entry(e.label().to_owned()).or_default() += 1;
             push_recent(&mut c, &e);
@@ -598,6 +619,7 @@ impl Analyzer {
                     return Err(RecordError::BatchInFuture {
                         batch_ns: b.mono_ns,
                         ahead_ns: ahead as u64,
+                        bound_ns: err as u64,
                     });
                 }
             }

@@ -148,7 +148,7 @@ impl Default for Limits {
 }
 
 /// What one `ingest` call did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct IngestSummary {
     pub accepted: u64,
     pub rejected: u64,
@@ -157,6 +157,9 @@ pub struct IngestSummary {
     pub duplicate_batch: bool,
     /// The whole batch was refused, and why (`RecordError::label`).
     pub batch_rejected: Option<&'static str>,
+    /// The refusal in words, with its numbers (for the log).
+    #[serde(skip)]
+    pub batch_rejected_why: Option<String>,
     /// A reconnection preamble (sequence 0, declarations only): taken in,
     /// but not the agent's batch 0, so not journaled as seen.
     #[serde(skip)]

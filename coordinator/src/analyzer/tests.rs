@@ -419,3 +419,43 @@ fn a_restart_mid_slowdown_keeps_the_jobs_pace() {
     );
     assert!(rows.last().is_some_and(|r| r.last >= 140));
 }
+
+/// A resend of a batch already taken is a duplicate before any other
+/// check: a restarted life's clock model, not yet settled, once refused a
+/// resend the killed life had journaled as "in the future", and the log
+/// called it ingested. A new batch cut after it arrived is still refused,
+/// with its numbers.
+#[test]
+fn a_resend_is_a_duplicate_whatever_its_clock_says() {
+    use slowrank_synth::{Generator, SynthSpec};
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(SynthSpec::dp(2, 4));
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let out = g.next_iteration();
+    let (recv, first) = out
+        .batches
+        .iter()
+        .find(|(_, b)| b.host == "node-1")
+        .cloned()
+        .expect("node-1's first batch");
+    let took = a.ingest(&first, recv);
+    assert!(
+        took.batch_rejected.is_none() && !took.duplicate_batch,
+        "{took:?}"
+    );
+    let mut skewed = first.clone();
+    skewed.mono_ns += 86_400_000_000_000;
+    let again = a.ingest(&skewed, recv);
+    assert!(again.duplicate_batch, "{again:?}");
+    assert_eq!(again.batch_rejected, None);
+    skewed.seq += 1;
+    let new = a.ingest(&skewed, recv);
+    assert_eq!(new.batch_rejected, Some("batch_in_future"));
+    let why = new.batch_rejected_why.expect("the refusal in words");
+    assert!(
+        why.contains("after it arrived") && why.contains("bound"),
+        "{why}"
+    );
+}

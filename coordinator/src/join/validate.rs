@@ -84,8 +84,12 @@ pub enum RecordError {
         had: String,
         got: String,
     },
-    #[error("batch cut at {batch_ns} ns (agent clock) lies {ahead_ns} ns after it arrived")]
-    BatchInFuture { batch_ns: u64, ahead_ns: u64 },
+    #[error("batch cut at {batch_ns} ns (agent clock) lies {ahead_ns} ns after it arrived (host clock bound ±{bound_ns} ns)")]
+    BatchInFuture {
+        batch_ns: u64,
+        ahead_ns: u64,
+        bound_ns: u64,
+    },
     #[error("batch number {got} jumps more than {MAX_SEQ_GAP} past the agent's last ({last})")]
     SeqJump { last: u64, got: u64 },
 }

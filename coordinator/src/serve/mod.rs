@@ -431,9 +431,7 @@ impl Server {
                         st.add(&batch, a.as_ref());
                     }
                     if sum.duplicate_batch {
-                        // With host and size, like "batch ingested": the fault
-                        // tests read a resend of a batch a killed life
-                        // journaled but had not yet logged from this line.
+                        // Host and size: the fault tests count a killed life's unlogged batches by it.
                         debug!(agent = %agent_id, host = %batch.host, seq = batch.seq,
                             collectives = batch.collectives.len(), "duplicate batch ignored");
                     }
@@ -451,16 +449,16 @@ impl Server {
                     }
                 }
             }
-            // One line per batch, once it is journaled: with
-            // RUST_LOG=slowrank_coordinator::serve=debug a life's log then
-            // lists exactly the batches a later life will call duplicates
-            // (the fault tests count on it). Logged before the journal, a
-            // life killed in between had logged batches the next life
-            // ingested again (1 of 20 chaos runs beside a CPU hog); the
-            // window left, between the journal's write and these lines, is
-            // no longer a whole run's ingest but a few microseconds.
+            // One line per batch, once journaled (the fault tests count on
+            // it): logged first, a life killed in between had logged batches
+            // the next one ingested again. Killed after the journal, the next
+            // life logs the resend as a duplicate. A refused batch (not
+            // re-sent) is never said to be ingested.
             for (agent_id, batch, _, sum) in &done {
-                if !sum.duplicate_batch {
+                if let Some(why) = &sum.batch_rejected_why {
+                    warn!(agent = %agent_id, host = %batch.host, seq = batch.seq,
+                        collectives = batch.collectives.len(), "batch rejected: {why}");
+                } else if !sum.duplicate_batch {
                     debug!(agent = %agent_id, host = %batch.host, seq = batch.seq,
                         collectives = batch.collectives.len(), accepted = sum.accepted,
                         "batch ingested");

@@ -62,6 +62,12 @@ const MAX_HELD: usize = 4_096;
 /// Other members' instances remembered per communicator being lined up.
 const MAX_REFS: usize = 16_384;
 
+/// Earlier takeovers of one member kept while a newer one holds it: an
+/// agent killed again before its member was lined up (seconds after it
+/// attached) leaves records that still belong somewhere. Past this many
+/// the oldest's held records are counted lost.
+const MAX_EARLIER: usize = 4;
+
 /// How far from the member's records (in time) an instance may lie and
 /// still be a candidate: a step is well under this.
 const SEARCH_NS: CoordNs = 5_000_000_000;
@@ -159,6 +165,24 @@ struct Member {
     /// old agent's late ones carry the right numbers).
     agent_id: String,
     state: State,
+    /// Earlier takeovers by agents that died in turn, oldest first: each
+    /// numbered its records from 0 again, so each is lined up (and its
+    /// late records renumbered) on its own.
+    earlier: Vec<(String, State)>,
+}
+
+impl Member {
+    /// The takeovers of this member, oldest first, the current one last.
+    fn generations(&self) -> impl Iterator<Item = &State> {
+        self.earlier.iter().map(|(_, s)| s).chain([&self.state])
+    }
+}
+
+fn held_len(state: &State) -> usize {
+    match state {
+        State::Holding { held, .. } => held.len(),
+        State::LinedUp { .. } => 0,
+    }
 }
 
 /// Every taken-over member, keyed by (communicator, global rank).
@@ -184,7 +208,7 @@ impl Realigner {
     pub fn holding_ranks(&self) -> foldhash::HashSet<u32> {
         self.members
             .iter()
-            .filter(|(_, m)| matches!(m.state, State::Holding { .. }))
+            .filter(|(_, m)| m.generations().any(|g| matches!(g, State::Holding { .. })))
             .map(|((_, rank), _)| *rank)
             .collect()
     }
@@ -194,10 +218,8 @@ impl Realigner {
         c.held = self
             .members
             .values()
-            .map(|m| match &m.state {
-                State::Holding { held, .. } => held.len() as u64,
-                State::LinedUp { .. } => 0,
-            })
+            .flat_map(Member::generations)
+            .map(|g| held_len(g) as u64)
             .sum();
         c
     }
@@ -227,24 +249,33 @@ impl Realigner {
         self.counters.taken_over += 1;
         self.refs.entry(comm_id).or_default();
         self.nranks.insert(comm_id, nranks);
-        let lost = self.members.insert(
-            (comm_id, rank),
-            Member {
-                agent_id: agent_id.to_owned(),
-                state: State::Holding {
-                    host: host.clone(),
-                    floor,
-                    since: now,
-                    held: VecDeque::new(),
+        let state = State::Holding {
+            host: host.clone(),
+            floor,
+            since: now,
+            held: VecDeque::new(),
+        };
+        let key = (comm_id, rank);
+        let Some(m) = self.members.get_mut(&key) else {
+            self.members.insert(
+                key,
+                Member {
+                    agent_id: agent_id.to_owned(),
+                    state,
+                    earlier: Vec::new(),
                 },
-            },
-        );
-        if let Some(Member {
-            state: State::Holding { held, .. },
-            ..
-        }) = lost
-        {
-            self.counters.lost += held.len() as u64;
+            );
+            return;
+        };
+        // The agent before this one took it over too and died in turn
+        // (chaos: two kills seconds apart; its held records were once
+        // counted lost here, 24 in one run of 8).
+        let before = std::mem::replace(&mut m.agent_id, agent_id.to_owned());
+        let state = std::mem::replace(&mut m.state, state);
+        m.earlier.push((before, state));
+        if m.earlier.len() > MAX_EARLIER {
+            let (_, oldest) = m.earlier.remove(0);
+            self.counters.lost += held_len(&oldest) as u64;
         }
     }
 
@@ -256,16 +287,22 @@ impl Realigner {
             self.reference(&rec, entry);
             return Route::Offer(rec);
         };
-        if m.agent_id != agent_id {
-            // The old agent's, shipped late: numbered before the gap.
+        let state = if m.agent_id == agent_id {
+            &mut m.state
+        } else if let Some((_, s)) = m.earlier.iter_mut().find(|(a, _)| a == agent_id) {
+            // An earlier takeover's agent, shipped late: numbered from its
+            // own takeover.
+            s
+        } else {
+            // The original agent's, shipped late: numbered before the gap.
             self.reference(&rec, entry);
             return Route::Offer(rec);
-        }
+        };
         if matches!(rec.op, CollOp::Send | CollOp::Recv) {
             self.counters.lost += 1;
             return Route::Lost;
         }
-        match &mut m.state {
+        match state {
             State::LinedUp { offset } => {
                 rec.seq += *offset;
                 self.counters.records += 1;
@@ -306,90 +343,38 @@ impl Realigner {
     /// Lines up the members that can be, releasing their held records.
     pub fn poll(&mut self, now: CoordNs) -> Vec<Released> {
         let mut out = Vec::new();
+        let counters = &mut self.counters;
         for (&(comm_id, rank), m) in self.members.iter_mut() {
-            let State::Holding {
-                floor, since, held, ..
-            } = &mut m.state
-            else {
-                continue;
-            };
-            let Some(refs) = self.refs.get(&comm_id).filter(|r| !r.is_empty()) else {
-                continue;
-            };
-            if held.len() < MIN_MATCHED {
-                continue;
-            }
-            // The newest records: the other members' instances of them
-            // came after the takeover was known, so they are in `refs`.
-            // (The oldest may be from before: an agent that waited to
-            // connect ships what it saw meanwhile, and their instances'
-            // other records came and went before it; lined up with the
-            // first reference they would land on it, seconds off.)
-            let (lo, hi) = refs
-                .values()
-                .fold((CoordNs::MAX, CoordNs::MIN), |(lo, hi), r| {
-                    (lo.min(r.entry), hi.max(r.entry))
-                });
-            // The newest held records the other members' reports already
-            // reach past (by COVER_NS), or after PATIENCE_NS the newest.
-            let patient = now - *since >= PATIENCE_NS;
-            let end = if patient {
-                held.len()
-            } else {
-                held.partition_point(|(_, e)| *e + COVER_NS <= hi)
-            };
-            if end < MIN_MATCHED {
-                continue;
-            }
-            // The covered records from the first reference on, in windows
-            // of WINDOW; the window that tells its offset most clearly
-            // decides. A host that falls behind for a while (a loaded
-            // machine: one run's newest records entered up to a step
-            // late) blurs a window into a near tie between neighbouring
-            // offsets, and the newest window alone then lined a member up
-            // 3 instances off (BENCHMARKS.md, journal 2026-12-01 22:53).
-            let first = held.partition_point(|(_, e)| *e < lo);
-            let starts = if end >= first + WINDOW.min(end) {
-                window_starts(first, end)
-            } else if patient {
-                vec![end.saturating_sub(WINDOW)]
-            } else {
-                continue;
-            };
-            let h0 = held[0].0.seq;
-            let mut chosen: Option<(f64, u64, Fit)> = None;
-            for start in starts {
-                let stop = (start + WINDOW).min(end);
-                let window = probes(held.iter().skip(start).take(stop - start));
-                let s0 = held[start].0.seq;
-                let Some((k, fit)) = line_up_fit(&window, refs, floor.map(|f| f + (s0 - h0)))
-                else {
+            let refs = self.refs.get(&comm_id).filter(|r| !r.is_empty());
+            let generations = m.earlier.iter_mut().map(|(_, g)| g).chain([&mut m.state]);
+            for g in generations {
+                let Some((offset, fit)) = refs.and_then(|refs| choose_offset(g, refs, now)) else {
                     continue;
                 };
-                let Some(offset) = k.checked_sub(s0) else {
-                    continue;
-                };
-                let clarity = fit.clarity();
-                if chosen.as_ref().is_none_or(|c| clarity > c.0) {
-                    chosen = Some((clarity, offset, fit));
+                // Records whose instances closed before the takeover was known
+                // are offered too: the join counts them as replayed and
+                // unjoinable, the others still join.
+                let mut r = release(g, comm_id, rank, offset, counters);
+                r.fit = Some(fit);
+                out.push(r);
+            }
+            // An earlier takeover that nothing could line up in twice the
+            // patience (its communicator has no other member to match) is
+            // given up, counted.
+            m.earlier.retain(|(_, g)| match g {
+                State::Holding { since, held, .. } if now - *since >= 2 * PATIENCE_NS => {
+                    counters.lost += held.len() as u64;
+                    false
                 }
-            }
-            let Some((_, offset, fit)) = chosen else {
-                continue;
-            };
-            // Records whose instances closed before the takeover was known
-            // are offered too: the join counts them as replayed and
-            // unjoinable, the others still join.
-            let mut r = release(m, comm_id, rank, offset, &mut self.counters);
-            r.fit = Some(fit);
-            out.push(r);
+                _ => true,
+            });
         }
         out.extend(self.among_themselves(now));
         // References are needed only while someone waits for them.
         let waiting: foldhash::HashSet<u64> = self
             .members
             .iter()
-            .filter(|(_, m)| matches!(m.state, State::Holding { .. }))
+            .filter(|(_, m)| m.generations().any(|g| matches!(g, State::Holding { .. })))
             .map(|((c, _), _)| *c)
             .collect();
         self.refs.retain(|c, _| waiting.contains(c));
@@ -476,7 +461,13 @@ impl Realigner {
             }
             for (rank, offset) in offsets {
                 if let Some(m) = self.members.get_mut(&(comm_id, rank)) {
-                    out.push(release(m, comm_id, rank, offset, &mut self.counters));
+                    out.push(release(
+                        &mut m.state,
+                        comm_id,
+                        rank,
+                        offset,
+                        &mut self.counters,
+                    ));
                 }
             }
         }
@@ -484,15 +475,16 @@ impl Realigner {
     }
 }
 
-/// Lines `m` up at `offset`: its held records renumbered, for the join.
+/// Lines the takeover `state` up at `offset`: its held records renumbered,
+/// for the join.
 fn release(
-    m: &mut Member,
+    state: &mut State,
     comm_id: u64,
     rank: u32,
     offset: u64,
     counters: &mut RealignCounters,
 ) -> Released {
-    let (host, records) = match &mut m.state {
+    let (host, records) = match state {
         State::Holding { host, held, .. } => (
             host.clone(),
             held.drain(..)
@@ -506,7 +498,7 @@ fn release(
     };
     counters.lined_up += 1;
     counters.records += records.len() as u64;
-    m.state = State::LinedUp { offset };
+    *state = State::LinedUp { offset };
     Released {
         host,
         comm_id,
@@ -515,6 +507,75 @@ fn release(
         records,
         fit: None,
     }
+}
+
+/// The offset that lines up the takeover `state` with the other members'
+/// instances `refs`, if its records tell one yet.
+fn choose_offset(state: &State, refs: &BTreeMap<u64, Ref>, now: CoordNs) -> Option<(u64, Fit)> {
+    let State::Holding {
+        floor, since, held, ..
+    } = state
+    else {
+        return None;
+    };
+    if held.len() < MIN_MATCHED {
+        return None;
+    }
+    // The newest records: the other members' instances of them
+    // came after the takeover was known, so they are in `refs`.
+    // (The oldest may be from before: an agent that waited to
+    // connect ships what it saw meanwhile, and their instances'
+    // other records came and went before it; lined up with the
+    // first reference they would land on it, seconds off.)
+    let (lo, hi) = refs
+        .values()
+        .fold((CoordNs::MAX, CoordNs::MIN), |(lo, hi), r| {
+            (lo.min(r.entry), hi.max(r.entry))
+        });
+    // The newest held records the other members' reports already
+    // reach past (by COVER_NS), or after PATIENCE_NS the newest.
+    let patient = now - *since >= PATIENCE_NS;
+    let end = if patient {
+        held.len()
+    } else {
+        held.partition_point(|(_, e)| *e + COVER_NS <= hi)
+    };
+    if end < MIN_MATCHED {
+        return None;
+    }
+    // The covered records from the first reference on, in windows
+    // of WINDOW; the window that tells its offset most clearly
+    // decides. A host that falls behind for a while (a loaded
+    // machine: one run's newest records entered up to a step
+    // late) blurs a window into a near tie between neighbouring
+    // offsets, and the newest window alone then lined a member up
+    // 3 instances off (BENCHMARKS.md, journal 2026-12-01 22:53).
+    let first = held.partition_point(|(_, e)| *e < lo);
+    let starts = if end >= first + WINDOW.min(end) {
+        window_starts(first, end)
+    } else if patient {
+        vec![end.saturating_sub(WINDOW)]
+    } else {
+        return None;
+    };
+    let h0 = held[0].0.seq;
+    let mut chosen: Option<(f64, u64, Fit)> = None;
+    for start in starts {
+        let stop = (start + WINDOW).min(end);
+        let window = probes(held.iter().skip(start).take(stop - start));
+        let s0 = held[start].0.seq;
+        let Some((k, fit)) = line_up_fit(&window, refs, floor.map(|f| f + (s0 - h0))) else {
+            continue;
+        };
+        let Some(offset) = k.checked_sub(s0) else {
+            continue;
+        };
+        let clarity = fit.clarity();
+        if chosen.as_ref().is_none_or(|c| clarity > c.0) {
+            chosen = Some((clarity, offset, fit));
+        }
+    }
+    chosen.map(|(_, offset, fit)| (offset, fit))
 }
 
 /// Starts of the windows of up to [`WINDOW`] records over `first..end`,
