@@ -24,6 +24,7 @@ pub mod spool;
 pub mod stack_collector;
 pub mod stackfeed;
 pub mod stacks;
+pub mod stackworker;
 pub mod symbolize;
 pub mod takeover;
 pub mod tracefs;

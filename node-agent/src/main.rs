@@ -21,9 +21,14 @@ use slowrank_agent::{
     stack_collector::StackCollector,
     stackfeed::StackFeed,
     stacks::StackConfig,
+    stackworker::StackWorker,
 };
 use slowrank_shared::wire::{self, Batch, Hello};
 use tokio::signal::unix::{signal, SignalKind};
+
+/// How long the agent waits at exit for the stack thread to fold the last
+/// window (its first symbolization of a process can take seconds).
+const STACKS_SETTLE: Duration = Duration::from_secs(20);
 
 mod doctor;
 
@@ -276,7 +281,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
             trap.map_or(0.0, |t| t.entry_ns),
         ),
     );
-    let mut stacks = if cli.no_stacks {
+    let stacks = if cli.no_stacks {
         None
     } else {
         let config = if cli.deep {
@@ -284,8 +289,13 @@ async fn run(cli: RunArgs) -> Result<i32> {
         } else {
             StackConfig::DEFAULT
         };
-        match StackCollector::start(config, cli.deep, clock::mono_ns()) {
-            Ok(c) => Some(StackFeed::new(c, host_clock)),
+        let deep = cli.deep;
+        let make = move || {
+            StackCollector::start(config, deep, clock::mono_ns())
+                .map(|c| StackFeed::new(c, host_clock))
+        };
+        match StackWorker::start(make) {
+            Ok(w) => Some(w),
             Err(e) => {
                 // Stacks explain a verdict; they never stop the agent.
                 tracing::warn!(error = %e, "stack sampling unavailable; verdicts will carry no flame graph");
@@ -415,7 +425,6 @@ async fn run(cli: RunArgs) -> Result<i32> {
         let done = tokio::select! {
             _ = poll.tick() => {
                 agent.poll();
-                if let Some(s) = stacks.as_mut() { s.poll(); }
                 false
             }
             req = async { control.as_mut().expect("guarded").recv().await }, if control.is_some() => {
@@ -424,12 +433,12 @@ async fn run(cli: RunArgs) -> Result<i32> {
                         tracing::info!(seconds = c.seconds, "coordinator opened a deep-probe window");
                         let dur = Duration::from_secs(u64::from(c.seconds.max(1)));
                         agent.open_deep_window(dur);
-                        if let (Some(s), true) = (stacks.as_mut(), c.launch_sites) { s.open_launch_window(&c.ranks, dur); }
+                        if let (Some(s), true) = (stacks.as_ref(), c.launch_sites) { s.open_launch_window(&c.ranks, dur); }
                     }
                     Some(_) if !cli.deep => {
                         tracing::info!("coordinator closed the deep-probe window");
                         agent.set_deep(slowrank_agent::agent::Deep::Off);
-                        if let Some(s) = stacks.as_mut() { s.close_launch_window(); }
+                        if let Some(s) = stacks.as_ref() { s.close_launch_window(); }
                     }
                     Some(_) => {}
                     None => control = None,
@@ -440,7 +449,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 if let Err(e) = agent.scan() {
                     tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");
                 }
-                if let Some(s) = stacks.as_mut() {
+                if let Some(s) = stacks.as_ref() {
                     s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
                 }
                 false
@@ -457,9 +466,9 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 }
                 if last_stack_window.elapsed() >= stack_window {
                     last_stack_window = std::time::Instant::now();
-                    if let Some(s) = stacks.as_mut() { s.cut_window(false); }
+                    if let Some(s) = stacks.as_ref() { s.cut_window(clock::mono_ns(), false); }
                 }
-                cut(&mut agent, stacks.as_mut(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
+                cut(&mut agent, stacks.as_ref(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
                 false
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
@@ -478,13 +487,18 @@ async fn run(cli: RunArgs) -> Result<i32> {
     // Returns of calls in flight at exit land just after it.
     tokio::time::sleep(Duration::from_millis(20)).await;
     agent.scan()?;
-    if let Some(s) = stacks.as_mut() {
+    if let Some(s) = stacks.as_ref() {
         s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
-        s.cut_window(true);
+        s.cut_window(clock::mono_ns(), true);
+        // The last window goes with the last batch: wait for the worker to
+        // fold it (symbolizing can take seconds on a loaded host).
+        if !s.settle(STACKS_SETTLE) {
+            tracing::warn!(limit_s = STACKS_SETTLE.as_secs(), "the stack thread did not finish the last window in time: the last batch goes without it");
+        }
     }
     cut(
         &mut agent,
-        stacks.as_mut(),
+        stacks.as_ref(),
         true,
         &host,
         &agent_id,
@@ -493,7 +507,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
     )?;
     let drops = agent.drops();
     tracing::info!(?drops, "fold drops");
-    if let Some(c) = stacks.as_ref().map(StackFeed::counters) {
+    if let Some(c) = stacks.as_ref().and_then(|s| s.counters(STACKS_SETTLE)) {
         match c {
             Ok(c) => tracing::info!(
                 on_cpu = c.on_cpu,
@@ -594,7 +608,7 @@ fn log_probe_hits(agent: &Agent) {
 /// Cuts one batch and ships it.
 fn cut(
     agent: &mut Agent,
-    stacks: Option<&mut StackFeed>,
+    stacks: Option<&StackWorker>,
     close_interval: bool,
     host: &str,
     agent_id: &str,

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use slowrank_shared::wire::{CollectiveRecord, StackWindow};
 
 use crate::{
-    clock::{self, HostClock},
+    clock::HostClock,
     discover::{self, LibKind},
     stack_collector::{CollectorError, LaunchSites, StackCollector},
 };
@@ -191,9 +191,9 @@ impl StackFeed {
 
     /// Ends the current window; its folded stacks wait for the next batch.
     /// The `last` window (the agent is stopping), and one after a rank
-    /// exited, settle every launch a mark covers.
-    pub fn cut_window(&mut self, last: bool) {
-        let now = clock::mono_ns();
+    /// exited, settle every launch a mark covers. `now` is the window's end
+    /// (CLOCK_MONOTONIC), taken by the caller when it decided to cut.
+    pub fn cut_window(&mut self, now: u64, last: bool) {
         // A rank that exited is forgotten after this cut: settle what its
         // last marks cover now, or its last seconds of launches are lost.
         let settle = if last || !self.exited.is_empty() {
