@@ -518,11 +518,17 @@ pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
 
 /// `ibv_modify_qp(qp, attr, mask)` entry: args = [qp, qp_num, mask,
 /// dest_qp_num, dlid, new state].
+///
+/// Reported for any process, like the communicator creations: a QP is
+/// brought up once, inside the rank's communicator init, and a rank the
+/// agent finds after that would carry no destination for its links. A few
+/// calls per QP; the agent holds an unknown process's for a while (limbo).
 #[uprobe]
 pub fn verbs_modify_qp(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else {
-        return 0;
-    };
+    let who = followed(Hit::Entry).unwrap_or_else(|| {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        ((pid_tgid >> 32) as u32, pid_tgid as u32)
+    });
     let qp: u64 = ctx.arg(0).unwrap_or(0);
     let attr: u64 = ctx.arg(1).unwrap_or(0);
     let mask: u64 = ctx.arg(2).unwrap_or(0);

@@ -188,3 +188,52 @@ fn a_communicator_created_before_its_process_is_followed_still_arrives() {
         "the communicator behind the out-pointer"
     );
 }
+
+/// A stand-in for `ibv_modify_qp(qp, attr, mask)`: `struct ibv_qp` has its
+/// `qp_num` at byte 52, `struct ibv_qp_attr` its `dest_qp_num` at 28.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn slowrank_selftest_modify_qp(qp: *const u8, attr: *const u8, mask: u64) -> i32 {
+    std::hint::black_box((qp, attr, mask));
+    0
+}
+
+/// The QP bring-up of a rank found late arrives too (the fold's limbo
+/// replays it once the rank is followed): without it, a rank the agent's
+/// scan found after its communicator init had links with no destination.
+#[test]
+fn a_qp_brought_up_before_its_process_is_followed_still_arrives() {
+    if !root_or_skip("a_qp_brought_up_before_its_process_is_followed_still_arrives") {
+        return;
+    }
+    use slowrank_agent::probes::Attach;
+    let exe: PathBuf = std::fs::read_link("/proc/self/exe").expect("read /proc/self/exe");
+    let mut probes = Probes::load().expect("load eBPF object");
+    let id = probes
+        .attach_as(&exe, "slowrank_selftest_modify_qp", Attach::VerbsModifyQp)
+        .expect("attach to own function");
+    let mut qp = [0u8; 64];
+    qp[52..56].copy_from_slice(&4242u32.to_ne_bytes());
+    let mut attr = [0u8; 64];
+    attr[28..32].copy_from_slice(&777u32.to_ne_bytes());
+    assert_eq!(
+        slowrank_selftest_modify_qp(qp.as_ptr(), attr.as_ptr(), 0x1ff),
+        0
+    );
+    let mut events: Vec<CallEvent> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !events.iter().any(|e| e.probe == id) && Instant::now() < deadline {
+        if probes.drain(&mut events).0 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let ours: Vec<&CallEvent> = events
+        .iter()
+        .filter(|e| e.probe == id && e.pid == std::process::id())
+        .collect();
+    assert_eq!(ours.len(), 1, "one entry, unfollowed");
+    assert_eq!(CallKind::from_raw(ours[0].kind), Some(CallKind::Entry));
+    assert_eq!(ours[0].args[1], 4242, "qp_num read from the QP");
+    assert_eq!(ours[0].args[2], 0x1ff, "the attribute mask");
+    assert_eq!(ours[0].args[3], 777, "the destination QP");
+}
