@@ -515,6 +515,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 off_cpu_capture_skipped = c.off_cpu_skipped,
                 launches = c.launches,
                 ringbuf_drops = c.ringbuf_drops,
+                queue_drops = c.queue_drops,
                 "stack records over the run"
             ),
             Err(e) => tracing::warn!(error = %e, "cannot read the stack counters"),

@@ -58,8 +58,10 @@ impl StackCollector {
     /// Starts sampling; `deep` records launch sites and sync marks of every
     /// followed rank (see [`StackCollector::set_launch_sites`]).
     pub fn start(config: StackConfig, deep: bool, now_ns: u64) -> Result<Self, CollectorError> {
+        let mut sampler = StackSampler::start(config)?;
+        sampler.drain_on_thread();
         Ok(Self {
-            sampler: StackSampler::start(config)?,
+            sampler,
             sym: Symbolizer::new(),
             folder: Folder::new(now_ns, DEFAULT_MAX_STACKS),
             procs: HashMap::new(),

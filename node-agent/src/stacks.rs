@@ -6,7 +6,16 @@
 //! `cudaLaunchKernel` records launch sites. Which processes count is decided
 //! in the kernel by `STACK_PIDS` ([`StackSampler::follow`]).
 
-use std::path::Path;
+use std::{
+    collections::VecDeque,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
@@ -104,12 +113,96 @@ pub struct StackCounters {
     pub launches: u64,
     /// Switch-outs whose stack capture was sampled away.
     pub off_cpu_skipped: u64,
+    /// Records the drain thread took from the kernel but dropped because
+    /// the fold fell [`MAX_DRAINED`] records behind.
+    pub queue_drops: u64,
+}
+
+/// Records the drain thread holds for the fold, at most (≈ 830 bytes each:
+/// ≈ 13 MiB, seconds of a deep window's launches while a first
+/// symbolization holds the fold up).
+pub const MAX_DRAINED: usize = 16384;
+
+/// How long the drain thread sleeps when the kernel's ring is empty.
+const DRAIN_IDLE: Duration = Duration::from_millis(2);
+
+/// Records taken from the kernel's ring, waiting for the fold.
+#[derive(Default)]
+struct Drained {
+    events: Mutex<VecDeque<StackEvent>>,
+    dropped: AtomicU64,
+    bad: AtomicU64,
+}
+
+/// Where the fold reads records from: the kernel's ring itself, or (once
+/// [`StackSampler::drain_on_thread`] ran) the queue a thread of its own
+/// fills. The fold symbolizes, and a process's first symbolization reads
+/// every ELF file it maps: seconds on a loaded host, while the 8 MiB ring
+/// (≈ 10,000 records) overflowed (the stacks test beside two busy loops:
+/// 2,568 and 4,957 records dropped in one run).
+enum Ring {
+    Here(RingBuf<MapData>),
+    Thread(DrainThread),
+}
+
+/// The drain thread and what it fills; stopped and joined on drop.
+struct DrainThread {
+    drained: Arc<Drained>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for DrainThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Decodes one ring record (on-CPU samples get the sampling period).
+fn decode(item: &[u8], period: u64) -> Option<StackEvent> {
+    let mut ev = StackEvent::from_bytes(item)?;
+    if StackKind::from_raw(ev.kind) == Some(StackKind::OnCpu) {
+        ev.weight_ns = period;
+    }
+    Some(ev)
+}
+
+fn drain_loop(mut ring: RingBuf<MapData>, period: u64, drained: &Drained, stop: &AtomicBool) {
+    let mut batch = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        while let Some(item) = ring.next() {
+            match decode(&item, period) {
+                Some(ev) => batch.push(ev),
+                None => {
+                    drained.bad.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if batch.len() >= 1024 {
+                break;
+            }
+        }
+        if batch.is_empty() {
+            std::thread::sleep(DRAIN_IDLE);
+            continue;
+        }
+        let mut q = drained.events.lock().unwrap_or_else(|p| p.into_inner());
+        for ev in batch.drain(..) {
+            if q.len() >= MAX_DRAINED {
+                drained.dropped.fetch_add(1, Ordering::Relaxed);
+            } else {
+                q.push_back(ev);
+            }
+        }
+    }
 }
 
 /// The loaded and attached stack programs.
 pub struct StackSampler {
     ebpf: Ebpf,
-    ring: RingBuf<MapData>,
+    ring: Ring,
     config: StackConfig,
 }
 
@@ -182,7 +275,63 @@ impl StackSampler {
                 .ok_or(StackError::MissingMap(bpf_maps::STACKS))?,
         )
         .map_err(map_err(bpf_maps::STACKS))?;
-        Ok(Self { ebpf, ring, config })
+        Ok(Self {
+            ebpf,
+            ring: Ring::Here(ring),
+            config,
+        })
+    }
+
+    /// Moves the draining of the kernel's ring to a thread of its own, so
+    /// a slow fold (a first symbolization) does not make the ring overflow;
+    /// [`StackSampler::drain`] then takes what that thread drained. If the
+    /// thread cannot start, records are drained here as before.
+    pub fn drain_on_thread(&mut self) {
+        let drained = Arc::new(Drained::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = self.config.period_ns();
+        if matches!(self.ring, Ring::Thread(_)) {
+            return;
+        }
+        // A stand-in with flags of its own: dropped when replaced, it
+        // must not stop the real thread.
+        let ring = std::mem::replace(
+            &mut self.ring,
+            Ring::Thread(DrainThread {
+                drained: Arc::default(),
+                stop: Arc::default(),
+                thread: None,
+            }),
+        );
+        let Ring::Here(ring) = ring else {
+            unreachable!("checked above");
+        };
+        let (d, st) = (drained.clone(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("slowrank-stackring".into())
+            .spawn(move || {
+                // The ring comes back if the caller is gone (cannot happen).
+                let ring: RingBuf<MapData> = match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => return,
+                };
+                drain_loop(ring, period, &d, &st);
+            });
+        match spawned {
+            Ok(t) => {
+                tx.send(ring).expect("the drain thread waits for its ring");
+                self.ring = Ring::Thread(DrainThread {
+                    drained,
+                    stop,
+                    thread: Some(t),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the stack ring's drain thread: draining with the fold");
+                self.ring = Ring::Here(ring);
+            }
+        }
     }
 
     pub fn config(&self) -> StackConfig {
@@ -290,16 +439,23 @@ impl StackSampler {
     pub fn drain(&mut self, out: &mut Vec<StackEvent>) -> (usize, usize) {
         let (mut n, mut bad) = (0, 0);
         let period = self.config.period_ns();
-        while let Some(item) = self.ring.next() {
-            match StackEvent::from_bytes(&item) {
-                Some(mut ev) => {
-                    if StackKind::from_raw(ev.kind) == Some(StackKind::OnCpu) {
-                        ev.weight_ns = period;
+        match &mut self.ring {
+            Ring::Here(ring) => {
+                while let Some(item) = ring.next() {
+                    match decode(&item, period) {
+                        Some(ev) => {
+                            out.push(ev);
+                            n += 1;
+                        }
+                        None => bad += 1,
                     }
-                    out.push(ev);
-                    n += 1;
                 }
-                None => bad += 1,
+            }
+            Ring::Thread(DrainThread { drained, .. }) => {
+                let mut q = drained.events.lock().unwrap_or_else(|p| p.into_inner());
+                n = q.len();
+                out.extend(q.drain(..));
+                bad = drained.bad.swap(0, Ordering::Relaxed) as usize;
             }
         }
         (n, bad)
@@ -338,6 +494,10 @@ impl StackSampler {
             off_cpu: sum(stack_counter::OFF_CPU)?,
             launches: sum(stack_counter::LAUNCH)?,
             off_cpu_skipped: sum(stack_counter::OFF_CPU_SKIPPED)?,
+            queue_drops: match &self.ring {
+                Ring::Here(_) => 0,
+                Ring::Thread(t) => t.drained.dropped.load(Ordering::Relaxed),
+            },
         })
     }
 }

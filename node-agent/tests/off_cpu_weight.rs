@@ -144,3 +144,81 @@ fn sampled_off_cpu_captures_still_add_up_to_each_threads_off_cpu_time() {
         worked[0].sleeps
     );
 }
+
+/// Records the kernel's 8 MiB stack ring holds, about (≈ 840 bytes each
+/// with the ring's header).
+const RING_RECORDS: u64 = (8 << 20) / 840;
+
+// Stand-ins for the CUDA runtime's launch and sync calls, so this test
+// binary is its own launch site (`StackSampler::attach_launch_site`).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn cudaLaunchKernel(func: *const u8) -> i32 {
+    std::hint::black_box(func);
+    0
+}
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn cudaDeviceSynchronize() -> i32 {
+    std::hint::black_box(0)
+}
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn cudaStreamSynchronize(s: *const u8) -> i32 {
+    std::hint::black_box(s);
+    0
+}
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn cudaEventSynchronize(e: *const u8) -> i32 {
+    std::hint::black_box(e);
+    0
+}
+
+/// A fold that stalls (a first symbolization takes seconds on a loaded
+/// host) loses nothing: the drain thread empties the kernel's ring while
+/// nobody folds. Drained where it was folded, the ring overflowed (the
+/// stacks test beside two busy loops dropped thousands of records).
+#[test]
+fn a_stalled_fold_loses_no_record_once_the_ring_drains_on_its_own_thread() {
+    if !root_or_skip("a_stalled_fold_loses_no_record_once_the_ring_drains_on_its_own_thread") {
+        return;
+    }
+    // Called, so the linker keeps them for the probes to find.
+    cudaDeviceSynchronize();
+    cudaStreamSynchronize(std::ptr::null());
+    cudaEventSynchronize(std::ptr::null());
+    let exe = std::fs::read_link("/proc/self/exe").expect("read /proc/self/exe");
+    let mut sampler = StackSampler::start(StackConfig::DEFAULT).expect("start the stack sampler");
+    sampler.drain_on_thread();
+    let me = std::process::id();
+    sampler.follow(me, 0).expect("follow this process");
+    let links = sampler
+        .attach_launch_site(&exe, Some(me))
+        .expect("attach the launch site to this binary");
+    // Half again what the kernel's ring holds, with nobody draining: had
+    // the fold drained it, that much could not all arrive.
+    let launches = RING_RECORDS * 3 / 2;
+    for i in 0..launches {
+        cudaLaunchKernel(i as *const u8);
+    }
+    // What the drain thread has yet to take.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut events: Vec<StackEvent> = Vec::new();
+    let ours = |events: &[StackEvent]| {
+        events
+            .iter()
+            .filter(|e| e.pid == me && StackKind::from_raw(e.kind) == Some(StackKind::Launch))
+            .count() as u64
+    };
+    while ours(&events) < launches && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        sampler.drain(&mut events);
+    }
+    let c = sampler.counters().expect("counters");
+    sampler.detach_launch_site(links);
+    sampler.unfollow(me).expect("unfollow");
+    assert_eq!(c.ringbuf_drops, 0, "kernel ring overflowed: {c:?}");
+    assert_eq!(c.queue_drops, 0, "drain queue overflowed: {c:?}");
+    assert_eq!(ours(&events), launches, "launch records: {c:?}");
+}

@@ -234,6 +234,7 @@ fn sample(name: &str, spec: &str, config: StackConfig, trace: bool) -> Sampled {
     );
     assert_eq!(stacks.bad_records, 0);
     assert_eq!(c.ringbuf_drops, 0, "ring buffer drops: {c:?}");
+    assert_eq!(c.queue_drops, 0, "drain queue drops: {c:?}");
     assert!(c.on_cpu > 0 && c.off_cpu > 0, "no samples: {c:?}");
     assert!(
         max_off_threads >= 4,
