@@ -125,7 +125,14 @@ impl Analyzer {
         if !self.realigning.load(Ordering::Relaxed) {
             return;
         }
-        let released = lock(&self.realign).poll(recv_ns as CoordNs);
+        // Held entries on each host's clock as known now, not as it was
+        // when they arrived (right after a restart it is still settling).
+        let remap = |host: &str, agent_ns: u64| {
+            self.clocks
+                .get(host)
+                .map(|c| c.value().map().coord_and_bound(agent_ns).0)
+        };
+        let released = lock(&self.realign).poll_remapped(recv_ns as CoordNs, &remap);
         for rel in released {
             info!(
                 comm = format!("{:#x}", rel.comm_id),
@@ -135,6 +142,11 @@ impl Analyzer {
                 records = rel.records.len(),
                 mean_diff_ms = rel.fit.map(|f| f.mean_ns as f64 / 1e6),
                 runner_up_ms = rel.fit.and_then(|f| f.runner_up_ns).map(|n| n as f64 / 1e6),
+                waited_ms = rel.basis.map(|b| b.waited_ns / 1_000_000),
+                held = rel.basis.map(|b| b.held),
+                covered = rel.basis.map(|b| b.covered),
+                patient = rel.basis.map(|b| b.patient),
+                window = rel.basis.map(|b| format!("{}+{}", b.window_start, b.window_len)),
                 clock_bound_us = self
                     .clocks
                     .get(&*rel.host)
