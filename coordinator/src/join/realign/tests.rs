@@ -125,7 +125,7 @@ fn it_waits_until_the_other_members_cover_its_records() {
     let mut r = Realigner::default();
     let host: Arc<str> = Arc::from("host-1");
     r.take_over(7, 2, 1, "new", &host, None, 0);
-    for s in 20..40 {
+    for s in 20..60 {
         let (op, bytes, t) = step_op(s);
         assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
     }
@@ -137,7 +137,7 @@ fn it_waits_until_the_other_members_cover_its_records() {
     }
     assert!(r.poll(2 * MS).is_empty(), "not covered yet, still patient");
     // A second past its newest record: covered.
-    for s in 30..160 {
+    for s in 30..200 {
         let (op, bytes, t) = step_op(s);
         r.route(rec(7, 0, s, op, bytes), "a0", t);
     }
@@ -407,4 +407,33 @@ fn held_records_are_lined_up_on_the_clock_known_now_not_the_one_they_came_with()
         "{:?}",
         out[0].fit
     );
+}
+
+/// Only the first 8 of a member's records covered by the others' reports
+/// (a restarted agent's first batch arrived a second ahead of theirs): 8
+/// records are too few to tell an offset from its neighbours on a loaded
+/// host, so it waits for a whole covered window, or its patience.
+#[test]
+fn a_member_is_not_lined_up_from_a_few_covered_records() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 2, 1, "new", &host, None, 0);
+    for s in 20..60 {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
+    }
+    // Its record 7 (instance 27) entered at 264 ms, record 8 at 280 ms:
+    // the others' newest at 1,264 ms covers exactly 8.
+    for s in 0..128 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+    assert_eq!(step_op(127).2, 1264 * MS);
+    assert!(r.poll(2 * MS).is_empty(), "8 covered records lined it up");
+    // Patience over: lined up with what there is, at the true offset.
+    let out = r.poll(PATIENCE_NS + 2 * MS);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].offset, 20);
+    let basis = out[0].basis.expect("a basis");
+    assert!(basis.patient, "{basis:?}");
 }
