@@ -34,7 +34,7 @@ N=$1; shift
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || { echo "repeat-tests: N must be a positive number, got '$N'" >&2; exit 2; }
 
 DEFAULT=(faults_agent_restart faults_coordinator_restart faults_coordinator_back_late faults_link_down faults_rank_crash
-         faults_chaos scenario_interrupt serve_restart quic serve_e2e serve_ingest mtls
+         faults_chaos faults_agent_restart_pipeline scenario_interrupt serve_restart quic serve_e2e serve_ingest mtls
          agent_deep_links agent_dlopen_late agent_gpu_arrival agent_scenario_records stacks
          hostile_hang hostile_identity hostile_metrics hostile_mtls hostile_preauth hostile_state ui)
 TESTS=("$@")

@@ -97,7 +97,12 @@ impl Analyzer {
                             self.offer_one(host, r, connected_at, None, recv_ns, sum, out)
                         }
                         Route::Held => {}
-                        Route::Lost => sum.rejected += 1,
+                        Route::Lost => {
+                            sum.rejected += 1;
+                            if matches!(r.op, CollOp::Send | CollOp::Recv) {
+                                self.joiner.p2p_unjoinable(r.comm_id, r.rank, r.peer, entry);
+                            }
+                        }
                     }
                 }
                 Ok(()) => self.offer_one(host, r.clone(), connected_at, None, recv_ns, sum, out),

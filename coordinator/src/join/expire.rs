@@ -238,7 +238,7 @@ fn attendance(
             present_ranks.push(m.rank);
             continue;
         }
-        if passed(st, key, *p) {
+        if passed(st, key, *p, deadline) {
             continue;
         }
         let slot = st.slots.get(p);
@@ -266,7 +266,7 @@ fn holds_back(
     let (InstanceKey::Coll(_), Some(p)) = (key, blocker) else {
         return false;
     };
-    if p >= st.nranks || st.open[&key].records.contains_key(&p) || passed(st, key, p) {
+    if p >= st.nranks || st.open[&key].records.contains_key(&p) || passed(st, key, p, deadline) {
         return false;
     }
     !st.slots
@@ -309,13 +309,21 @@ fn member_positions(st: &CommState) -> (Vec<u32>, usize) {
 }
 
 /// Whether position `p` already issued an operation after `key` on this
-/// communicator (so its record for `key` was lost, not withheld).
-fn passed(st: &CommState, key: InstanceKey, p: u32) -> bool {
+/// communicator (so its record for `key` was lost, not withheld). For a
+/// point-to-point one whose later records cannot be numbered
+/// ([`Joiner::p2p_unjoinable`]), one to the same peer entered past the
+/// instance's `deadline` says so: a member stuck in it issues nothing
+/// after.
+fn passed(st: &CommState, key: InstanceKey, p: u32, deadline: CoordNs) -> bool {
     match key {
         InstanceKey::Coll(seq) => st.last_seq.get(&p).is_some_and(|l| *l > seq),
         InstanceKey::P2p { lo, hi, ordinal } => {
             let peer = if p == lo { hi } else { lo };
             st.p2p_ordinal.get(&(p, peer)).is_some_and(|n| *n > ordinal)
+                || st
+                    .p2p_unjoinable
+                    .get(&(p, peer))
+                    .is_some_and(|t| *t > deadline)
         }
     }
 }

@@ -206,6 +206,11 @@ struct CommState {
     last_seq: HashMap<u32, u64>,
     last_completed: HashMap<u32, u64>,
     p2p_ordinal: HashMap<(u32, u32), u64>,
+    /// The latest entry (coordinator time) of a point-to-point operation
+    /// from one position to another whose record cannot be joined (a
+    /// member a restarted agent took over: what it missed is unknown, so
+    /// its operations cannot be numbered): it shows that member went on.
+    p2p_unjoinable: HashMap<(u32, u32), CoordNs>,
     open: HashMap<InstanceKey, Open>,
     born: u64,
     closed: HashSet<InstanceKey>,
@@ -231,6 +236,7 @@ impl CommState {
             last_seq: HashMap::new(),
             last_completed: HashMap::new(),
             p2p_ordinal: HashMap::new(),
+            p2p_unjoinable: HashMap::new(),
             open: HashMap::new(),
             born: 0,
             closed: HashSet::new(),
@@ -379,6 +385,26 @@ impl Joiner {
         let st = self.comms.get(&comm_id)?;
         let pos = st.by_rank.get(&rank)?;
         st.last_seq.get(pos).copied()
+    }
+
+    /// `rank` issued a point-to-point operation to comm position `peer`
+    /// at `entry` (coordinator time) whose record cannot be joined: the
+    /// instances between them that entered a hang timeout before it are
+    /// not its hang (its records for them are lost, counted by the
+    /// caller). Without it every send/recv of a pipeline stage whose agent
+    /// restarted was called a hang of that stage.
+    pub fn p2p_unjoinable(&self, comm_id: u64, rank: u32, peer: i32, entry: CoordNs) {
+        let Some(mut st) = self.comms.get_mut(&comm_id) else {
+            return;
+        };
+        let Some(&pos) = st.by_rank.get(&rank) else {
+            return;
+        };
+        let Ok(peer) = u32::try_from(peer) else {
+            return;
+        };
+        let t = st.p2p_unjoinable.entry((pos, peer)).or_insert(entry);
+        *t = (*t).max(entry);
     }
 
     /// A communicator's size (cheap: no member list is built).
