@@ -28,10 +28,10 @@ pub(super) fn detect_by_marks(
         return None;
     }
     // A step-ending sync: far longer than a bucket's incidental syncs.
-    let max_sync = run.iter().map(|r| r.3.sync_wait_ns).max().unwrap_or(0);
+    let floor = step_sync_floor(run.iter().map(|r| r.3.sync_wait_ns));
     let sync: Vec<u64> = run
         .iter()
-        .map(|r| u64::from(max_sync > 0 && r.3.sync_wait_ns * 4 >= max_sync))
+        .map(|r| u64::from(floor.is_some_and(|f| r.3.sync_wait_ns >= f)))
         .collect();
     // A step-ending sync before (nearly) every instance: one instance per
     // step, whatever pattern the gaps show. An intermittent straggler
@@ -91,6 +91,39 @@ pub(super) fn detect_by_marks(
         .unwrap_or_else(|| gap_phase(run, best.0));
     Some((best.0, phase % best.0, best.2))
 }
+
+/// The shortest sync wait that counts as a step's end, or `None` when no
+/// instance waited. The waits split where consecutive ones (sorted) differ
+/// by the largest factor, when that factor is at least [`SYNC_SPLIT`]
+/// (incidental syncs, or none, below; the steps' ends above); else, no
+/// clear split, a quarter of the longest. Not a quarter of the longest
+/// alone: one step's end that waited 44 ms beside a CPU hog, where the
+/// others waited 6–24 ms, left half of them "not a step's end", and a
+/// dp8 job's 4-bucket step was read as 16 buckets (agent-restart test,
+/// 2 of 20 runs).
+fn step_sync_floor(waits: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut w: Vec<u64> = waits.collect();
+    w.sort_unstable();
+    w.dedup();
+    let max = *w.last()?;
+    if max == 0 {
+        return None;
+    }
+    let split = w
+        .windows(2)
+        .map(|p| (p[1] as f64 / p[0].max(1) as f64, p[1]))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match split {
+        Some((factor, above)) if factor >= SYNC_SPLIT => Some(above),
+        _ => Some(max.div_ceil(4)),
+    }
+}
+
+/// How much longer than the next shorter wait the shortest step-ending
+/// sync must be to mark a split: a quarter was the old fixed cut, and a
+/// step's end that waits only 4× a bucket's incidental sync is as faint a
+/// marker as we accept.
+const SYNC_SPLIT: f64 = 4.0;
 
 /// The residue after the longest mean gap starts a step.
 fn gap_phase(run: &[(u64, CoordNs, CoordNs, Marks)], p: u64) -> u64 {

@@ -284,3 +284,37 @@ fn a_long_step_is_waited_for_not_called_undetermined() {
         (24, 0, Method::GapPattern)
     );
 }
+
+/// A dp8 job's 4-bucket step beside a CPU hog (an agent-restart run): the
+/// step-ending sync waited 6–44 ms (medians over members, as recorded),
+/// the buckets' none. Read as 16 buckets a step when a quarter of the
+/// longest wait was the cut.
+#[test]
+fn step_ends_that_wait_unevenly_still_mark_every_step() {
+    let waits_us = [
+        44269, 18938, 17049, 8071, 12361, 15482, 14785, 14619, 19153, 14857, 15098, 10490, 6258,
+        23982, 43298, 24231, 20695,
+    ];
+    let mut c = IterationClock::new(IterationConfig::default());
+    let mut t = 0i64;
+    for seq in 0..64u64 {
+        let end = seq % 4 == 0 && seq > 0;
+        t += if end { 40_000_000 } else { 3_000_000 };
+        let marks = Marks {
+            op: 1,
+            bytes: 26 << 20,
+            launches: 20,
+            sync_wait_ns: if end {
+                waits_us[(seq / 4 - 1) as usize % waits_us.len()] * 1000
+            } else {
+                0
+            },
+        };
+        c.observe(1, 8, seq, t, t + 500_000, marks);
+    }
+    let p = c.period().expect("told");
+    assert_eq!(
+        (p.instances_per_iteration, p.method),
+        (4, Method::SyncMarker)
+    );
+}
