@@ -93,29 +93,33 @@ pub(super) fn detect_by_marks(
 }
 
 /// The shortest sync wait that counts as a step's end, or `None` when no
-/// instance waited. The waits split where consecutive ones (sorted) differ
-/// by the largest factor, when that factor is at least [`SYNC_SPLIT`]
-/// (incidental syncs, or none, below; the steps' ends above); else, no
-/// clear split, a quarter of the longest. Not a quarter of the longest
+/// instance waited. The waits of the instances that waited split where
+/// consecutive ones (sorted) differ by the largest factor, when that
+/// factor is at least [`SYNC_SPLIT`] (incidental syncs below, the steps'
+/// ends above); else, no clear split, every wait of at least a quarter of
+/// the longest. Not a quarter of the longest
 /// alone: one step's end that waited 44 ms beside a CPU hog, where the
 /// others waited 6–24 ms, left half of them "not a step's end", and a
 /// dp8 job's 4-bucket step was read as 16 buckets (agent-restart test,
 /// 2 of 20 runs).
 fn step_sync_floor(waits: impl Iterator<Item = u64>) -> Option<u64> {
-    let mut w: Vec<u64> = waits.collect();
+    // Among the instances that waited at all: a bucket's incidental sync
+    // (µs) is not a step's end, and "none" to "some" is always the widest
+    // factor.
+    let mut w: Vec<u64> = waits.filter(|w| *w > 0).collect();
     w.sort_unstable();
     w.dedup();
-    let max = *w.last()?;
-    if max == 0 {
-        return None;
-    }
+    let (&least, &max) = (w.first()?, w.last()?);
     let split = w
         .windows(2)
-        .map(|p| (p[1] as f64 / p[0].max(1) as f64, p[1]))
+        .map(|p| (p[1] as f64 / p[0] as f64, p[1]))
         .max_by(|a, b| a.0.total_cmp(&b.0));
     match split {
         Some((factor, above)) if factor >= SYNC_SPLIT => Some(above),
-        _ => Some(max.div_ceil(4)),
+        // No clear split: they are all alike (every one a step's end, or
+        // incidental syncs of about a step's end's length, as the old cut
+        // of a quarter of the longest also counted them).
+        _ => Some(least.min(max.div_ceil(4)).max(1)),
     }
 }
 

@@ -318,3 +318,31 @@ fn step_ends_that_wait_unevenly_still_mark_every_step() {
         (4, Method::SyncMarker)
     );
 }
+
+/// Each bucket's incidental sync (a D2H copy, 40–60 µs) is not a step's
+/// end beside the 10–30 ms one that is.
+#[test]
+fn incidental_syncs_are_not_step_ends() {
+    let mut c = IterationClock::new(IterationConfig::default());
+    let mut t = 0i64;
+    for seq in 0..64u64 {
+        let end = seq % 4 == 0 && seq > 0;
+        t += if end { 40_000_000 } else { 3_000_000 };
+        let marks = Marks {
+            op: 1,
+            bytes: 26 << 20,
+            launches: 20,
+            sync_wait_ns: if end {
+                (10 + (seq * 7) % 21) * 1_000_000
+            } else {
+                (40 + (seq * 3) % 21) * 1_000
+            },
+        };
+        c.observe(1, 8, seq, t, t + 500_000, marks);
+    }
+    let p = c.period().expect("told");
+    assert_eq!(
+        (p.instances_per_iteration, p.method),
+        (4, Method::SyncMarker)
+    );
+}
