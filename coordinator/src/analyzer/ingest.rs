@@ -49,7 +49,7 @@ impl Analyzer {
         // issued before this batch's.
         self.release_parked(&announced, recv_ns, &mut sum, &mut out);
         self.offer_collectives(b, &host, recv_ns, &mut sum, &mut out);
-        self.release_lined_up(recv_ns, &mut sum, &mut out);
+        self.release_lined_up(recv_ns, &mut sum, &mut out, false);
         self.ingest_intervals_and_links(b, slack, &mut sum);
         let nccl_errors = self.queue_offered(out);
         if !clock_known && sum.accepted > 0 {
@@ -114,62 +114,6 @@ impl Analyzer {
         }
     }
 
-    /// A restarted agent took over `c`: its member's records are lined up
-    /// before they join ([`crate::join::realign`]).
-    fn take_over(&self, c: &CommRecord, b: &Batch, host: &Arc<str>) {
-        let floor = self.joiner.last_seq_of(c.comm_id, c.rank);
-        let now = self.to_coord(&b.host, b.mono_ns).0;
-        lock(&self.realign).take_over(c.comm_id, c.nranks, c.rank, &b.agent_id, host, floor, now);
-        self.realigned_comms.insert(c.comm_id, ());
-        self.realigning.store(true, Ordering::Relaxed);
-    }
-
-    /// Offers the held records of the taken-over members that can now be
-    /// lined up ([`crate::join::realign`]).
-    fn release_lined_up(&self, recv_ns: u64, sum: &mut IngestSummary, out: &mut Offered) {
-        if !self.realigning.load(Ordering::Relaxed) {
-            return;
-        }
-        // Held entries on each host's clock as known now, not as it was
-        // when they arrived (right after a restart it is still settling).
-        let remap = |host: &str, agent_ns: u64| {
-            self.clocks
-                .get(host)
-                .map(|c| c.value().map().coord_and_bound(agent_ns).0)
-        };
-        let released = lock(&self.realign).poll_remapped(recv_ns as CoordNs, &remap);
-        for rel in released {
-            info!(
-                comm = format!("{:#x}", rel.comm_id),
-                rank = rel.rank,
-                host = %rel.host,
-                offset = rel.offset,
-                records = rel.records.len(),
-                mean_diff_ms = rel.fit.map(|f| f.mean_ns as f64 / 1e6),
-                runner_up_ms = rel.fit.and_then(|f| f.runner_up_ns).map(|n| n as f64 / 1e6),
-                waited_ms = rel.basis.map(|b| b.waited_ns / 1_000_000),
-                held = rel.basis.map(|b| b.held),
-                covered = rel.basis.map(|b| b.covered),
-                patient = rel.basis.map(|b| b.patient),
-                window = rel.basis.map(|b| format!("{}+{}", b.window_start, b.window_len)),
-                clock_bound_us = self
-                    .clocks
-                    .get(&*rel.host)
-                    .map(|c| c.value().error_bound_ns() / 1e3),
-                "a restarted agent's member lined up with the other members: its collectives join again"
-            );
-            // Its oldest records may belong to instances that closed
-            // before the takeover was known (the agent saw them before it
-            // could connect): counted as replayed and unjoinable, like a
-            // spool's, not rejected.
-            let connected_at = u64::MAX;
-            lock(&self.lined_up).push(((rel.comm_id, rel.rank), rel.offset));
-            for r in rel.records {
-                self.offer_one(&rel.host, r, connected_at, None, recv_ns, sum, out);
-            }
-        }
-    }
-
     /// The highest instance each communicator's members have issued
     /// (point-to-point ops aside), for communicators the join knows.
     fn note_issued(&self, b: &Batch) {
@@ -188,7 +132,7 @@ impl Analyzer {
 
     /// Queues what the offers completed (for `tick`) and the hang
     /// progress; returns the NCCL errors seen.
-    fn queue_offered(&self, out: Offered) -> u64 {
+    pub(super) fn queue_offered(&self, out: Offered) -> u64 {
         let Offered {
             completed,
             progress,

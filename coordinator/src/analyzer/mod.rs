@@ -50,14 +50,16 @@ use crate::verdict::{EventKind, Lifecycle, LifecycleConfig, Observation, Subject
 pub use carry::{Baselines, Mark, KEPT_HISTORY};
 
 // One file per phase of the runtime, each an `impl Analyzer` block: a batch
-// comes in through `ingest`, `tick` drains and seals iterations, `evaluate`
-// judges each sealed one, `outputs` renders what is held.
+// comes in through `ingest` (a restarted agent's members through `takeover`),
+// `tick` drains and seals iterations, `evaluate` judges each sealed one,
+// `outputs` renders what is held.
 mod carry;
 mod evaluate;
 mod ingest;
 mod outputs;
 mod structural;
 mod suspects;
+mod takeover;
 #[cfg(test)]
 mod tests;
 mod tick;

@@ -269,29 +269,35 @@ impl Analyzer {
         self.new_hangs(core, now, &mut events);
         core.resumed
             .extend(std::mem::take(&mut *lock(&self.lined_up)));
-        Self::passed_while_unwatched(core, &mut events);
+        self.passed_while_unwatched(core, &mut events);
         events
     }
 
     /// Active hangs whose every missing member is a taken-over member that
     /// resumed past the instance: they did not hang there, their records
-    /// were lost while their agent restarted.
-    fn passed_while_unwatched(core: &mut Core, events: &mut Vec<VerdictEvent>) {
-        if core.resumed.is_empty() {
-            return;
-        }
+    /// were lost while their agent restarted. A collective's members
+    /// resumed past it once lined up past its number; a send/recv's once
+    /// they issued an operation to the same peer after it began, which
+    /// cannot be numbered ([`crate::join::Joiner::p2p_went_on`]): a
+    /// pipeline job's agent gone 34 s, past the 30 s hang timeout, left
+    /// every restarted stage rank's send/recv of the gap hung to the end
+    /// (stop 49).
+    fn passed_while_unwatched(&self, core: &mut Core, events: &mut Vec<VerdictEvent>) {
         let resumed = &core.resumed;
         for h in core.hangs.iter_mut().filter(|h| h.active) {
-            let crate::join::InstanceKey::Coll(seq) = h.candidate.key else {
-                continue;
-            };
             let comm = h.candidate.comm_id;
-            let went_on = !h.candidate.missing.is_empty()
-                && h.candidate.missing.iter().all(|m| {
-                    resumed
-                        .get(&(comm, m.rank))
-                        .is_some_and(|first| *first > seq)
-                });
+            let went_on = |m: &crate::join::MissingMember| match h.candidate.key {
+                crate::join::InstanceKey::Coll(seq) => resumed
+                    .get(&(comm, m.rank))
+                    .is_some_and(|first| *first > seq),
+                crate::join::InstanceKey::P2p { lo, hi, .. } => {
+                    let peer = if m.rank_in_comm == lo { hi } else { lo };
+                    self.joiner
+                        .p2p_went_on(comm, m.rank, peer, h.candidate.entered_at)
+                }
+            };
+            let went_on =
+                !h.candidate.missing.is_empty() && h.candidate.missing.iter().all(went_on);
             if !went_on {
                 continue;
             }

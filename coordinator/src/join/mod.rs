@@ -407,6 +407,21 @@ impl Joiner {
         *t = (*t).max(entry);
     }
 
+    /// Whether `rank` of `comm_id` issued a send/recv to position `peer`
+    /// that could not be numbered ([`Joiner::p2p_unjoinable`]), entered
+    /// after `after`: it went on, whatever instance its lost records were.
+    pub fn p2p_went_on(&self, comm_id: u64, rank: u32, peer: u32, after: CoordNs) -> bool {
+        let Some(st) = self.comms.get(&comm_id) else {
+            return false;
+        };
+        let Some(&pos) = st.by_rank.get(&rank) else {
+            return false;
+        };
+        st.p2p_unjoinable
+            .get(&(pos, peer))
+            .is_some_and(|t| *t > after)
+    }
+
     /// A communicator's size (cheap: no member list is built).
     pub fn comm_nranks(&self, comm_id: u64) -> Option<u32> {
         self.comms.get(&comm_id).map(|st| st.nranks)

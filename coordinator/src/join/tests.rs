@@ -513,3 +513,34 @@ fn a_peer_seen_going_on_with_unjoinable_p2p_is_not_hung() {
     assert_eq!(exp.len(), 2);
     assert!(exp.iter().all(|e| matches!(e, Expired::Hang(_))), "{exp:?}");
 }
+
+/// A send/recv already called hung (its peer's agent was gone longer than
+/// the hang timeout) is one the peer went on past once the peer's
+/// unnumbered operations to the same member show up after it began, and
+/// only then (stop 49: a pipeline job's restarted stage ranks were hung to
+/// the end of the run).
+#[test]
+fn a_hung_send_recv_whose_peer_shows_up_later_is_one_it_went_on_past() {
+    let (j, h) = joiner(2);
+    let mut r = rec(1, 0, 10);
+    r.op = CollOp::Recv;
+    r.peer = 0;
+    j.offer(&h, r).unwrap();
+    let exp = j.expire(5_000, |_, t| t as i64, |_, _, _| true);
+    let [Expired::Hang(hc)] = exp.as_slice() else {
+        panic!("{exp:?}")
+    };
+    let InstanceKey::P2p { lo, hi, .. } = hc.key else {
+        panic!("{hc:?}")
+    };
+    assert_eq!((hc.missing[0].rank, lo, hi), (0, 0, 1));
+    assert!(!j.p2p_went_on(7, 0, 1, hc.entered_at), "nothing seen yet");
+    // An operation from before the instance began says nothing.
+    j.p2p_unjoinable(7, 0, 1, 5);
+    assert!(!j.p2p_went_on(7, 0, 1, hc.entered_at));
+    // One to another peer neither.
+    j.p2p_unjoinable(7, 0, 3, 6_000);
+    assert!(!j.p2p_went_on(7, 0, 1, hc.entered_at));
+    j.p2p_unjoinable(7, 0, 1, 6_000);
+    assert!(j.p2p_went_on(7, 0, 1, hc.entered_at));
+}

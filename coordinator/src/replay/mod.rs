@@ -288,6 +288,10 @@ pub fn replay(
         t = next_tick.min(next_sample).min(nb).max(t + 1);
     }
     progress(1.0);
+    // As `serve` does when it stops: nothing more will come.
+    if a.end_of_input(end).accepted > 0 {
+        lines.extend(a.tick(end as i64).into_iter().map(|e| e.line));
+    }
     let mut report = a.report();
     report.generated_at = opts
         .generated_at

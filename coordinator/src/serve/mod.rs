@@ -717,8 +717,7 @@ impl Server {
         }
     }
 
-    /// After the loop: what was already received, a last tick, the final
-    /// outputs, and the hooks' last deliveries.
+    /// After the loop: what was already received, the records held for a line-up (nothing more comes), a last tick, the final outputs, the hooks' last deliveries.
     async fn finish(
         self,
         mut rx: mpsc::Receiver<IngestEvent>,
@@ -734,6 +733,7 @@ impl Server {
                 self.on_event(ev, &mut clock_samples);
             }
         }
+        self.analyzer.end_of_input(coord_now_ns());
         let events = self.tick().await;
         self.alert(events, &mut log);
         // The periodic write may still be going; the final one replaces it.

@@ -437,3 +437,56 @@ fn a_member_is_not_lined_up_from_a_few_covered_records() {
     let basis = out[0].basis.expect("a basis");
     assert!(basis.patient, "{basis:?}");
 }
+
+/// The job ended 1.2 s after a restarted agent connected (stop 49): the
+/// others' last reports cover only its first records and no patience
+/// will run out, but nothing more will come, so the end of the input
+/// lines it up with what is known, at its true offset; a member with too
+/// few records to match stays held, counted, rather than guessed.
+#[test]
+fn the_end_of_the_input_lines_up_what_no_later_record_would_cover() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 3, 1, "new", &host, None, 0);
+    r.take_over(7, 3, 2, "new", &host, None, 0);
+    for s in 20..60 {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
+    }
+    for s in 20..24 {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(r.route(rec(7, 2, s - 20, op, bytes), "new", t), Route::Held);
+    }
+    for s in 0..128 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+    assert!(r.poll(2 * MS).is_empty(), "8 covered records lined it up");
+    let out = r.finish_remapped(3 * MS, &|_, _| None);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!((out[0].rank, out[0].offset), (1, 20));
+    assert!(out[0].basis.expect("a basis").patient);
+    let c = r.counters();
+    assert_eq!((c.lined_up, c.held), (1, 4), "{c:?}");
+}
+
+/// A group taken over whole, at the end of the input, does not wait out
+/// its patience to be lined up with itself.
+#[test]
+fn the_end_of_the_input_lines_a_whole_group_up_with_itself() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    for rank in 0..2 {
+        r.take_over(9, 2, rank, "new", &host, Some(99), 0);
+    }
+    for s in 0..40 {
+        let (op, bytes, t) = step_op(s);
+        for rank in 0..2 {
+            assert_eq!(r.route(rec(9, rank, s, op, bytes), "new", t), Route::Held);
+        }
+    }
+    assert!(r.poll(2 * MS).is_empty());
+    let out = r.finish_remapped(3 * MS, &|_, _| None);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out.iter().all(|o| o.offset == 100), "{out:?}");
+}
