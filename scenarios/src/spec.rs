@@ -256,7 +256,23 @@ pub struct RunSpec {
     /// No rank finishing an iteration for this long (and no hang injected)
     /// stops the run as `stalled`.
     pub stall_s: f64,
+    /// A test seam: past `iterations`, the job goes on until the file
+    /// `sim/release` appears in the run directory ([`RELEASE_FILE`]).
+    /// Every rank looks for it every [`RELEASE_EVERY`] iterations and the
+    /// ranks agree through the hub, so all of them end at the same
+    /// iteration; `timeout_s` still bounds the run. A fault test whose
+    /// premise is "the job still runs when X happens" (a restarted agent
+    /// attached, which waits for the kernel to tear the killed one's
+    /// probes down: seconds idle, a minute beside a CPU hog) ends the job
+    /// once X was seen instead of guessing a length.
+    pub end_on_release: bool,
 }
+
+/// The file (under the run directory's `sim/`) that ends a job run with
+/// [`RunSpec::end_on_release`].
+pub const RELEASE_FILE: &str = "release";
+/// How often (iterations) the ranks of such a job look for it.
+pub const RELEASE_EVERY: u64 = 10;
 
 impl Default for RunSpec {
     fn default() -> Self {
@@ -264,6 +280,7 @@ impl Default for RunSpec {
             timeout_s: 600.0,
             hang_hold_s: 5.0,
             stall_s: 60.0,
+            end_on_release: false,
         }
     }
 }

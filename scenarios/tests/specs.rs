@@ -102,3 +102,43 @@ fn every_layout_runs() {
         );
     }
 }
+
+/// `run.end_on_release`: the job runs past its iterations until the
+/// release file appears, and every rank ends on the same iteration (a
+/// multiple of the look-out period), so no collective is left unmatched.
+#[test]
+fn a_job_run_until_released_ends_on_one_iteration_for_every_rank() {
+    use std::time::{Duration, Instant};
+    let toml = common::dp_spec("release", 1, 4, 5, "")
+        .replace("[run]\n", "[run]\nend_on_release = true\n");
+    let s = common::run_spec_beside("release", &toml, |dir| {
+        let log = dir.join("logs").join("rank-0.log");
+        let done = || {
+            std::fs::read_to_string(&log).map_or(0, |t| {
+                t.lines().filter(|l| l.contains(" iteration ")).count()
+            })
+        };
+        let t0 = Instant::now();
+        while done() < 25 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "rank 0 never reached iteration 25"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::write(
+            dir.join("sim").join(slowrank_scenarios::spec::RELEASE_FILE),
+            b"",
+        )
+        .unwrap();
+    });
+    assert_eq!(s.truth.outcome, Outcome::Completed, "{}", s.truth.reason);
+    let n = s.truth.iterations_completed;
+    assert!(
+        n >= 30 && n.is_multiple_of(slowrank_scenarios::spec::RELEASE_EVERY) && n <= 60,
+        "ended after {n} iterations"
+    );
+    for r in 0..4 {
+        assert_eq!(s.steps.done_by(r), n, "rank {r}");
+    }
+}

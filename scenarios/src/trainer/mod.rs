@@ -17,7 +17,7 @@ use std::{ffi::c_void, path::PathBuf};
 
 use slowrank_sim::{clock, env, hub::HubClient, report::Report, rng::Rng};
 
-use crate::spec::{Spec, SpecError};
+use crate::spec::{Spec, SpecError, RELEASE_EVERY, RELEASE_FILE};
 
 use self::{cuda::Cuda, groups::Groups, inject::Injector, nccl::Nccl};
 
@@ -139,7 +139,10 @@ impl Trainer {
 
     /// Runs every iteration, reporting step times.
     pub fn train(&mut self) -> Result<(), TrainerError> {
-        for it in 0..self.spec.iterations {
+        for it in 0.. {
+            if it >= self.spec.iterations && !self.goes_on(it)? {
+                break;
+            }
             let (start, end) = self.train_step(it)?;
             println!(
                 "rank {} iteration {it} step {:.3} ms",
@@ -158,6 +161,32 @@ impl Trainer {
         // `destroy_process_group()` at the end of the script.
         self.cuda.device_synchronize()?;
         self.groups.destroy(&self.nccl)
+    }
+}
+
+impl Trainer {
+    /// Past the spec's iterations, whether a job run with
+    /// [`RunSpec::end_on_release`](crate::spec::RunSpec::end_on_release)
+    /// goes on at `it`: every [`RELEASE_EVERY`] iterations each rank tells
+    /// the others whether it sees the release file, and all of them end
+    /// there once any does (each rank's own look could fall on either side
+    /// of the file's creation).
+    fn goes_on(&mut self, it: u64) -> Result<bool, TrainerError> {
+        if !self.spec.run.end_on_release {
+            return Ok(false);
+        }
+        if !it.is_multiple_of(RELEASE_EVERY) {
+            return Ok(true);
+        }
+        let seen = std::env::var_os(env::RUN_DIR)
+            .is_some_and(|d| PathBuf::from(d).join("sim").join(RELEASE_FILE).exists());
+        let all = self.hub.exchange(
+            &format!("end-on-release/{it}"),
+            self.spec.world_size(),
+            self.rank,
+            serde_json::Value::Bool(seen),
+        )?;
+        Ok(!all.iter().any(|v| v.as_bool() == Some(true)))
     }
 }
 

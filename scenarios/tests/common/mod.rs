@@ -26,15 +26,26 @@ impl Deref for Ran {
 
 /// Runs `toml` with traces on.
 pub fn run_spec(name: &str, toml: &str) -> Ran {
+    run_spec_beside(name, toml, |_| {})
+}
+
+/// Runs `toml` with traces on while `beside` runs on another thread with
+/// the run directory.
+pub fn run_spec_beside(
+    name: &str,
+    toml: &str,
+    beside: impl FnOnce(PathBuf) + Send + 'static,
+) -> Ran {
     let spec = Spec::parse(toml).expect("test spec is valid");
     let dir = ScratchDir::new(&format!("test-{name}")).expect("scratch dir");
     let mut opts = RunOptions::job_only(dir.path());
     opts.trainer = Some(PathBuf::from(env!("CARGO_BIN_EXE_slowrank-trainer")));
     opts.trace = true;
-    Ran {
-        summary: run(&spec, &opts).expect("scenario runs"),
-        _dir: dir,
-    }
+    let path = dir.path().to_path_buf();
+    let side = std::thread::spawn(move || beside(path));
+    let summary = run(&spec, &opts).expect("scenario runs");
+    side.join().expect("the thread beside the run");
+    Ran { summary, _dir: dir }
 }
 
 /// One line of `coll-rank-N.log`.

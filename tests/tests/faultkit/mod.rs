@@ -121,6 +121,39 @@ impl Job {
         );
     }
 
+    /// For a job whose spec has `run.end_on_release`: once `ready` holds
+    /// (polled for at most `limit`; `what` names it), lets rank 0 run
+    /// `more` iterations, then ends the job (the ranks agree on an
+    /// iteration within the next 10). A test whose premise is that the job
+    /// still runs when something slow happened (a restarted agent attaches
+    /// only after the kernel tore the killed one's probes down: 14-18 s
+    /// idle, a minute beside a CPU hog) makes it true this way, instead of
+    /// hoping a fixed length is enough: 600 iterations of 36 ms were not,
+    /// twice in 40 runs beside the hog (BENCHMARKS.md, stop 49).
+    pub fn release_after(
+        &self,
+        limit: Duration,
+        what: &str,
+        more: usize,
+        ready: impl Fn() -> bool,
+    ) {
+        self.wait_until(limit, &format!("never {what}"), what, ready);
+        let at = self.iterations_done(0);
+        eprintln!("{what} at rank 0's iteration {at}; the job ends {more} iterations later");
+        self.wait_iterations(0, at + more);
+        let file = self
+            .dir
+            .join("sim")
+            .join(slowrank_scenarios::spec::RELEASE_FILE);
+        fs::write(&file, b"").expect("release file");
+    }
+
+    /// Blocks until `done` holds (polled every 100 ms); fails after
+    /// `limit`, or when the job ends first. `what` names it.
+    pub fn wait_for(&self, limit: Duration, what: &str, done: impl Fn() -> bool) {
+        self.wait_until(limit, &format!("never {what}"), what, done);
+    }
+
     /// Polls `done` every 100 ms; fails with `timeout` after `limit`, or
     /// when the job ends before "`what`".
     fn wait_until(&self, limit: Duration, timeout: &str, what: &str, done: impl Fn() -> bool) {
