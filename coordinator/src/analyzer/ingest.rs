@@ -258,6 +258,7 @@ impl Analyzer {
                     job_id: id.job_id.clone(),
                     restart_count: id.restart_count,
                     exited_at: None,
+                    exit_shipped_by: None,
                 },
             );
             sum.accepted += 1;
@@ -271,6 +272,7 @@ impl Analyzer {
             let t = self.to_coord(&b.host, e.exit_ns).0;
             if let Some(mut r) = self.ranks.get_mut(&e.rank) {
                 r.exited_at = Some(t);
+                r.exit_shipped_by = Some(e.exit_ns.min(b.mono_ns));
             }
             sum.accepted += 1;
         }

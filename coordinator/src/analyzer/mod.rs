@@ -191,6 +191,11 @@ pub struct RankInfo {
     pub job_id: String,
     pub restart_count: u32,
     pub exited_at: Option<CoordNs>,
+    /// Agent time up to which the agent must have shipped for the exit to
+    /// be final: a reconnection preamble tells of exits ahead of the
+    /// spooled batches that hold the rank's records before them.
+    #[serde(skip)]
+    pub exit_shipped_by: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]

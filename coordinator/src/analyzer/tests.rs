@@ -459,3 +459,74 @@ fn a_resend_is_a_duplicate_whatever_its_clock_says() {
         "{why}"
     );
 }
+
+/// A job that ended while the coordinator was away: host node-1's agent
+/// reconnects with a preamble telling of its ranks' exits, ahead of the
+/// spooled batches holding their last iterations. The exits do not make
+/// those iterations hang on them: the spool's records join when they come.
+#[test]
+fn an_exit_told_ahead_of_the_spooled_records_waits_for_them() {
+    use slowrank_synth::{Generator, SynthSpec};
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(SynthSpec::dp(2, 4));
+    for (h, s) in g.initial_samples() {
+        a.add_clock_sample(&h, s).unwrap();
+    }
+    let (mut spooled, mut declared, mut end) = (Vec::new(), None, 0);
+    for it in 0..8u64 {
+        let out = g.next_iteration();
+        for (h, s) in &out.samples {
+            a.add_clock_sample(h, *s).unwrap();
+        }
+        for (recv, b) in out.batches {
+            if b.host == "node-1" {
+                declared.get_or_insert_with(|| b.clone());
+                if it >= 4 {
+                    spooled.push(b);
+                    continue;
+                }
+            }
+            a.ingest(&b, recv);
+        }
+        end = out.end_ns;
+        a.tick(end as i64 + 3_000_000);
+    }
+    let declared = declared.expect("node-1's first batch");
+    let last = spooled.last().expect("spooled batches").mono_ns;
+    // Told 5 s after the job's end: past the hang timeout of every
+    // iteration node-1's spool holds.
+    let recv = end + 5_000_000_000;
+    let preamble = Batch {
+        seq: 0,
+        mono_ns: g.spec().clocks[1].agent_ns(recv - 1_000_000),
+        exits: declared
+            .ranks
+            .iter()
+            .map(|id| RankExit {
+                pid: id.pid,
+                rank: id.rank,
+                exit_ns: last + 500_000,
+            })
+            .collect(),
+        collectives: Vec::new(),
+        intervals: Vec::new(),
+        links: Vec::new(),
+        ..declared
+    };
+    let p = a.ingest(&preamble, recv);
+    assert!(p.batch_rejected.is_none() && p.rejected == 0, "{p:?}");
+    a.tick(recv as i64);
+    assert!(a.report().hangs.is_empty(), "{:?}", a.report().hangs);
+    for b in &spooled {
+        a.ingest(b, recv + 1_000_000);
+    }
+    a.tick(recv as i64 + 2_000_000);
+    let r = a.report();
+    assert!(
+        r.ingest.counters.records_rejected.is_empty(),
+        "{:?}",
+        r.ingest.counters.records_rejected
+    );
+    assert!(r.hangs.is_empty(), "{:?}", r.hangs);
+    assert_eq!(r.job.exited_ranks, vec![4, 5, 6, 7]);
+}

@@ -357,8 +357,17 @@ impl Analyzer {
             let Some(r) = self.ranks.get(&rank) else {
                 return false;
             };
-            if r.exited_at.is_some() {
-                return true;
+            let shipped = |by: u64| self.watermarks.get(&r.agent_id).is_some_and(|w| *w >= by);
+            // An exited rank issues nothing more, once its records before
+            // the exit are in: its agent shipped past it, or is gone. A
+            // reconnection preamble tells of the exit ahead of the spooled
+            // batches (a job that ended while the coordinator was away had
+            // one instance called hung on it, and 700 resent records
+            // rejected as late).
+            if let Some(by) = r.exit_shipped_by {
+                if shipped(by) || self.live_hosts.is_live(host) == Some(false) {
+                    return true;
+                }
             }
             let probed = self.clocks.get(host).is_some_and(|c| c.fit().is_some());
             probed
