@@ -30,13 +30,27 @@ pub(crate) fn start(a: &Analyzer, g: &mut Generator) {
     }
 }
 
+/// A fresh analyzer (default thresholds) and a healthy
+/// [`compute_fault`]`(None)` job whose first clock samples it has.
+pub(crate) fn healthy() -> (Analyzer, Generator) {
+    let a = Analyzer::new(crate::AnalyzerConfig::default());
+    let mut g = compute_fault(None);
+    start(&a, &mut g);
+    (a, g)
+}
+
+/// An iteration's clock samples into `a` (its batches are the caller's).
+pub(crate) fn samples(a: &Analyzer, out: &slowrank_synth::IterationOutput) {
+    for (h, s) in &out.samples {
+        a.add_clock_sample(h, *s).unwrap();
+    }
+}
+
 /// `iterations` more of the job into `a`, each ticked 3 ms after its end.
 pub(crate) fn feed(a: &Analyzer, g: &mut Generator, iterations: u64) {
     for _ in 0..iterations {
         let out = g.next_iteration();
-        for (h, s) in &out.samples {
-            a.add_clock_sample(h, *s).unwrap();
-        }
+        samples(a, &out);
         for (recv, b) in &out.batches {
             a.ingest(b, *recv);
         }

@@ -68,21 +68,38 @@ fn library_dlopened_after_agent_start_is_found_and_probed() {
             .join("../scenarios/specs/dp8-healthy.toml"),
     )
     .unwrap();
-    // Long enough (~2 s) for the scan to see the ranks with the libraries
-    // mapped on a loaded 2-core machine.
+    // The job goes on until the agent has seen a rank map libnccl.so.2
+    // and an ncclAllReduce call through the late probe: a fixed length
+    // (40 iterations, ~2 s) ended before that in 1 of 20 runs beside a
+    // CPU hog, while other agents' probe teardown stalled the attach.
     spec.iterations = 40;
+    spec.run.end_on_release = true;
     let job = {
         let out = out.clone();
         std::thread::spawn(move || run(&spec, &RunOptions::job_only(&out)).expect("scenario"))
     };
+    let release = out.join("sim").join(slowrank_scenarios::spec::RELEASE_FILE);
+    let t0 = std::time::Instant::now();
     let mut mapped_nccl = Vec::new();
     while !job.is_finished() {
         agent.scan().unwrap();
         agent.poll();
+        let mut called = false;
         for l in agent.libs() {
             if l.kind == LibKind::Nccl && !l.mapped_by.is_empty() {
                 mapped_nccl = l.mapped_by.clone();
+                called = l
+                    .symbols
+                    .iter()
+                    .filter(|s| s.symbol == "ncclAllReduce")
+                    .filter_map(|s| s.result.clone().ok())
+                    .any(|h| agent.hits(h) > 0);
             }
+        }
+        // Bounded: past it the asserts below say what was never seen.
+        if (called || t0.elapsed() > Duration::from_secs(180)) && !release.exists() {
+            std::fs::create_dir_all(out.join("sim")).unwrap();
+            std::fs::write(&release, b"").unwrap();
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -21,12 +21,20 @@ fn coordinator_restart_loses_nothing() {
     if !root_or_skip("coordinator_restart_loses_nothing") {
         return;
     }
-    let mut job = Job::start(
-        "coord-restart",
-        spec("scenarios/specs/dp8-healthy.toml", 250),
-    );
+    // The job goes on until the second life has seen both hosts: 250
+    // fixed iterations (~13 s) ended before the first life had kept a
+    // baseline, in 1 of 10 runs beside a CPU hog (host-1's agent attached
+    // 5 s after host-0's), and before either agent reconnected in one
+    // fresh-clone CI run.
+    let mut s = spec("scenarios/specs/dp8-healthy.toml", 100);
+    s.run.end_on_release = true;
+    let mut job = Job::start("coord-restart", s);
     let svc = job.services();
     job.wait_iterations(0, 40);
+    // Both lives must ingest from both hosts, or "the kill was not
+    // mid-run" below says nothing about the restart.
+    job.wait_host_shipped("host-0");
+    job.wait_host_shipped("host-1");
     wait_kept_state(&job);
     kill9(svc.coordinator.pid);
     // Away long enough for several flushes to pile up in the spools.
@@ -37,6 +45,17 @@ fn coordinator_restart_loses_nothing() {
     );
     let log2 = job.dir.join("logs").join("coordinator-2.log");
     let pid2 = job.respawn(&svc.token, &svc.coordinator, &log2);
+    job.release_after(
+        Duration::from_secs(180),
+        "the second coordinator ingested collectives from both hosts",
+        40,
+        || {
+            let b = ingested_batches(&log2);
+            ["host-0", "host-1"]
+                .iter()
+                .all(|h| b.iter().any(|x| x.host == *h && x.collectives > 0))
+        },
+    );
     let summary = job.wait();
     assert_eq!(
         format!("{:?}", summary.truth.outcome).to_lowercase(),

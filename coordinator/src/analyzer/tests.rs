@@ -50,19 +50,12 @@ fn hangs_behind_a_hang_are_consequences() {
 /// records) is held back until iteration `announce_at` (never: None).
 /// Returns the analyzer and the last iteration's end.
 fn feed_with_late_membership(announce_at: Option<u64>) -> (Analyzer, u64) {
-    use slowrank_synth::{Generator, SynthSpec};
-    let a = Analyzer::new(AnalyzerConfig::default());
-    let mut g = Generator::new(SynthSpec::dp(2, 4));
-    for (h, s) in g.initial_samples() {
-        a.add_clock_sample(&h, s).unwrap();
-    }
+    let (a, mut g) = crate::synthjob::healthy();
     let mut held = Vec::new();
     let mut end = 0;
     for it in 0..8u64 {
         let out = g.next_iteration();
-        for (h, s) in &out.samples {
-            a.add_clock_sample(h, *s).unwrap();
-        }
+        crate::synthjob::samples(&a, &out);
         for (recv, mut b) in out.batches {
             if b.host == "node-1" {
                 held.append(&mut b.comms);
@@ -118,12 +111,7 @@ fn records_whose_membership_never_comes_expire_as_lost() {
 
 #[test]
 fn a_preamble_before_batch_zero_does_not_swallow_it() {
-    use slowrank_synth::{Generator, SynthSpec};
-    let a = Analyzer::new(AnalyzerConfig::default());
-    let mut g = Generator::new(SynthSpec::dp(2, 4));
-    for (h, s) in g.initial_samples() {
-        a.add_clock_sample(&h, s).unwrap();
-    }
+    let (a, mut g) = crate::synthjob::healthy();
     let out = g.next_iteration();
     let (recv, mut first) = out
         .batches
@@ -179,9 +167,7 @@ fn life_joining_at(from: u64, until: u64, resumed: bool) -> Vec<crate::verdict::
     crate::synthjob::start(&a, &mut g);
     for it in 0..until {
         let out = g.next_iteration();
-        for (h, s) in &out.samples {
-            a.add_clock_sample(h, *s).unwrap();
-        }
+        crate::synthjob::samples(&a, &out);
         for (recv, b) in &out.batches {
             let earlier_life = it < from || (it == from && b.host == "node-0");
             if earlier_life {
@@ -266,21 +252,14 @@ fn a_slowdown_that_began_in_warm_up_and_ended_is_a_stretch_with_its_ends() {
 /// ranks' communicators over at iteration `up` (they are announced again
 /// as resumed, and its records count from 0 again).
 fn feed_with_agent_restart(down: u64, up: u64, iterations: u64) -> Analyzer {
-    use slowrank_synth::{Generator, SynthSpec};
-    let a = Analyzer::new(AnalyzerConfig::default());
-    let mut g = Generator::new(SynthSpec::dp(2, 4));
-    for (h, s) in g.initial_samples() {
-        a.add_clock_sample(&h, s).unwrap();
-    }
+    let (a, mut g) = crate::synthjob::healthy();
     let mut comms: Vec<CommRecord> = Vec::new();
     // Per communicator, node 1's first sequence number seen by the new agent.
     let mut base: HashMap<(u64, u32), u64> = HashMap::new();
     let mut new_seq = 0;
     for it in 0..iterations {
         let out = g.next_iteration();
-        for (h, s) in &out.samples {
-            a.add_clock_sample(h, *s).unwrap();
-        }
+        crate::synthjob::samples(&a, &out);
         for (recv, mut b) in out.batches {
             if b.host == "node-1" {
                 comms.extend(b.comms.iter().cloned());
@@ -427,12 +406,7 @@ fn a_restart_mid_slowdown_keeps_the_jobs_pace() {
 /// with its numbers.
 #[test]
 fn a_resend_is_a_duplicate_whatever_its_clock_says() {
-    use slowrank_synth::{Generator, SynthSpec};
-    let a = Analyzer::new(AnalyzerConfig::default());
-    let mut g = Generator::new(SynthSpec::dp(2, 4));
-    for (h, s) in g.initial_samples() {
-        a.add_clock_sample(&h, s).unwrap();
-    }
+    let (a, mut g) = crate::synthjob::healthy();
     let out = g.next_iteration();
     let (recv, first) = out
         .batches
@@ -466,18 +440,11 @@ fn a_resend_is_a_duplicate_whatever_its_clock_says() {
 /// those iterations hang on them: the spool's records join when they come.
 #[test]
 fn an_exit_told_ahead_of_the_spooled_records_waits_for_them() {
-    use slowrank_synth::{Generator, SynthSpec};
-    let a = Analyzer::new(AnalyzerConfig::default());
-    let mut g = Generator::new(SynthSpec::dp(2, 4));
-    for (h, s) in g.initial_samples() {
-        a.add_clock_sample(&h, s).unwrap();
-    }
+    let (a, mut g) = crate::synthjob::healthy();
     let (mut spooled, mut declared, mut end) = (Vec::new(), None, 0);
     for it in 0..8u64 {
         let out = g.next_iteration();
-        for (h, s) in &out.samples {
-            a.add_clock_sample(h, *s).unwrap();
-        }
+        crate::synthjob::samples(&a, &out);
         for (recv, b) in out.batches {
             if b.host == "node-1" {
                 declared.get_or_insert_with(|| b.clone());

@@ -464,6 +464,14 @@ fn p2p_pairs_by_ordinal_not_seq() {
     assert!(matches!(j.offer(&h, bad), Err(RecordError::BadPeer { .. })));
 }
 
+/// Member `rank` of a 2-member communicator receives from the other.
+fn recv_from_other(rank: u32, seq: u64, t: u64) -> CollectiveRecord {
+    let mut r = rec(rank, seq, t);
+    r.op = CollOp::Recv;
+    r.peer = 1 - rank as i32;
+    r
+}
+
 /// A pipeline stage whose agent restarted: its sends and receives cannot
 /// be numbered (what it missed is unknown), so they are not joined; the
 /// next stage's operations they would pair with are not its hang when it
@@ -471,20 +479,14 @@ fn p2p_pairs_by_ordinal_not_seq() {
 /// when it is not.
 #[test]
 fn a_peer_seen_going_on_with_unjoinable_p2p_is_not_hung() {
-    let p2p = |rank: u32, seq: u64, t: u64| {
-        let mut r = rec(rank, seq, t);
-        r.op = CollOp::Recv;
-        r.peer = 1 - rank as i32;
-        r
-    };
     // Rank 1 receives twice from rank 0, whose records are lost.
     let (j, h) = joiner(2);
     assert!(matches!(
-        j.offer(&h, p2p(1, 0, 10)).unwrap(),
+        j.offer(&h, recv_from_other(1, 0, 10)).unwrap(),
         Offer::Pending
     ));
     assert!(matches!(
-        j.offer(&h, p2p(1, 1, 900)).unwrap(),
+        j.offer(&h, recv_from_other(1, 1, 900)).unwrap(),
         Offer::Pending
     ));
     // Rank 0 went on past the first's timeout (10 + 1,000) but not the
@@ -507,8 +509,8 @@ fn a_peer_seen_going_on_with_unjoinable_p2p_is_not_hung() {
     assert_eq!(hc.missing[0].rank, 0);
     // Nothing seen of rank 0 at all: both are its hang.
     let (j, h) = joiner(2);
-    j.offer(&h, p2p(1, 0, 10)).unwrap();
-    j.offer(&h, p2p(1, 1, 900)).unwrap();
+    j.offer(&h, recv_from_other(1, 0, 10)).unwrap();
+    j.offer(&h, recv_from_other(1, 1, 900)).unwrap();
     let exp = j.expire(5_000, |_, t| t as i64, |_, _, _| true);
     assert_eq!(exp.len(), 2);
     assert!(exp.iter().all(|e| matches!(e, Expired::Hang(_))), "{exp:?}");
@@ -522,10 +524,7 @@ fn a_peer_seen_going_on_with_unjoinable_p2p_is_not_hung() {
 #[test]
 fn a_hung_send_recv_whose_peer_shows_up_later_is_one_it_went_on_past() {
     let (j, h) = joiner(2);
-    let mut r = rec(1, 0, 10);
-    r.op = CollOp::Recv;
-    r.peer = 0;
-    j.offer(&h, r).unwrap();
+    j.offer(&h, recv_from_other(1, 0, 10)).unwrap();
     let exp = j.expire(5_000, |_, t| t as i64, |_, _, _| true);
     let [Expired::Hang(hc)] = exp.as_slice() else {
         panic!("{exp:?}")

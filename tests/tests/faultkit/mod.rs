@@ -482,35 +482,25 @@ pub fn verdict_ranks(report: &serde_json::Value) -> Vec<(u64, String)> {
 /// Blocks until the first life has kept both hosts' clock models and the
 /// job's pace (its baseline steps) in `--out`.
 pub fn wait_kept_state(job: &Job) {
-    // The first life has kept both hosts' clock models (with its report).
     let clocks = job.dir.join("clocks.json");
-    let t0 = std::time::Instant::now();
-    while !fs::read_to_string(&clocks).is_ok_and(|t| t.contains("host-0") && t.contains("host-1")) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no clock models kept in {}",
-            clocks.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // And the job's pace (its baseline steps).
+    job.wait_for(
+        Duration::from_secs(120),
+        "kept both hosts' clock models",
+        || fs::read_to_string(&clocks).is_ok_and(|t| t.contains("host-0") && t.contains("host-1")),
+    );
     let baselines = job.dir.join("baselines.json");
-    let kept_baseline = || {
-        fs::read(&baselines)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| {
-                v["pace"]["baseline"]
-                    .as_array()
-                    .is_some_and(|a| !a.is_empty())
-            })
-    };
-    while !kept_baseline() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no baselines kept in {}",
-            baselines.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    job.wait_for(
+        Duration::from_secs(120),
+        "kept the job's baseline steps",
+        || {
+            fs::read(&baselines)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .is_some_and(|v| {
+                    v["pace"]["baseline"]
+                        .as_array()
+                        .is_some_and(|a| !a.is_empty())
+                })
+        },
+    );
 }

@@ -34,6 +34,28 @@ fn step_op(seq: u64) -> (CollOp, u64, CoordNs) {
     )
 }
 
+/// The restarted agent ("new") reports member `rank` of communicator 7
+/// at instances `steps`, numbered from 0 as its fresh probes do; each is
+/// held.
+fn hold(r: &mut Realigner, rank: u32, steps: std::ops::Range<u64>) {
+    let first = steps.start;
+    for s in steps {
+        let (op, bytes, t) = step_op(s);
+        assert_eq!(
+            r.route(rec(7, rank, s - first, op, bytes), "new", t),
+            Route::Held
+        );
+    }
+}
+
+/// Member 0 (agent "a0") reports instances `steps` of communicator 7.
+fn report(r: &mut Realigner, steps: std::ops::Range<u64>) {
+    for s in steps {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t);
+    }
+}
+
 /// Rank 0 reports instances 0..n; rank 1 was taken over after instance
 /// `gap` and is `late` behind.
 fn job(r: &mut Realigner, n: u64, gap: u64, late: CoordNs) -> Vec<Route> {
@@ -125,22 +147,13 @@ fn it_waits_until_the_other_members_cover_its_records() {
     let mut r = Realigner::default();
     let host: Arc<str> = Arc::from("host-1");
     r.take_over(7, 2, 1, "new", &host, None, 0);
-    for s in 20..60 {
-        let (op, bytes, t) = step_op(s);
-        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
-    }
+    hold(&mut r, 1, 20..60);
     // Nobody else reported yet: nothing to line up with.
     assert!(r.poll(MS).is_empty());
-    for s in 0..30 {
-        let (op, bytes, t) = step_op(s);
-        r.route(rec(7, 0, s, op, bytes), "a0", t);
-    }
+    report(&mut r, 0..30);
     assert!(r.poll(2 * MS).is_empty(), "not covered yet, still patient");
     // A second past its newest record: covered.
-    for s in 30..200 {
-        let (op, bytes, t) = step_op(s);
-        r.route(rec(7, 0, s, op, bytes), "a0", t);
-    }
+    report(&mut r, 30..200);
     let out = r.poll(3 * MS);
     assert_eq!(out.first().map(|o| o.offset), Some(20));
 }
@@ -193,20 +206,11 @@ fn records_from_before_the_takeover_was_known_do_not_pull_the_offset() {
     // before the takeover was announced, so they are not references.
     let mut r = Realigner::default();
     let host: Arc<str> = Arc::from("host-1");
-    for s in 0..350u64 {
-        let (op, bytes, t) = step_op(s);
-        r.route(rec(7, 0, s, op, bytes), "a0", t);
-    }
+    report(&mut r, 0..350);
     r.take_over(7, 2, 1, "new", &host, Some(5), 0);
     // A second past the member's newest record: covered.
-    for s in 350..600u64 {
-        let (op, bytes, t) = step_op(s);
-        r.route(rec(7, 0, s, op, bytes), "a0", t);
-    }
-    for s in 20..470u64 {
-        let (op, bytes, t) = step_op(s);
-        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
-    }
+    report(&mut r, 350..600);
+    hold(&mut r, 1, 20..470);
     let out = r.poll(MS);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].offset, 20, "not the first reference (350)");
@@ -418,16 +422,10 @@ fn a_member_is_not_lined_up_from_a_few_covered_records() {
     let mut r = Realigner::default();
     let host: Arc<str> = Arc::from("host-1");
     r.take_over(7, 2, 1, "new", &host, None, 0);
-    for s in 20..60 {
-        let (op, bytes, t) = step_op(s);
-        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
-    }
+    hold(&mut r, 1, 20..60);
     // Its record 7 (instance 27) entered at 264 ms, record 8 at 280 ms:
     // the others' newest at 1,264 ms covers exactly 8.
-    for s in 0..128 {
-        let (op, bytes, t) = step_op(s);
-        r.route(rec(7, 0, s, op, bytes), "a0", t);
-    }
+    report(&mut r, 0..128);
     assert_eq!(step_op(127).2, 1264 * MS);
     assert!(r.poll(2 * MS).is_empty(), "8 covered records lined it up");
     // Patience over: lined up with what there is, at the true offset.
@@ -449,18 +447,9 @@ fn the_end_of_the_input_lines_up_what_no_later_record_would_cover() {
     let host: Arc<str> = Arc::from("host-1");
     r.take_over(7, 3, 1, "new", &host, None, 0);
     r.take_over(7, 3, 2, "new", &host, None, 0);
-    for s in 20..60 {
-        let (op, bytes, t) = step_op(s);
-        assert_eq!(r.route(rec(7, 1, s - 20, op, bytes), "new", t), Route::Held);
-    }
-    for s in 20..24 {
-        let (op, bytes, t) = step_op(s);
-        assert_eq!(r.route(rec(7, 2, s - 20, op, bytes), "new", t), Route::Held);
-    }
-    for s in 0..128 {
-        let (op, bytes, t) = step_op(s);
-        r.route(rec(7, 0, s, op, bytes), "a0", t);
-    }
+    hold(&mut r, 1, 20..60);
+    hold(&mut r, 2, 20..24);
+    report(&mut r, 0..128);
     assert!(r.poll(2 * MS).is_empty(), "8 covered records lined it up");
     let out = r.finish_remapped(3 * MS, &|_, _| None);
     assert_eq!(out.len(), 1, "{out:?}");
