@@ -95,6 +95,22 @@ impl Job {
             .unwrap_or(0)
     }
 
+    /// Blocks until every one of the job's `world` ranks has finished its
+    /// last iteration (its log says `rank N done`), the job's length being
+    /// the release's (`run.end_on_release`) rather than a fixed one.
+    pub fn wait_ranks_done(&self, world: u32) {
+        let done = |r: u32| {
+            fs::read_to_string(self.dir.join("logs").join(format!("rank-{r}.log")))
+                .is_ok_and(|s| s.lines().any(|l| l == format!("rank {r} done")))
+        };
+        self.wait_until(
+            Duration::from_secs(180),
+            "the ranks never finished",
+            "every rank finished",
+            || (0..world).all(done),
+        );
+    }
+
     /// Blocks until rank `rank` has finished `n` iterations.
     pub fn wait_iterations(&self, rank: u32, n: usize) {
         self.wait_until(
