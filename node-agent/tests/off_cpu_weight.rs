@@ -6,7 +6,7 @@
 //! Needs root; under CI a missing root is a failure (see support).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,27 +151,38 @@ const RING_RECORDS: u64 = (8 << 20) / 840;
 
 // Stand-ins for the CUDA runtime's launch and sync calls, so this test
 // binary is its own launch site (`StackSampler::attach_launch_site`).
+// Each marks a static of its own (a plain store: a uprobe cannot sit on a
+// `lock`-prefixed first instruction): with identical bodies the
+// release linker folded launch and both sync calls into one address, so
+// every launch also fired two sync probes (45,000 records for 15,000
+// launches, and the drain queue overflowed).
+static CALLED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn cudaLaunchKernel(func: *const u8) -> i32 {
     std::hint::black_box(func);
+    CALLED[0].store(1, Ordering::Relaxed);
     0
 }
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn cudaDeviceSynchronize() -> i32 {
-    std::hint::black_box(0)
+    CALLED[1].store(1, Ordering::Relaxed);
+    0
 }
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn cudaStreamSynchronize(s: *const u8) -> i32 {
     std::hint::black_box(s);
+    CALLED[2].store(1, Ordering::Relaxed);
     0
 }
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn cudaEventSynchronize(e: *const u8) -> i32 {
     std::hint::black_box(e);
+    CALLED[3].store(1, Ordering::Relaxed);
     0
 }
 
@@ -184,10 +195,21 @@ fn a_stalled_fold_loses_no_record_once_the_ring_drains_on_its_own_thread() {
     if !root_or_skip("a_stalled_fold_loses_no_record_once_the_ring_drains_on_its_own_thread") {
         return;
     }
+    let sites = [
+        cudaLaunchKernel as usize,
+        cudaDeviceSynchronize as usize,
+        cudaStreamSynchronize as usize,
+        cudaEventSynchronize as usize,
+    ];
+    let distinct: std::collections::BTreeSet<usize> = sites.iter().copied().collect();
+    assert_eq!(distinct.len(), 4, "stand-ins folded into one address: {sites:x?}");
     // Called, so the linker keeps them for the probes to find.
     cudaDeviceSynchronize();
     cudaStreamSynchronize(std::ptr::null());
     cudaEventSynchronize(std::ptr::null());
+    cudaLaunchKernel(std::ptr::null());
+    let called: Vec<u64> = CALLED.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    assert_eq!(called, [1; 4], "each stand-in ran its own body");
     let exe = std::fs::read_link("/proc/self/exe").expect("read /proc/self/exe");
     let mut sampler = StackSampler::start(StackConfig::DEFAULT).expect("start the stack sampler");
     sampler.drain_on_thread();
