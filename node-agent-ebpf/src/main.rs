@@ -32,6 +32,11 @@ use slowrank_shared::probe::{
 mod stacks;
 
 /// Call events for user space. The agent may resize it before load.
+/// Ring records are submitted without waking a reader: the agent drains its
+/// rings on a timer and never sleeps in epoll, so the default wake-up (an
+/// irq_work, an IPI on a VM, whenever the ring was empty) bought nothing.
+pub const NO_WAKEUP: u64 = aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64;
+
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
@@ -145,7 +150,7 @@ fn emit(
         args,
         ret,
     });
-    slot.submit(0);
+    slot.submit(NO_WAKEUP);
 }
 
 #[uprobe]
@@ -266,7 +271,7 @@ pub fn call_entry_stack(ctx: ProbeContext) -> u32 {
         launches: launches_of(who.0),
         stack,
     });
-    slot.submit(0);
+    slot.submit(NO_WAKEUP);
     0
 }
 
@@ -330,7 +335,7 @@ fn snapshot(ctx: &RetProbeContext, addr: u64, who: (u32, u32)) {
             }
         }
     }
-    slot.submit(0);
+    slot.submit(NO_WAKEUP);
 }
 
 #[cfg(target_arch = "bpf")]

@@ -3,8 +3,8 @@
 //!
 //! - `stack_sample` (perf event, CPU clock, per CPU): user + kernel stack of
 //!   the running thread.
-//! - `stack_switch` (tracepoint sched/sched_switch): captures the stack of a
-//!   followed thread as it leaves the CPU; when it comes back after `d` ns,
+//! - `stack_switch` (BTF tracepoint sched_switch): captures the user stack of
+//!   a followed thread as it leaves the CPU; when it comes back after `d` ns,
 //!   a block of at least the off-CPU period is emitted with weight `d`, a
 //!   shorter one with probability `d / period` and weight `period`. Every
 //!   block's expected weight is its own duration (an unbiased sample of
@@ -16,7 +16,12 @@
 //!   the period is captured with probability `q` = recent block / period (at
 //!   least 1/`MIN_CAPTURE_DIV`), chosen before the block's length is known,
 //!   and a captured block's weight is divided by `q` — still unbiased, with
-//!   long sleepers (`q` = 1) exactly as before. (A per-thread running total emitted
+//!   long sleepers (`q` = 1) exactly as before. The kernel stack (3× the
+//!   user stack's cost to unwind) is taken only for a block that is emitted,
+//!   at its switch-in, from the still-blocked task (`bpf_get_task_stack`):
+//!   most captures end in a block too short to emit, and their kernel
+//!   unwinding was most of the program's time (on the overhead job
+//!   ≈ 5,000 captures a second per agent for ≈ 500 records). (A per-thread running total emitted
 //!   at the block that crosses the period is *not* unbiased: a long wait
 //!   right after a short sleep absorbs the sleep every time, and an 8 ms
 //!   slow data loader followed by a 30 ms sync wait vanished from the
@@ -32,11 +37,11 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
-        bpf_ktime_get_ns,
+        bpf_get_task_stack, bpf_ktime_get_ns,
     },
-    macros::{map, perf_event, tracepoint, uprobe, uretprobe},
+    macros::{btf_tracepoint, map, perf_event, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{BtfTracePointContext, PerfEventContext, ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use slowrank_shared::stack::{
@@ -77,8 +82,10 @@ pub struct OffCpu {
 /// captured once in 16 switches, not each time.
 const MIN_CAPTURE_DIV: u64 = 16;
 
+/// Keyed by the thread's `task_struct` address: the switch-in side has the
+/// incoming task's pointer, not its pid (a BTF tracepoint's arguments).
 #[map]
-static OFF_CPU: HashMap<u32, OffCpu> = HashMap::with_max_entries(16384, 0);
+static OFF_CPU: HashMap<u64, OffCpu> = HashMap::with_max_entries(16384, 0);
 
 /// A zeroed `OffCpu` to insert from (too big for the 512-byte BPF stack).
 #[map]
@@ -162,7 +169,7 @@ fn emit(ctx: *mut core::ffi::c_void, kind: StackKind, addr: u64, who: (u32, u32)
         (*ev).kind = kind as u32;
         fill(ctx, ev, who, kernel);
     }
-    slot.submit(0);
+    slot.submit(crate::NO_WAKEUP);
 }
 
 #[perf_event]
@@ -206,7 +213,7 @@ fn sync_mark(kind: StackKind) {
         (*ev).kernel_len = 0;
         (*ev).comm = [0; 16];
     }
-    slot.submit(0);
+    slot.submit(crate::NO_WAKEUP);
 }
 
 #[uprobe]
@@ -221,35 +228,30 @@ pub fn stack_sync_return(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Offsets in the classic sched_switch record (stable tracepoint ABI, see
-/// /sys/kernel/tracing/events/sched/sched_switch/format).
-const PREV_STATE_OFFSET: usize = 32;
-const NEXT_PID_OFFSET: usize = 56;
-/// `prev_state` bits of a thread that is exiting (X = dead, Z = zombie).
-const EXITING: i64 = 0x10 | 0x20;
+/// `prev_state` of a thread on its last switch (`do_task_dead`): the raw
+/// `__state` the BTF tracepoint passes, not the classic record's report bits.
+const TASK_DEAD: u32 = 0x80;
 
-/// Captures the stack of a followed thread leaving the CPU.
+/// Captures the user stack of a followed thread leaving the CPU.
 #[inline(always)]
-fn switch_out(ctx: &TracePointContext, who: (u32, u32), now: u64) {
-    let tid = who.1;
-    // SAFETY: offset inside the tracepoint record.
-    let state: i64 = unsafe { ctx.read_at(PREV_STATE_OFFSET) }.unwrap_or(0);
-    if state & EXITING != 0 {
+fn switch_out(ctx: &BtfTracePointContext, task: u64, who: (u32, u32), now: u64) {
+    let state: u32 = ctx.arg(3);
+    if state & TASK_DEAD != 0 {
         // Its last switch: free the slot, or the map fills with dead threads.
-        let _ = OFF_CPU.remove(tid);
+        let _ = OFF_CPU.remove(task);
         return;
     }
-    if OFF_CPU.get_ptr_mut(tid).is_none() {
+    if OFF_CPU.get_ptr_mut(task).is_none() {
         if let Some(zero) = OFF_CPU_ZERO.get_ptr(0) {
             // SAFETY: map value pointer of the right type.
-            let _ = OFF_CPU.insert(tid, unsafe { &*zero }, 0);
+            let _ = OFF_CPU.insert(task, unsafe { &*zero }, 0);
         }
     }
     let period = STACK_CONFIG.get(0).copied().unwrap_or(0);
     if period == 0 {
         return;
     }
-    if let Some(st) = OFF_CPU.get_ptr_mut(tid) {
+    if let Some(st) = OFF_CPU.get_ptr_mut(task) {
         // SAFETY: map value of this thread; only this CPU runs it now.
         unsafe {
             (*st).ts_out = now;
@@ -270,26 +272,46 @@ fn switch_out(ctx: &TracePointContext, who: (u32, u32), now: u64) {
             (*st).q_ns = q_ns.max(1);
             (*st).ev.kind = StackKind::OffCpu as u32;
             (*st).ev.addr = 0;
-            fill(ctx.as_ptr(), core::ptr::addr_of_mut!((*st).ev), who, true);
+            // The kernel stack waits for the switch-in, if the block is emitted.
+            fill(ctx.as_ptr(), core::ptr::addr_of_mut!((*st).ev), who, false);
         }
     }
 }
 
-#[tracepoint]
-pub fn stack_switch(ctx: TracePointContext) -> u32 {
+/// The kernel stack of `next`, still blocked where it left the CPU, into
+/// its record.
+///
+/// # Safety
+/// `st` must point to the map value of `next`.
+#[inline(always)]
+unsafe fn fill_kernel_of(next: *mut aya_ebpf::bindings::task_struct, st: *mut OffCpu) {
+    let n = bpf_get_task_stack(next, (*st).ev.kernel.as_mut_ptr().cast(), KERNEL_BYTES, 0);
+    if n < 0 {
+        (*st).ev.flags |= flag::KERNEL_ERROR;
+        (*st).ev.kernel_len = 0;
+    } else {
+        (*st).ev.kernel_len = (n as u32) / 8;
+        if n as u32 >= KERNEL_BYTES {
+            (*st).ev.flags |= flag::KERNEL_TRUNCATED;
+        }
+    }
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct
+/// *next, unsigned int prev_state)`: a BTF tracepoint, cheaper than the
+/// classic one (no record is built) and it hands over both tasks.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn stack_switch(ctx: BtfTracePointContext) -> u32 {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // Switch-out: `current` is still the previous task.
     if let Some(who) = followed() {
-        switch_out(&ctx, who, now);
+        let prev: u64 = ctx.arg(1);
+        switch_out(&ctx, prev, who, now);
     }
     // Switch-in of a thread we saw leave.
-    // SAFETY: offset inside the tracepoint record.
-    let next: i32 = match unsafe { ctx.read_at(NEXT_PID_OFFSET) } {
-        Ok(v) => v,
-        Err(_) => return 0,
-    };
-    let next = next as u32;
+    let next_task: *mut aya_ebpf::bindings::task_struct = ctx.arg(2);
+    let next = next_task as u64;
     let Some(st) = OFF_CPU.get_ptr_mut(next) else {
         return 0;
     };
@@ -331,7 +353,11 @@ pub fn stack_switch(ctx: TracePointContext) -> u32 {
         };
         (*st).ev.weight_ns = weight;
         (*st).ev.ts_ns = now;
-        if STACKS.output::<StackEvent>(&(*st).ev, 0).is_err() {
+        fill_kernel_of(next_task, st);
+        if STACKS
+            .output::<StackEvent>(&(*st).ev, crate::NO_WAKEUP)
+            .is_err()
+        {
             bump(stack_counter::RINGBUF_DROPS);
         } else {
             bump(stack_counter::OFF_CPU);

@@ -22,9 +22,9 @@ use aya::{
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeAttachLocation, UProbeLinkId},
-        PerfEvent, ProgramError, TracePoint, UProbe,
+        BtfTracePoint, PerfEvent, ProgramError, UProbe,
     },
-    Ebpf, EbpfError, EbpfLoader,
+    Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use slowrank_shared::maps as bpf_maps;
 use slowrank_shared::stack::{stack_counter, StackEvent, StackKind};
@@ -61,6 +61,8 @@ pub enum StackError {
         #[source]
         source: Box<ProgramError>,
     },
+    #[error("cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): off-CPU stacks need it (--no-stacks runs without)")]
+    Btf(#[source] Box<aya::BtfError>),
     #[error("cannot list online CPUs")]
     Cpus(#[source] std::io::Error),
     #[error(transparent)]
@@ -259,16 +261,18 @@ impl StackSampler {
                 .map_err(prog_err(SAMPLE_PROG))?;
         }
         if config.off_cpu {
-            crate::tracefs::ensure_mounted()?;
-            let switch: &mut TracePoint = ebpf
+            // A BTF tracepoint: the kernel's BTF types its arguments (the
+            // two tasks), and no classic trace record is built per switch.
+            let btf = Btf::from_sys_fs().map_err(|e| StackError::Btf(Box::new(e)))?;
+            let switch: &mut BtfTracePoint = ebpf
                 .program_mut(SWITCH_PROG)
                 .ok_or(StackError::MissingProgram(SWITCH_PROG))?
                 .try_into()
                 .map_err(prog_err(SWITCH_PROG))?;
-            switch.load().map_err(prog_err(SWITCH_PROG))?;
             switch
-                .attach("sched", "sched_switch")
+                .load("sched_switch", &btf)
                 .map_err(prog_err(SWITCH_PROG))?;
+            switch.attach().map_err(prog_err(SWITCH_PROG))?;
         }
         let ring = RingBuf::try_from(
             ebpf.take_map(bpf_maps::STACKS)
@@ -468,7 +472,7 @@ impl StackSampler {
             .ebpf
             .map(bpf_maps::OFF_CPU)
             .ok_or(StackError::MissingMap(bpf_maps::OFF_CPU))?;
-        let keys: HashMap<_, u32, [u8; OFF_CPU_VALUE_SIZE]> =
+        let keys: HashMap<_, u64, [u8; OFF_CPU_VALUE_SIZE]> =
             HashMap::try_from(map).map_err(map_err(bpf_maps::OFF_CPU))?;
         Ok(keys.keys().filter(Result::is_ok).count())
     }

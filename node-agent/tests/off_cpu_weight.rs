@@ -136,6 +136,34 @@ fn sampled_off_cpu_captures_still_add_up_to_each_threads_off_cpu_time() {
             w.off_ns
         );
     }
+    // Each record's kernel stack is the sleeper's own, where it blocked
+    // (taken at its switch-in, from the task still off the CPU): a
+    // nanosleep frame, not the stack of whichever thread was leaving.
+    let kallsyms = Kallsyms::read();
+    let ours: Vec<&StackEvent> = events
+        .iter()
+        .filter(|e| {
+            StackKind::from_raw(e.kind) == Some(StackKind::OffCpu)
+                && worked.iter().any(|w| w.tid == e.tid)
+        })
+        .collect();
+    let asleep = ours
+        .iter()
+        .filter(|e| {
+            e.kernel_frames()
+                .iter()
+                .any(|&a| kallsyms.name(a).is_some_and(|n| n.contains("nanosleep")))
+        })
+        .count();
+    eprintln!(
+        "{asleep} of {} worker records in a nanosleep frame",
+        ours.len()
+    );
+    assert!(
+        !ours.is_empty() && asleep * 10 >= ours.len() * 9,
+        "{asleep} of {} off-CPU records have the sleeper's kernel stack",
+        ours.len()
+    );
     // The short sleeper's captures were mostly sampled away (15 in 16).
     assert!(
         counters.off_cpu_skipped * 10 >= worked[0].sleeps * 7,
@@ -143,6 +171,34 @@ fn sampled_off_cpu_captures_still_add_up_to_each_threads_off_cpu_time() {
         counters.off_cpu_skipped,
         worked[0].sleeps
     );
+}
+
+/// The kernel's function symbols, to name a kernel frame (root reads
+/// their addresses).
+struct Kallsyms(Vec<(u64, String)>);
+
+impl Kallsyms {
+    fn read() -> Self {
+        let text = std::fs::read_to_string("/proc/kallsyms").expect("read /proc/kallsyms");
+        let mut syms: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                let kind = f.next()?;
+                let name = f.next()?;
+                matches!(kind, "t" | "T").then(|| (addr, name.to_string()))
+            })
+            .collect();
+        syms.sort();
+        assert!(syms.iter().any(|s| s.0 != 0), "kallsyms addresses hidden");
+        Kallsyms(syms)
+    }
+
+    fn name(&self, addr: u64) -> Option<&str> {
+        let i = self.0.partition_point(|s| s.0 <= addr);
+        i.checked_sub(1).map(|i| self.0[i].1.as_str())
+    }
 }
 
 /// Records the kernel's 8 MiB stack ring holds, about (≈ 840 bytes each
@@ -196,13 +252,17 @@ fn a_stalled_fold_loses_no_record_once_the_ring_drains_on_its_own_thread() {
         return;
     }
     let sites = [
-        cudaLaunchKernel as usize,
-        cudaDeviceSynchronize as usize,
-        cudaStreamSynchronize as usize,
-        cudaEventSynchronize as usize,
+        cudaLaunchKernel as *const () as usize,
+        cudaDeviceSynchronize as *const () as usize,
+        cudaStreamSynchronize as *const () as usize,
+        cudaEventSynchronize as *const () as usize,
     ];
     let distinct: std::collections::BTreeSet<usize> = sites.iter().copied().collect();
-    assert_eq!(distinct.len(), 4, "stand-ins folded into one address: {sites:x?}");
+    assert_eq!(
+        distinct.len(),
+        4,
+        "stand-ins folded into one address: {sites:x?}"
+    );
     // Called, so the linker keeps them for the probes to find.
     cudaDeviceSynchronize();
     cudaStreamSynchronize(std::ptr::null());
