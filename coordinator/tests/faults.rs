@@ -119,6 +119,33 @@ fn dp8_compute_slow_host_times_only_waits_for_the_deep_set() {
 }
 
 #[test]
+fn a_suspect_in_the_warm_up_does_not_ask_for_the_deep_set() {
+    // Warm-up steps are no baseline: a suspect there opened a 30-s deep
+    // window on every agent 1.5 s into a healthy run. The same fault asks
+    // once the warm-up is over.
+    let warmup = slowrank_coordinator::analyzer::AnalyzerConfig::default()
+        .lifecycle
+        .warmup_iterations;
+    let spec = |iterations: u64| {
+        let mut spec = SynthSpec::dp(2, 4);
+        spec.gpu_timing = GpuTiming::None;
+        spec.links = false;
+        spec.faults.push(Fault::persistent(
+            FaultKind::Compute {
+                rank: 5,
+                factor: 1.3,
+            },
+            warmup / 2,
+        ));
+        (spec, iterations)
+    };
+    let (s, n) = spec(warmup - 2);
+    assert!(!common::run(s, n).analyzer.confirmation_wanted());
+    let (s, n) = spec(warmup + 20);
+    assert!(common::run(s, n).analyzer.confirmation_wanted());
+}
+
+#[test]
 fn dp8_host_slow_data_loader() {
     let mut spec = SynthSpec::dp(2, 4);
     spec.seed = 21;

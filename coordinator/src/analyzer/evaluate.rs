@@ -15,6 +15,8 @@ pub(super) struct IterCtx {
     pub(super) to: CoordNs,
     /// Rank time the iteration exposed: world size × step.
     pub(super) exposure: f64,
+    /// Past the warm-up (the job's, and a resumed life's).
+    pub(super) warm: bool,
 }
 
 /// Why the suspects are suspects: the iteration's blame (ns per node), the
@@ -46,7 +48,7 @@ impl Analyzer {
         let d = core.iteration.duration_of(k);
         core.timeline.record(k, d, &scores);
         let blame = Self::blame(core, bucket, &mut scores);
-        let it = self.iteration_context(core, k, step, bucket);
+        let it = self.iteration_context(core, k, step, warm, bucket);
         let (model, gpu) = Self::iteration_model(core, k, it.from);
         let (alarms, shares) = Self::sequential_test(core, model.as_ref(), step);
         self.record_group_shares(core, k, model.as_ref(), step);
@@ -114,7 +116,14 @@ impl Analyzer {
     }
 
     /// Where iteration `k` lies and how much GPU time the job had in it.
-    fn iteration_context(&self, core: &Core, k: u64, step: f64, bucket: &IterBucket) -> IterCtx {
+    fn iteration_context(
+        &self,
+        core: &Core,
+        k: u64,
+        step: f64,
+        warm: bool,
+        bucket: &IterBucket,
+    ) -> IterCtx {
         let world = self
             .ranks
             .iter()
@@ -131,6 +140,7 @@ impl Analyzer {
                 .unwrap_or(CoordNs::MIN),
             to: core.iteration.end_of(k).unwrap_or(CoordNs::MAX),
             exposure: if step.is_finite() { world * step } else { 0.0 },
+            warm,
         }
     }
 
@@ -258,7 +268,11 @@ impl Analyzer {
                     c.evidence.insert(0, Self::what_if_named(core, *x, step));
                 }
             }
-            let ask = window.len() >= self.cfg.stats.deep_ask_min || alarms.contains(&s.rank);
+            // Not in the warm-up: its steps are no baseline (allocators,
+            // autotuning), and a suspect there opened a 30-s job-wide deep
+            // window 1.5 s into a healthy run (dp8, iteration 16 of 20).
+            let ask = it.warm
+                && (window.len() >= self.cfg.stats.deep_ask_min || alarms.contains(&s.rank));
             if Self::held_back(core, s, &c, &window, cpu.as_ref(), k, ask) {
                 continue;
             }
