@@ -4,6 +4,7 @@
 //! ingest's clock; out: the lined-up records, offered to the join like
 //! live ones.
 
+use super::ingest::{LINE_UP, SUPERSEDED_LINE_UP};
 use super::*;
 
 impl Analyzer {
@@ -79,6 +80,7 @@ impl Analyzer {
                 held = rel.basis.map(|b| b.held),
                 covered = rel.basis.map(|b| b.covered),
                 patient = rel.basis.map(|b| b.patient),
+                superseded = rel.superseded,
                 input_ended = ended,
                 window = rel.basis.map(|b| format!("{}+{}", b.window_start, b.window_len)),
                 clock_bound_us = self
@@ -91,7 +93,11 @@ impl Analyzer {
             // before the takeover was known (the agent saw them before it
             // could connect): counted as replayed and unjoinable, like a
             // spool's, not rejected.
-            let connected_at = u64::MAX;
+            let connected_at = if rel.superseded {
+                SUPERSEDED_LINE_UP
+            } else {
+                LINE_UP
+            };
             lock(&self.lined_up).push(((rel.comm_id, rel.rank), rel.offset));
             for r in rel.records {
                 self.offer_one(&rel.host, r, connected_at, None, recv_ns, sum, out);

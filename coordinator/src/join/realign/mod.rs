@@ -95,6 +95,10 @@ pub struct Released {
     pub fit: Option<Fit>,
     /// What the choice rested on, for the log.
     pub basis: Option<Basis>,
+    /// An earlier agent's member, released after a later agent took the
+    /// member over: its records' numbers may lie below what the later one
+    /// already sent, and their instances may have closed meanwhile.
+    pub superseded: bool,
 }
 
 /// What a line-up against other members rested on: how long the member had
@@ -401,8 +405,9 @@ impl Realigner {
         let counters = &mut self.counters;
         for (&(comm_id, rank), m) in self.members.iter_mut() {
             let refs = self.refs.get(&comm_id).filter(|r| !r.is_empty());
+            let earlier = m.earlier.len();
             let generations = m.earlier.iter_mut().map(|(_, g)| g).chain([&mut m.state]);
-            for g in generations {
+            for (i, g) in generations.enumerate() {
                 let Some((offset, fit, basis)) =
                     refs.and_then(|refs| choose_offset(g, refs, now, remap, ended))
                 else {
@@ -414,6 +419,7 @@ impl Realigner {
                 let mut r = release(g, comm_id, rank, offset, counters);
                 r.fit = Some(fit);
                 r.basis = Some(basis);
+                r.superseded = i < earlier;
                 out.push(r);
             }
             // An earlier takeover that nothing could line up in twice the
@@ -565,6 +571,7 @@ fn release(
         records,
         fit: None,
         basis: None,
+        superseded: false,
     }
 }
 

@@ -352,6 +352,9 @@ fn a_member_taken_over_twice_before_it_was_lined_up_loses_nothing() {
     assert_eq!(offsets, vec![41, 90]);
     assert_eq!(out[0].records.len(), 20);
     assert_eq!(out[0].records[0].seq, 41);
+    // b's member is the superseded one: c may have sent on past its numbers.
+    let superseded: Vec<bool> = out.iter().map(|x| x.superseded).collect();
+    assert_eq!(superseded, vec![true, false]);
     let c = r.counters();
     assert_eq!((c.taken_over, c.lined_up, c.lost, c.held), (2, 2, 0, 0));
     assert!(r.holding_ranks().is_empty());
