@@ -69,13 +69,9 @@ fn dp8_compute_slow_1_3x() {
     assert!(open <= 40 + 10, "opened at {open}");
 }
 
-#[test]
-fn dp8_compute_slow_host_times_only_waits_for_the_deep_set() {
-    // Without GPU-side times a DP compute-slow rank shows only as a host that
-    // starts each step late after waiting longer for its own GPU in the
-    // end-of-step synchronize — as a rank behind a slow NIC would. It must
-    // not be named (neither host- nor compute-slow) on that guess; the
-    // analyzer asks for the deep set instead.
+/// dp 2×4 without GPU-side times or links, rank 5's GPU 1.3× slow from
+/// iteration `from`: a suspect only the deep set can class.
+fn host_times_only_compute_slow(from: u64) -> SynthSpec {
     let mut spec = SynthSpec::dp(2, 4);
     spec.gpu_timing = GpuTiming::None;
     spec.links = false;
@@ -84,9 +80,19 @@ fn dp8_compute_slow_host_times_only_waits_for_the_deep_set() {
             rank: 5,
             factor: 1.3,
         },
-        40,
+        from,
     ));
-    let run = common::run(spec, 80);
+    spec
+}
+
+#[test]
+fn dp8_compute_slow_host_times_only_waits_for_the_deep_set() {
+    // Without GPU-side times a DP compute-slow rank shows only as a host that
+    // starts each step late after waiting longer for its own GPU in the
+    // end-of-step synchronize — as a rank behind a slow NIC would. It must
+    // not be named (neither host- nor compute-slow) on that guess; the
+    // analyzer asks for the deep set instead.
+    let run = common::run(host_times_only_compute_slow(40), 80);
     let rep = run.report();
     assert!(rep.verdicts.is_empty(), "{:#?}", rep.verdicts);
     assert!(run.analyzer.confirmation_wanted());
@@ -126,23 +132,13 @@ fn a_suspect_in_the_warm_up_does_not_ask_for_the_deep_set() {
     let warmup = slowrank_coordinator::analyzer::AnalyzerConfig::default()
         .lifecycle
         .warmup_iterations;
-    let spec = |iterations: u64| {
-        let mut spec = SynthSpec::dp(2, 4);
-        spec.gpu_timing = GpuTiming::None;
-        spec.links = false;
-        spec.faults.push(Fault::persistent(
-            FaultKind::Compute {
-                rank: 5,
-                factor: 1.3,
-            },
-            warmup / 2,
-        ));
-        (spec, iterations)
-    };
-    let (s, n) = spec(warmup - 2);
-    assert!(!common::run(s, n).analyzer.confirmation_wanted());
-    let (s, n) = spec(warmup + 20);
-    assert!(common::run(s, n).analyzer.confirmation_wanted());
+    let spec = || host_times_only_compute_slow(warmup / 2);
+    assert!(!common::run(spec(), warmup - 2)
+        .analyzer
+        .confirmation_wanted());
+    assert!(common::run(spec(), warmup + 20)
+        .analyzer
+        .confirmation_wanted());
 }
 
 #[test]
