@@ -6,7 +6,7 @@
 use super::*;
 
 /// `connected_at` of a lined-up member's records: every one of them may
-/// be older than its instance's closing ((`offer_one`)).
+/// be older than its instance's closing (see `offer_one`).
 pub(super) const LINE_UP: u64 = u64::MAX;
 /// The same, for an earlier agent's member released after a later agent's
 /// already sent on past it (two agent kills seconds apart: the first
