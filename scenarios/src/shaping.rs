@@ -103,14 +103,14 @@ fn install_script(ranks_per_host: u32) -> String {
     s
 }
 
-/// The burst spreads of every sender: when the current burst of each
-/// began (kernel receive time of its first datagram).
+/// The burst each sender is sending: its sequence number and the kernel
+/// receive times of its datagrams so far.
 #[derive(Debug, Default)]
-struct Spreads {
-    first: HashMap<SocketAddr, (u64, u64)>,
+struct Bursts {
+    current: HashMap<SocketAddr, (u64, Vec<u64>)>,
 }
 
-impl Spreads {
+impl Bursts {
     /// Datagram `seq` (`last` of its burst or not) from `from` arrived at
     /// `at_ns`: the echo to send back when it closes a burst.
     fn on_datagram(
@@ -120,13 +120,19 @@ impl Spreads {
         last: bool,
         at_ns: u64,
     ) -> Option<[u8; 16]> {
-        let e = self.first.entry(from).or_insert((seq, at_ns));
+        let e = self.current.entry(from).or_insert((seq, Vec::new()));
         // Bursts queue in order behind each other in their class: a new
         // sequence number starts a new burst.
         if e.0 != seq {
-            *e = (seq, at_ns);
+            e.0 = seq;
+            e.1.clear();
         }
-        last.then(|| wire::encode_echo(seq, at_ns.saturating_sub(e.1)))
+        // A burst is at most BURST_PACKETS datagrams; a bigger one is not
+        // a port monitor's and must not grow the sink without bound.
+        if e.1.len() < wire::BURST_PACKETS {
+            e.1.push(at_ns);
+        }
+        last.then(|| wire::encode_echo(seq, wire::pace(&e.1)))
     }
 }
 
@@ -171,7 +177,7 @@ fn recv_stamped(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, Soc
 }
 
 /// Answers the last datagram of every port-monitor burst with its sequence
-/// number and the burst's spread (see [`wire`]), from the kernel's receive
+/// number and the burst's pace (see [`wire`]), from the kernel's receive
 /// timestamps so that the sink's own scheduling does not count. Runs in the
 /// launcher's namespace, so a burst crosses its host's veth (and its shaped
 /// class) on the way; the echo comes back unshaped. Stops on drop.
@@ -226,7 +232,7 @@ impl EchoSink {
             .name("port-echo".into())
             .spawn(move || {
                 let mut buf = vec![0u8; 2048];
-                let mut spreads = Spreads::default();
+                let mut bursts = Bursts::default();
                 while !flag.load(Ordering::Relaxed) {
                     let Ok((n, from, at_ns)) = recv_stamped(&sock, &mut buf) else {
                         continue;
@@ -234,7 +240,7 @@ impl EchoSink {
                     let Some((seq, last)) = wire::decode(&buf[..n]) else {
                         continue;
                     };
-                    if let Some(echo) = spreads.on_datagram(from, seq, last, at_ns) {
+                    if let Some(echo) = bursts.on_datagram(from, seq, last, at_ns) {
                         let _ = sock.send_to(&echo, from);
                     }
                 }
@@ -431,34 +437,49 @@ mod tests {
         s.connect((Ipv4Addr::LOCALHOST, sink.port())).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let mut buf = [0u8; wire::PACKET_BYTES];
-        for (seq, last) in [(7, false), (8, false), (8, false), (8, true)] {
+        let mut burst = vec![(7, false)];
+        burst.extend((0..wire::MIN_TIMED - 1).map(|_| (8, false)));
+        burst.push((8, true));
+        for (seq, last) in burst {
             wire::encode(&mut buf, seq, last);
             s.send(&buf).unwrap();
             std::thread::sleep(Duration::from_millis(5));
         }
         let mut echo = [0u8; 32];
         let n = s.recv(&mut echo).unwrap();
-        let (seq, spread) = wire::decode_echo(&echo[..n]).unwrap();
+        let (seq, pace) = wire::decode_echo(&echo[..n]).unwrap();
         assert_eq!(seq, 8);
-        // Two gaps of 5 ms between burst 8's first and last datagram.
-        assert!((9_000_000..200_000_000).contains(&spread), "{spread}");
+        // Burst 8's datagrams went 5 ms apart (more when this thread slept
+        // long).
+        let pace = pace.expect("enough datagrams to time");
+        assert!(
+            (Duration::from_millis(4)..Duration::from_millis(200)).contains(&pace),
+            "{pace:?}"
+        );
         drop(sink);
     }
 
     #[test]
-    fn spreads_are_per_sender_and_burst() {
+    fn bursts_are_per_sender_and_sequence_number() {
         let a: SocketAddr = "10.0.0.2:47000".parse().unwrap();
         let b: SocketAddr = "10.0.0.2:47001".parse().unwrap();
-        let mut s = Spreads::default();
-        assert_eq!(s.on_datagram(a, 1, false, 100), None);
-        assert_eq!(s.on_datagram(b, 5, false, 150), None);
-        let echo = s.on_datagram(a, 1, true, 400).unwrap();
-        assert_eq!(wire::decode_echo(&echo), Some((1, 300)));
-        // A stale datagram of burst 1, then burst 2.
-        assert_eq!(s.on_datagram(a, 2, false, 1000), None);
-        let echo = s.on_datagram(a, 2, true, 1500).unwrap();
-        assert_eq!(wire::decode_echo(&echo), Some((2, 500)));
-        let echo = s.on_datagram(b, 5, true, 250).unwrap();
-        assert_eq!(wire::decode_echo(&echo), Some((5, 100)));
+        let mut s = Bursts::default();
+        let pace_of = |echo: [u8; 16]| wire::decode_echo(&echo).unwrap();
+        // Burst 1 of `a`, 100 ns a gap, with burst 5 of `b` (300 ns a gap)
+        // in between.
+        for k in 0..wire::MIN_TIMED as u64 - 1 {
+            assert_eq!(s.on_datagram(a, 1, false, 1000 + 100 * k), None);
+            assert_eq!(s.on_datagram(b, 5, false, 1000 + 300 * k), None);
+        }
+        let last = 1000 + 100 * (wire::MIN_TIMED as u64 - 1);
+        let echo = s.on_datagram(a, 1, true, last).unwrap();
+        assert_eq!(pace_of(echo), (1, Some(Duration::from_nanos(100))));
+        let last = 1000 + 300 * (wire::MIN_TIMED as u64 - 1);
+        let echo = s.on_datagram(b, 5, true, last).unwrap();
+        assert_eq!(pace_of(echo), (5, Some(Duration::from_nanos(300))));
+        // Burst 2 of `a` lost most of its datagrams: no measurement.
+        assert_eq!(s.on_datagram(a, 2, false, 9000), None);
+        let echo = s.on_datagram(a, 2, true, 9500).unwrap();
+        assert_eq!(pace_of(echo), (2, None));
     }
 }

@@ -2,9 +2,9 @@
 //! launcher when it shapes each NIC's port replica on the host's veth with
 //! `tc`, see `slowrank_sim::wire`), a thread sends a small UDP burst through
 //! this NIC's replica every period, gets back from the launcher's echo sink
-//! how long the shaping spread it out, and writes the fraction of nominal
-//! bandwidth that shows into the control block, where the NIC and the cost
-//! model apply it to the simulated traffic. A `communication` fault's
+//! how far apart the shaping let its datagrams go, and writes the fraction
+//! of nominal bandwidth that shows into the control block, where the NIC
+//! and the cost model apply it to the simulated traffic. A `communication` fault's
 //! bandwidth is then a property of a real link, measured, not a knob read.
 //!
 //! Each change of the applied fraction (and the initial 1.0) is appended to
@@ -93,19 +93,16 @@ fn monitor(sink: SocketAddr, local: u32) -> std::io::Result<()> {
 
 /// Sends burst `seq` and waits for its echo: the fraction of nominal
 /// bandwidth it shows, or `None` when no echo came within
-/// [`wire::ECHO_TIMEOUT`] or the sink could not be reached. That is no
-/// measurement, not a slow port: counting a lost echo as the slowest
-/// measurable port made healthy NICs 150× slower for a period whenever the
-/// sink fell behind.
+/// [`wire::ECHO_TIMEOUT`], the sink could not time the burst or could not
+/// be reached. That is no measurement, not a slow port: counting a lost
+/// echo as the slowest measurable port made healthy NICs 150× slower for a
+/// period whenever the sink fell behind.
 fn burst(sock: &UdpSocket, seq: u64, buf: &mut [u8]) -> Option<f64> {
     let t0 = Instant::now();
     for i in 0..wire::BURST_PACKETS {
         wire::encode(buf, seq, i + 1 == wire::BURST_PACKETS);
         sock.send(buf).ok()?;
     }
-    // Preempted while sending, this thread stretched the spread by at most
-    // the time it took (normally tens of µs).
-    let handing = t0.elapsed();
     let deadline = t0 + wire::ECHO_TIMEOUT;
     let mut echo = [0u8; 64];
     loop {
@@ -117,10 +114,7 @@ fn burst(sock: &UdpSocket, seq: u64, buf: &mut [u8]) -> Option<f64> {
             .ok()?;
         match sock.recv(&mut echo) {
             Ok(n) => match wire::decode_echo(&echo[..n]) {
-                Some((s, spread_ns)) if s == seq => {
-                    let spread = Duration::from_nanos(spread_ns);
-                    return Some(wire::factor(spread.saturating_sub(handing)));
-                }
+                Some((s, pace)) if s == seq => return pace.map(wire::factor),
                 // The echo of a burst that timed out: stale.
                 _ => {}
             },
