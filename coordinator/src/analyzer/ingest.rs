@@ -5,17 +5,6 @@
 
 use super::*;
 
-/// `connected_at` of a lined-up member's records: every one of them may
-/// be older than its instance's closing (see `offer_one`).
-pub(super) const LINE_UP: u64 = u64::MAX;
-/// The same, for an earlier agent's member released after a later agent's
-/// already sent on past it (two agent kills seconds apart: the first
-/// one's member waited its patience, and its 36 records came in 600
-/// numbers below the second one's, rejected as going backwards in 1 of
-/// the chaos test's CI runs). Their instances closed without them; they
-/// are counted replayed and unjoinable, not rejected.
-pub(super) const SUPERSEDED_LINE_UP: u64 = u64::MAX - 1;
-
 impl Analyzer {
     /// Ingests one decoded batch received at coordinator time `recv_ns`.
     /// Never panics on bad content: each impossible record is rejected,
@@ -87,10 +76,12 @@ impl Analyzer {
         let slack = self.cfg.limits.future_slack_ns;
         // Records from before the agent's current connection: it was away
         // (spooled, or held by its fold) while they happened.
-        let connected_at = self
-            .agents
-            .get(&b.agent_id)
-            .map_or(0, |a| a.connected_mono_ns);
+        let source = Source::Live {
+            connected_at: self
+                .agents
+                .get(&b.agent_id)
+                .map_or(0, |a| a.connected_mono_ns),
+        };
         self.note_issued(b);
         for r in &b.collectives {
             match self
@@ -104,9 +95,7 @@ impl Analyzer {
                     let entry = self.to_coord(&b.host, r.host_entry_ns).0;
                     let routed = lock(&self.realign).route(r.clone(), &b.agent_id, entry);
                     match routed {
-                        Route::Offer(r) => {
-                            self.offer_one(host, r, connected_at, None, recv_ns, sum, out)
-                        }
+                        Route::Offer(r) => self.offer_one(host, r, source, None, recv_ns, sum, out),
                         Route::Held => {}
                         Route::Lost => {
                             sum.rejected += 1;
@@ -116,7 +105,7 @@ impl Analyzer {
                         }
                     }
                 }
-                Ok(()) => self.offer_one(host, r.clone(), connected_at, None, recv_ns, sum, out),
+                Ok(()) => self.offer_one(host, r.clone(), source, None, recv_ns, sum, out),
                 Err(e) => {
                     self.reject(e);
                     sum.rejected += 1;
@@ -429,7 +418,7 @@ impl Analyzer {
         &self,
         host: &Arc<str>,
         r: CollectiveRecord,
-        connected_at: u64,
+        source: Source,
         parked_since: Option<u64>,
         now: u64,
         sum: &mut IngestSummary,
@@ -456,10 +445,7 @@ impl Analyzer {
                 }
                 sum.accepted += 1;
             }
-            Err(RecordError::Late { .. }) if r.host_entry_ns < connected_at => {
-                lock(&self.counters).replayed_unjoinable += 1;
-            }
-            Err(RecordError::SequenceBackwards { .. }) if connected_at == SUPERSEDED_LINE_UP => {
+            Err(e) if source.replayed(&e, r.host_entry_ns) => {
                 lock(&self.counters).replayed_unjoinable += 1;
             }
             Err(
@@ -469,7 +455,7 @@ impl Analyzer {
                 let item = ParkedRecord {
                     host: host.clone(),
                     rec: r,
-                    connected_at,
+                    source,
                 };
                 let bytes = std::mem::size_of::<ParkedRecord>();
                 let mut p = lock(&self.parking);
@@ -520,7 +506,7 @@ impl Analyzer {
                 e.1 = e.1.max(top);
             }
             for (p, since) in released {
-                self.offer_one(&p.host, p.rec, p.connected_at, Some(since), now, sum, out);
+                self.offer_one(&p.host, p.rec, p.source, Some(since), now, sum, out);
             }
         }
     }

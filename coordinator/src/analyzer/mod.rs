@@ -347,8 +347,44 @@ const MAX_REPLAYED: usize = 32;
 struct ParkedRecord {
     host: Arc<str>,
     rec: CollectiveRecord,
-    /// Its agent's connection time when it arrived (for the replay rule).
-    connected_at: u64,
+    /// How it came in (for the replay rule).
+    source: Source,
+}
+
+/// How a collective record came in, which says what the join refusing it
+/// means: a record that came too late to be joined is counted replayed
+/// and unjoinable, not rejected ([`Source::replayed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Sent by an agent connected since `connected_at` (its host's
+    /// monotonic ns, from its hello; 0 unknown). One from before that was
+    /// spooled or held by the agent's fold while it was away.
+    Live { connected_at: u64 },
+    /// A restarted agent's member lined up with the other members: any of
+    /// its records may be older than its instance's closing (the agent saw
+    /// them before it could connect).
+    LinedUp,
+    /// An earlier agent's member released after a later agent's had
+    /// already sent on past it (two agent kills seconds apart: the first
+    /// one's member waited its patience, and its 36 records came in 600
+    /// numbers below the second one's, rejected as going backwards in 1 of
+    /// the chaos test's CI runs). Their instances closed without them.
+    Superseded,
+}
+
+impl Source {
+    /// Whether the join's refusal `e` of a record the host entered at
+    /// `host_entry_ns` only says it came too late.
+    fn replayed(self, e: &RecordError, host_entry_ns: u64) -> bool {
+        match (self, e) {
+            (Source::Live { connected_at }, RecordError::Late { .. }) => {
+                host_entry_ns < connected_at
+            }
+            (Source::LinedUp | Source::Superseded, RecordError::Late { .. }) => true,
+            (Source::Superseded, RecordError::SequenceBackwards { .. }) => true,
+            _ => false,
+        }
+    }
 }
 
 /// What offering a run of collectives produced.

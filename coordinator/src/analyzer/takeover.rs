@@ -4,7 +4,6 @@
 //! ingest's clock; out: the lined-up records, offered to the join like
 //! live ones.
 
-use super::ingest::{LINE_UP, SUPERSEDED_LINE_UP};
 use super::*;
 
 impl Analyzer {
@@ -93,14 +92,14 @@ impl Analyzer {
             // before the takeover was known (the agent saw them before it
             // could connect): counted as replayed and unjoinable, like a
             // spool's, not rejected.
-            let connected_at = if rel.superseded {
-                SUPERSEDED_LINE_UP
+            let source = if rel.superseded {
+                Source::Superseded
             } else {
-                LINE_UP
+                Source::LinedUp
             };
             lock(&self.lined_up).push(((rel.comm_id, rel.rank), rel.offset));
             for r in rel.records {
-                self.offer_one(&rel.host, r, connected_at, None, recv_ns, sum, out);
+                self.offer_one(&rel.host, r, source, None, recv_ns, sum, out);
             }
         }
     }

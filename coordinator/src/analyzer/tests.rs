@@ -497,3 +497,26 @@ fn an_exit_told_ahead_of_the_spooled_records_waits_for_them() {
     assert!(r.hangs.is_empty(), "{:?}", r.hangs);
     assert_eq!(r.job.exited_ranks, vec![4, 5, 6, 7]);
 }
+
+#[test]
+fn only_records_that_came_too_late_count_as_replayed() {
+    let late = RecordError::Late { comm_id: 1, seq: 5 };
+    let backwards = RecordError::SequenceBackwards {
+        comm_id: 1,
+        rank: 3,
+        seq: 5,
+        last: 600,
+    };
+    let live = Source::Live { connected_at: 1000 };
+    // Live: late only if it happened before its agent connected.
+    assert!(live.replayed(&late, 999));
+    assert!(!live.replayed(&late, 1000));
+    assert!(!live.replayed(&backwards, 999));
+    // A lined-up member's records may all be older than their instance.
+    assert!(Source::LinedUp.replayed(&late, u64::MAX));
+    assert!(!Source::LinedUp.replayed(&backwards, 0));
+    // A superseded member's may also be behind the later agent's.
+    assert!(Source::Superseded.replayed(&late, u64::MAX));
+    assert!(Source::Superseded.replayed(&backwards, 0));
+    assert!(!Source::Superseded.replayed(&RecordError::UnknownCommunicator { comm_id: 1 }, 0));
+}
