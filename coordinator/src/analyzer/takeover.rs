@@ -27,6 +27,7 @@ impl Analyzer {
         let mut sum = IngestSummary::default();
         let mut out = Offered::default();
         self.release_lined_up(now_ns, &mut sum, &mut out, true);
+        self.log_still_held(now_ns);
         let nccl_errors = self.queue_offered(out);
         self.accepted.fetch_add(sum.accepted, Ordering::Relaxed);
         let mut c = lock(&self.counters);
@@ -39,6 +40,39 @@ impl Analyzer {
             );
         }
         sum
+    }
+
+    /// Each taken-over member whose records never joined, with what its
+    /// line-up lacked: the count alone (`takeover.held` in the report) told
+    /// nothing when a CI run ended with 856 held records and no line-up.
+    fn log_still_held(&self, now_ns: u64) {
+        if !self.realigning.load(Ordering::Relaxed) {
+            return;
+        }
+        let remap = |host: &str, agent_ns: u64| {
+            self.clocks
+                .get(host)
+                .map(|c| c.value().map().coord_and_bound(agent_ns).0)
+        };
+        let still = lock(&self.realign).still_held(now_ns as CoordNs, &remap, true);
+        let ms = |ns: CoordNs| ns as f64 / 1e6;
+        for h in still {
+            warn!(
+                comm = format!("{:#x}", h.comm_id),
+                rank = h.rank,
+                host = %h.host,
+                held = h.held,
+                held_from_ms = ms(h.held_entries.0),
+                held_to_ms = ms(h.held_entries.1),
+                floor = h.floor,
+                others_instances = h.refs,
+                others_seqs = h.ref_seqs.map(|(a, b)| format!("{a}..={b}")),
+                others_from_ms = h.ref_entries.map(|e| ms(e.0)),
+                others_to_ms = h.ref_entries.map(|e| ms(e.1)),
+                why = ?h.why,
+                "a restarted agent's member could not be lined up with the other members: its held records never join"
+            );
+        }
     }
 
     /// Offers the held records of the taken-over members that can now be

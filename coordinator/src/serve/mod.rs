@@ -38,8 +38,11 @@ use crate::{
     Analyzer, AnalyzerConfig, CoordNs, VerdictEvent,
 };
 
+mod calls;
 mod deep;
 mod files;
+
+use calls::print_calls;
 
 use files::{build_report, journal_marks, live_page, render_metrics, write_failures_metrics};
 
@@ -725,6 +728,7 @@ impl Server {
         mut log: Vec<VerdictEvent>,
         mut clock_samples: u64,
     ) -> Result<ServeSummary, ServeError> {
+        let t0 = std::time::Instant::now();
         // What was already received still counts.
         while let Ok(ev) = rx.try_recv() {
             let (run, other) = take_run(ev, &mut rx);
@@ -741,6 +745,12 @@ impl Server {
             let _ = h.await;
         }
         self.write_outputs().await?;
+        // A supervisor that kills the coordinator before this line leaves
+        // the last periodic report, without the end of the input.
+        info!(
+            seconds = format!("{:.2}", t0.elapsed().as_secs_f64()),
+            "final outputs written"
+        );
         let report = self.report();
         let stats = self.ingest.stats();
         let summary = ServeSummary {
@@ -756,27 +766,6 @@ impl Server {
         // Hooks get their bounded time to deliver the last events.
         let _ = tokio::task::spawn_blocking(move || hooks.finish()).await;
         Ok(summary)
-    }
-}
-
-fn print_calls(batch: &Batch) {
-    for c in &batch.calls {
-        let symbol = batch
-            .probes
-            .iter()
-            .find(|p| p.id == c.probe)
-            .map_or("?", |p| p.symbol.as_str());
-        if c.is_return {
-            println!(
-                "[{}] pid {} {symbol} returned {} at {} ns",
-                batch.host, c.pid, c.ret, c.ts_ns
-            );
-        } else {
-            println!(
-                "[{}] pid {} {symbol}({}, {}) entered at {} ns",
-                batch.host, c.pid, c.args[0], c.args[1], c.ts_ns
-            );
-        }
     }
 }
 

@@ -36,6 +36,12 @@ use slowrank_shared::wire::{CollOp, CollectiveRecord};
 
 use crate::clock::CoordNs;
 
+mod offset;
+#[cfg(test)]
+use offset::Probe;
+use offset::{choose_offset, line_up, probes};
+pub use offset::{NoFit, Waiting};
+
 /// Records of a taken-over member that must match the other members'
 /// instances, operation and size, before its offset is trusted. One step
 /// of a data-parallel job holds a handful of collectives; 8 spans more
@@ -132,6 +138,26 @@ impl Fit {
             r.max(0) as f64 / self.mean_ns.max(1) as f64
         })
     }
+}
+
+/// A member still held, and what its line-up lacks (for the log).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StillHeld {
+    pub comm_id: u64,
+    pub rank: u32,
+    pub host: Arc<str>,
+    pub held: usize,
+    /// Entries of its first and last held records (coordinator clock, as
+    /// held: not remapped).
+    pub held_entries: (CoordNs, CoordNs),
+    /// The last sequence number the join had of it before the takeover.
+    pub floor: Option<u64>,
+    /// The other members' instances known: how many, their number range
+    /// and entry range.
+    pub refs: usize,
+    pub ref_seqs: Option<(u64, u64)>,
+    pub ref_entries: Option<(CoordNs, CoordNs)>,
+    pub why: Waiting,
 }
 
 /// Counters, for `report.json` and `/metrics`.
@@ -409,7 +435,7 @@ impl Realigner {
             let generations = m.earlier.iter_mut().map(|(_, g)| g).chain([&mut m.state]);
             for (i, g) in generations.enumerate() {
                 let Some((offset, fit, basis)) =
-                    refs.and_then(|refs| choose_offset(g, refs, now, remap, ended))
+                    refs.and_then(|refs| choose_offset(g, refs, now, remap, ended).ok())
                 else {
                     continue;
                 };
@@ -443,6 +469,63 @@ impl Realigner {
             .collect();
         self.refs.retain(|c, _| waiting.contains(c));
         self.nranks.retain(|c, _| waiting.contains(c));
+        out
+    }
+}
+
+impl Realigner {
+    /// Every takeover still held, with what its line-up lacks as of `now`
+    /// (with the input `ended` or not), for the log: records that never
+    /// join must say why.
+    pub fn still_held(
+        &self,
+        now: CoordNs,
+        remap: &dyn Fn(&str, u64) -> Option<CoordNs>,
+        ended: bool,
+    ) -> Vec<StillHeld> {
+        let mut out = Vec::new();
+        for (&(comm_id, rank), m) in &self.members {
+            let refs = self.refs.get(&comm_id);
+            for g in m.generations() {
+                let State::Holding {
+                    host, floor, held, ..
+                } = g
+                else {
+                    continue;
+                };
+                let why = match refs.filter(|r| !r.is_empty()) {
+                    None => Waiting::NoReferences,
+                    Some(r) => match choose_offset(g, r, now, remap, ended) {
+                        Ok(_) => continue,
+                        Err(w) => w,
+                    },
+                };
+                let entries = |r: &BTreeMap<u64, Ref>| {
+                    r.values().fold(None, |acc: Option<(CoordNs, CoordNs)>, x| {
+                        Some(acc.map_or((x.entry, x.entry), |(lo, hi)| {
+                            (lo.min(x.entry), hi.max(x.entry))
+                        }))
+                    })
+                };
+                out.push(StillHeld {
+                    comm_id,
+                    rank,
+                    host: host.clone(),
+                    held: held.len(),
+                    held_entries: (
+                        held.front().map_or(0, |h| h.1),
+                        held.back().map_or(0, |h| h.1),
+                    ),
+                    floor: *floor,
+                    refs: refs.map_or(0, BTreeMap::len),
+                    ref_seqs: refs
+                        .and_then(|r| Some((*r.first_key_value()?.0, *r.last_key_value()?.0))),
+                    ref_entries: refs.and_then(entries),
+                    why,
+                });
+            }
+        }
+        out.sort_by_key(|s| (s.comm_id, s.rank));
         out
     }
 }
@@ -573,202 +656,6 @@ fn release(
         basis: None,
         superseded: false,
     }
-}
-
-/// The offset that lines up the takeover `state` with the other members'
-/// instances `refs`, if its records tell one yet.
-fn choose_offset(
-    state: &State,
-    refs: &BTreeMap<u64, Ref>,
-    now: CoordNs,
-    remap: &dyn Fn(&str, u64) -> Option<CoordNs>,
-    ended: bool,
-) -> Option<(u64, Fit, Basis)> {
-    let State::Holding {
-        host,
-        floor,
-        since,
-        held,
-    } = state
-    else {
-        return None;
-    };
-    if held.len() < MIN_MATCHED {
-        return None;
-    }
-    // On the host's clock as known now (one linear map: still in order).
-    let held: Vec<(&CollectiveRecord, CoordNs)> = held
-        .iter()
-        .map(|(r, e)| (r, remap(host, r.host_entry_ns).unwrap_or(*e)))
-        .collect();
-    // The newest records: the other members' instances of them
-    // came after the takeover was known, so they are in `refs`.
-    // (The oldest may be from before: an agent that waited to
-    // connect ships what it saw meanwhile, and their instances'
-    // other records came and went before it; lined up with the
-    // first reference they would land on it, seconds off.)
-    let (lo, hi) = refs
-        .values()
-        .fold((CoordNs::MAX, CoordNs::MIN), |(lo, hi), r| {
-            (lo.min(r.entry), hi.max(r.entry))
-        });
-    // The newest held records the other members' reports already
-    // reach past (by COVER_NS), or after PATIENCE_NS (or once the input
-    // ended: nothing more will cover them) the newest.
-    let patient = ended || now - *since >= PATIENCE_NS;
-    let end = if patient {
-        held.len()
-    } else {
-        held.partition_point(|(_, e)| *e + COVER_NS <= hi)
-    };
-    if end < MIN_MATCHED {
-        return None;
-    }
-    // The covered records from the first reference on, in windows
-    // of WINDOW; the window that tells its offset most clearly
-    // decides. A host that falls behind for a while (a loaded
-    // machine: one run's newest records entered up to a step
-    // late) blurs a window into a near tie between neighbouring
-    // offsets, and the newest window alone then lined a member up
-    // 3 instances off (BENCHMARKS.md, journal 2026-12-01 22:53).
-    // A whole window, covered, before the patience runs out: the guard
-    // once read `first + WINDOW.min(end)`, always met when `first` is 0,
-    // and a member was lined up from its first 8 covered records, 38 ms
-    // off on average, 3 instances off (CI of dfaec54, agent restart).
-    let first = held.partition_point(|(_, e)| *e < lo);
-    let starts = if end >= first + WINDOW {
-        window_starts(first, end)
-    } else if patient {
-        vec![end.saturating_sub(WINDOW)]
-    } else {
-        return None;
-    };
-    let h0 = held[0].0.seq;
-    let mut chosen: Option<(f64, u64, Fit, usize, usize)> = None;
-    for start in starts {
-        let stop = (start + WINDOW).min(end);
-        let window = probes(held.iter().skip(start).take(stop - start).copied());
-        let s0 = held[start].0.seq;
-        let Some((k, fit)) = line_up_fit(&window, refs, floor.map(|f| f + (s0 - h0))) else {
-            continue;
-        };
-        let Some(offset) = k.checked_sub(s0) else {
-            continue;
-        };
-        let clarity = fit.clarity();
-        if chosen.as_ref().is_none_or(|c| clarity > c.0) {
-            chosen = Some((clarity, offset, fit, start, stop - start));
-        }
-    }
-    chosen.map(|(_, offset, fit, window_start, window_len)| {
-        let basis = Basis {
-            waited_ns: now - *since,
-            held: held.len(),
-            covered: end,
-            patient,
-            window_start,
-            window_len,
-        };
-        (offset, fit, basis)
-    })
-}
-
-/// Starts of the windows of up to [`WINDOW`] records over `first..end`,
-/// half a window apart, the last one ending at `end`.
-fn window_starts(first: usize, end: usize) -> Vec<usize> {
-    let last = end.saturating_sub(WINDOW).max(first);
-    let mut v: Vec<usize> = (first..last).step_by(WINDOW / 2).collect();
-    v.push(last);
-    v
-}
-
-/// One record of a member, for [`line_up`]: its sequence number relative
-/// to the window's first, operation, size, entry.
-type Probe = (u64, CollOp, u64, CoordNs);
-
-fn probes<'a>(held: impl Iterator<Item = (&'a CollectiveRecord, CoordNs)>) -> Vec<Probe> {
-    let mut s0 = None;
-    held.map(|(r, e)| {
-        let first = *s0.get_or_insert(r.seq);
-        (r.seq - first, r.op, r.bytes, e)
-    })
-    .collect()
-}
-
-/// The number of the instance `window`'s first record belongs to (a
-/// member's records: relative number, operation, size, entry), or None
-/// when no number matches [`MIN_MATCHED`] of `refs`' instances without a
-/// mismatch. Numbers at or below `floor` are not candidates.
-fn line_up(window: &[Probe], refs: &BTreeMap<u64, Ref>, floor: Option<u64>) -> Option<u64> {
-    line_up_fit(window, refs, floor).map(|(k, _)| k)
-}
-
-/// [`line_up`], with how well the chosen number fit.
-fn line_up_fit(
-    window: &[Probe],
-    refs: &BTreeMap<u64, Ref>,
-    floor: Option<u64>,
-) -> Option<(u64, Fit)> {
-    let (first, last) = (window.first()?.3, window.last()?.3);
-    let lo = floor.map_or(0, |f| f + 1);
-    let mut candidates: Vec<u64> = refs
-        .iter()
-        .filter(|(_, r)| r.entry >= first - SEARCH_NS && r.entry <= last + SEARCH_NS)
-        .flat_map(|(&s, _)| window.iter().filter_map(move |w| s.checked_sub(w.0)))
-        .filter(|k| *k >= lo)
-        .collect();
-    candidates.sort_unstable();
-    candidates.dedup();
-    let mut best: Option<(CoordNs, usize, u64)> = None;
-    let mut runner_up: Option<CoordNs> = None;
-    for k in candidates {
-        let mut diffs = Vec::with_capacity(window.len());
-        let mut mismatch = false;
-        for (d, op, bytes, entry) in window {
-            let Some(r) = refs.get(&(k + d)) else {
-                continue;
-            };
-            if r.op != *op || r.bytes != *bytes {
-                mismatch = true;
-                break;
-            }
-            diffs.push((entry - r.entry).abs());
-        }
-        if mismatch || diffs.len() < MIN_MATCHED.min(window.len()) {
-            continue;
-        }
-        // The mean, not the median: a step's gradient buckets are enqueued
-        // within a fraction of a millisecond of each other (the host runs
-        // ahead of the GPU), so one instance off pairs most records with a
-        // neighbour entered at nearly the same time and only the one per
-        // step that crosses into the next step with a whole step's gap.
-        // The median never sees those (a chaos run lined three members up
-        // one instance early and one an instance late, and the late one was
-        // named host-slow).
-        let score =
-            (diffs.iter().map(|d| *d as i128).sum::<i128>() / diffs.len() as i128) as CoordNs;
-        let better = match best {
-            None => true,
-            Some((s, n, _)) => score < s || (score == s && diffs.len() > n),
-        };
-        if better {
-            if let Some((s, _, _)) = best {
-                runner_up = Some(runner_up.map_or(s, |r| r.min(s)));
-            }
-            best = Some((score, diffs.len(), k));
-        } else {
-            runner_up = Some(runner_up.map_or(score, |r| r.min(score)));
-        }
-    }
-    best.map(|(mean_ns, _, k)| {
-        (
-            k,
-            Fit {
-                mean_ns,
-                runner_up_ns: runner_up,
-            },
-        )
-    })
 }
 
 #[cfg(test)]

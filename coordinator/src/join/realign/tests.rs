@@ -482,3 +482,40 @@ fn the_end_of_the_input_lines_a_whole_group_up_with_itself() {
     assert_eq!(out.len(), 2, "{out:?}");
     assert!(out.iter().all(|o| o.offset == 100), "{out:?}");
 }
+
+#[test]
+fn a_member_left_held_at_the_end_says_why() {
+    let mut r = Realigner::default();
+    let host: Arc<str> = Arc::from("host-1");
+    r.take_over(7, 2, 1, "new", &host, Some(3), 0);
+    // Nobody else reported yet.
+    hold(&mut r, 1, 100..140);
+    let still = r.still_held(10 * MS, &|_, _| None, true);
+    assert_eq!(still.len(), 1);
+    assert_eq!(
+        (still[0].rank, still[0].held, still[0].floor),
+        (1, 40, Some(3))
+    );
+    assert_eq!(still[0].why, Waiting::NoReferences);
+    // The other member's reports lie a minute earlier than the held
+    // records (a host clock off by that much): nothing is near them.
+    for s in 0..40 {
+        let (op, bytes, t) = step_op(s);
+        r.route(rec(7, 0, s, op, bytes), "a0", t - 60_000 * MS);
+    }
+    assert!(r.finish_remapped(10 * MS, &|_, _| None).is_empty());
+    let still = r.still_held(10 * MS, &|_, _| None, true);
+    let Waiting::NoMatch(miss) = still[0].why else {
+        panic!("{still:?}");
+    };
+    assert!(
+        miss.windows > 0 && miss.none_near == miss.windows,
+        "{miss:?}"
+    );
+    assert_eq!(still[0].refs, 40);
+    assert_eq!(still[0].ref_seqs, Some((0, 39)));
+    // Lined up, it is no longer listed.
+    report(&mut r, 40..200);
+    assert_eq!(r.finish_remapped(10 * MS, &|_, _| None).len(), 1);
+    assert!(r.still_held(10 * MS, &|_, _| None, true).is_empty());
+}
