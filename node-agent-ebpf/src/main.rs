@@ -38,7 +38,7 @@ mod stacks;
 pub const NO_WAKEUP: u64 = aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64;
 
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+static EVENTS: RingBuf = RingBuf::with_byte_size(slowrank_shared::maps::EVENTS_BYTES, 0);
 
 /// Followed process ids (tgid → rank, or u32::MAX when not yet known, and
 /// the probe traps the process took: what slowrank costs it).

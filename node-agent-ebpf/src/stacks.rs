@@ -50,7 +50,7 @@ use slowrank_shared::stack::{
 
 /// Stack records for user space.
 #[map]
-static STACKS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+static STACKS: RingBuf = RingBuf::with_byte_size(slowrank_shared::maps::STACKS_BYTES, 0);
 
 /// Processes (tgid) whose stacks are recorded; the value is unused (rank).
 #[map]

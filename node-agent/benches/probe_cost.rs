@@ -238,7 +238,7 @@ fn main() {
             while !stop.load(Ordering::Relaxed) {
                 {
                     let mut p = probes.lock().unwrap();
-                    let (n, _) = p.drain_raw(&mut ev);
+                    let n = p.drain_raw(&mut ev).records;
                     drained.fetch_add(n as u64, Ordering::Relaxed);
                     if fold && last_counts.elapsed() >= Duration::from_millis(200) {
                         last_counts = Instant::now();

@@ -67,8 +67,9 @@ pub struct LibStatus {
 /// Why a windowed counter shows as not attached.
 const WINDOWED_OFF: &str = "windowed: attached in deep windows and launch samples only";
 
-/// Splits given up on after this many polls (5 ms each) without an answer.
-const SPLIT_TRIES: u32 = 2000;
+/// Splits given up on after this long without an answer (it was a count of
+/// polls, 2,000 of 5 ms; the polls' period follows the traffic now).
+const SPLIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A rank's `/proc/PID/maps`, as last read.
 struct MapsRead {
@@ -88,7 +89,8 @@ pub struct Agent {
     clock: HostClock,
     libs: BTreeMap<PathBuf, LibStatus>,
     layout: CommLayout,
-    split_tries: HashMap<(u32, u64), u32>,
+    /// When each pending split was first tried.
+    split_tries: HashMap<(u32, u64), std::time::Instant>,
     /// Raw calls of user-given `--probe` functions.
     calls: Vec<CallRecord>,
     generic: Vec<bool>,
@@ -574,9 +576,11 @@ impl Agent {
     }
 
     /// Drains the ring buffer into the fold. Cheap; call often.
-    pub fn poll(&mut self) {
-        let (_, bad) = self.probes.drain_raw(&mut self.events);
-        self.bad_events += bad as u64;
+    /// Drains the event ring and feeds the fold; returns the bytes of the
+    /// ring the drain read (for the wait before the next, [`crate::cadence`]).
+    pub fn poll(&mut self) -> usize {
+        let drained = self.probes.drain_raw(&mut self.events);
+        self.bad_events += drained.bad as u64;
         let mut events = std::mem::take(&mut self.events);
         events.retain(|e| {
             let c = e.call();
@@ -613,6 +617,7 @@ impl Agent {
             }
         }
         self.update_counting();
+        drained.bytes
     }
 
     /// Switches the deep probe set (the verbs provider's post_send/poll_cq)
@@ -767,9 +772,11 @@ impl Agent {
                 }
             }
             let found = s.snapshot.as_deref().and_then(|m| self.layout.decode(m));
-            let t = self.split_tries.entry((s.pid, s.comm_ptr)).or_insert(0);
-            *t += 1;
-            if found.is_some() || last || *t >= SPLIT_TRIES {
+            let since = *self
+                .split_tries
+                .entry((s.pid, s.comm_ptr))
+                .or_insert_with(std::time::Instant::now);
+            if found.is_some() || last || since.elapsed() >= SPLIT_WAIT {
                 done.push((s.pid, s.comm_ptr, found));
             }
         }

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod announced;
 pub mod budget;
+pub mod cadence;
 pub mod catalog;
 pub mod certhost;
 pub mod clock;

@@ -30,6 +30,15 @@ use tokio::signal::unix::{signal, SignalKind};
 /// window (its first symbolization of a process can take seconds).
 const STACKS_SETTLE: Duration = Duration::from_secs(20);
 
+/// Shortest and longest wait between two drains of the event ring. The
+/// probes submit without a wakeup, so the ring is polled; the wait follows
+/// what each drain found (`cadence.rs`). A drain that finds 1/16 of the
+/// 1-MiB ring (≈ 800 call records of 80 bytes) goes back to 5 ms, so only a
+/// jump from under 5,000 records a second to over 300,000 within one 40-ms
+/// wait could fill it.
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(40);
+
 mod doctor;
 
 /// Watches the rank processes on this host with eBPF and ships what they do
@@ -410,7 +419,14 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut flush = tokio::time::interval(flush_tick);
     let mut last_flush = std::time::Instant::now();
     let mut scan = tokio::time::interval(Duration::from_millis(cli.scan_ms.max(5)));
-    let mut poll = tokio::time::interval(Duration::from_millis(5));
+    // The event ring's drains: 5 ms apart while records come fast, up to
+    // 40 ms while few do (slowrank_agent::cadence).
+    let mut ring_cadence = slowrank_agent::cadence::Cadence::new(
+        POLL_MIN,
+        POLL_MAX,
+        slowrank_shared::maps::EVENTS_BYTES as usize,
+    );
+    let mut next_poll = tokio::time::Instant::now();
     let interval = Duration::from_millis(cli.interval_ms.max(cli.flush_ms).max(10));
     let mut last_interval = std::time::Instant::now();
     let stack_window = Duration::from_millis(cli.stack_window_ms.max(cli.flush_ms).max(10));
@@ -423,8 +439,9 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     loop {
         let done = tokio::select! {
-            _ = poll.tick() => {
-                agent.poll();
+            _ = tokio::time::sleep_until(next_poll) => {
+                let bytes = agent.poll();
+                next_poll = tokio::time::Instant::now() + ring_cadence.after_drain(bytes);
                 false
             }
             req = async { control.as_mut().expect("guarded").recv().await }, if control.is_some() => {

@@ -131,6 +131,17 @@ pub struct Counters {
     pub execs_lost: u64,
 }
 
+/// What one [`Probes::drain_raw`] read from the event ring.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Records moved out.
+    pub records: usize,
+    /// Items of an unexpected size (dropped).
+    pub bad: usize,
+    /// Bytes of the ring they took (for [`crate::cadence`]).
+    pub bytes: usize,
+}
+
 /// The loaded programs, their attachments and the event ring buffer.
 pub struct Probes {
     ebpf: Ebpf,
@@ -522,10 +533,12 @@ impl Probes {
     }
 
     /// Moves every pending event (plain and stack entries) into `out`;
-    /// returns how many and how many had an unexpected size. Never blocks.
-    pub fn drain_raw(&mut self, out: &mut Vec<RawEvent>) -> (usize, usize) {
-        let (mut n, mut bad) = (0, 0);
+    /// says how many, how many had an unexpected size and how many bytes
+    /// of the ring they took. Never blocks.
+    pub fn drain_raw(&mut self, out: &mut Vec<RawEvent>) -> Drained {
+        let mut d = Drained::default();
         while let Some(item) = self.events.next() {
+            d.bytes += item.len();
             if let Some(ev) = CallEvent::from_bytes(&item) {
                 out.push(RawEvent::Call(ev));
             } else if let Some(ev) = StackEvent::from_bytes(&item) {
@@ -533,12 +546,12 @@ impl Probes {
             } else if let Some(ev) = ObjectSnapshot::from_bytes(&item) {
                 out.push(RawEvent::Snapshot(Box::new(ev)));
             } else {
-                bad += 1;
+                d.bad += 1;
                 continue;
             }
-            n += 1;
+            d.records += 1;
         }
-        (n, bad)
+        d
     }
 
     /// Per-process CUDA call counters kept in the kernel (`count_call`).

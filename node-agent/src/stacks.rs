@@ -17,6 +17,7 @@ use std::{
     time::Duration,
 };
 
+use crate::cadence::Cadence;
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
@@ -125,8 +126,12 @@ pub struct StackCounters {
 /// symbolization holds the fold up).
 pub const MAX_DRAINED: usize = 16384;
 
-/// How long the drain thread sleeps when the kernel's ring is empty.
-const DRAIN_IDLE: Duration = Duration::from_millis(2);
+/// The drain thread's waits between drains ([`crate::cadence`]): 2 ms while
+/// records come fast, up to 10 ms while few do (the fixed 2-ms sleep woke
+/// it 500 times a second on an idle host). 10 ms of a deep window's
+/// launch-site captures is a few hundred records, a few % of the ring.
+const DRAIN_MIN: Duration = Duration::from_millis(2);
+const DRAIN_MAX: Duration = Duration::from_millis(10);
 
 /// Records taken from the kernel's ring, waiting for the fold.
 #[derive(Default)]
@@ -174,8 +179,12 @@ fn decode(item: &[u8], period: u64) -> Option<StackEvent> {
 
 fn drain_loop(mut ring: RingBuf<MapData>, period: u64, drained: &Drained, stop: &AtomicBool) {
     let mut batch = Vec::new();
+    let mut cadence = Cadence::new(DRAIN_MIN, DRAIN_MAX, bpf_maps::STACKS_BYTES as usize);
     while !stop.load(Ordering::Relaxed) {
+        let mut bytes = 0;
+        let mut full = false;
         while let Some(item) = ring.next() {
+            bytes += item.len();
             match decode(&item, period) {
                 Some(ev) => batch.push(ev),
                 None => {
@@ -183,11 +192,18 @@ fn drain_loop(mut ring: RingBuf<MapData>, period: u64, drained: &Drained, stop: 
                 }
             }
             if batch.len() >= 1024 {
+                full = true;
                 break;
             }
         }
+        // A drain cut short by the batch size goes on at once.
+        let wait = if full {
+            Duration::ZERO
+        } else {
+            cadence.after_drain(bytes)
+        };
         if batch.is_empty() {
-            std::thread::sleep(DRAIN_IDLE);
+            std::thread::sleep(wait);
             continue;
         }
         let mut q = drained.events.lock().unwrap_or_else(|p| p.into_inner());
@@ -198,6 +214,8 @@ fn drain_loop(mut ring: RingBuf<MapData>, period: u64, drained: &Drained, stop: 
                 q.push_back(ev);
             }
         }
+        drop(q);
+        std::thread::sleep(wait);
     }
 }
 

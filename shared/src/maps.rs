@@ -7,6 +7,9 @@
 
 /// Call events for user space (ring buffer).
 pub const EVENTS: &str = "EVENTS";
+/// Size of the [`EVENTS`] ring: the agent's drain waits follow how much of
+/// it a drain found (`node-agent/src/cadence.rs`).
+pub const EVENTS_BYTES: u32 = 1 << 20;
 /// Followed processes: tgid → rank, and the probe traps each took.
 pub const FOLLOWED: &str = "FOLLOWED";
 /// Processes forked from a followed tree, before the agent classified them.
@@ -26,6 +29,8 @@ pub const OUT_PTRS: &str = "OUT_PTRS";
 pub const WC_PTRS: &str = "WC_PTRS";
 /// Stack records for user space (ring buffer).
 pub const STACKS: &str = "STACKS";
+/// Size of the [`STACKS`] ring (≈ 10,000 records).
+pub const STACKS_BYTES: u32 = 8 << 20;
 /// Processes whose stacks are recorded.
 pub const STACK_PIDS: &str = "STACK_PIDS";
 /// Stack sampler settings (off-CPU period).
