@@ -45,15 +45,20 @@ snapshot() {
     done
   done
 }
+# Per thread name: CPU ms/s and wakeups/s between the two snapshots
+# (join: key, name, ticks, switches at t0, then the same at t1).
+summarize() {
+  printf "%-20s %7s %12s %10s\n" thread threads "CPU ms/s" "wakeups/s"
+  join <(sort "$1/t0.txt") <(sort "$1/t1.txt") | awk -v hz="$hz" -v w="$WINDOW" '
+    { name = $2; cpu[name] += ($6 - $3) * 1000 / hz / w; wake[name] += ($7 - $4) / w; n[name]++ }
+    END {
+      for (k in cpu) { printf "%-20s %7d %12.1f %10.0f\n", k, n[k], cpu[k], wake[k]; tc += cpu[k]; tw += wake[k] }
+      printf "%-20s %7s %12.1f %10.0f\n", "~all", "", tc, tw
+    }' | sort -k1,1
+}
+hz=$(getconf CLK_TCK)
 snapshot > "$OUT/t0.txt"
 sleep "$WINDOW"
 snapshot > "$OUT/t1.txt"
-hz=$(getconf CLK_TCK)
 echo "agents: ${#agents[@]} (pids ${agents[*]}), $WINDOW s of dp8-healthy; per second, summed over the agents"
-join <(sort "$OUT/t0.txt") <(sort "$OUT/t1.txt") | awk -v hz="$hz" -v w="$WINDOW" '
-  { name = $2; cpu[name] += ($5 - $3) * 1000 / hz / w; wake[name] += ($6 - $4) / w; n[name]++ }
-  END {
-    printf "%-20s %7s %12s %10s\n", "thread", "threads", "CPU ms/s", "wakeups/s"
-    for (k in cpu) { printf "%-20s %7d %12.1f %10.0f\n", k, n[k], cpu[k], wake[k]; tc += cpu[k]; tw += wake[k] }
-    printf "%-20s %7s %12.1f %10.0f\n", "all", "", tc, tw
-  }' | sort -k1,1 | tee "$OUT/threads.txt"
+summarize "$OUT" | tee "$OUT/threads.txt"

@@ -42,6 +42,15 @@ impl Analyzer {
         sum
     }
 
+    /// A held record's agent time on its host's clock as known now, not as
+    /// it was when the record arrived (right after a restart the clock is
+    /// still settling).
+    fn remap_now(&self, host: &str, agent_ns: u64) -> Option<CoordNs> {
+        self.clocks
+            .get(host)
+            .map(|c| c.value().map().coord_and_bound(agent_ns).0)
+    }
+
     /// Each taken-over member whose records never joined, with what its
     /// line-up lacked: the count alone (`takeover.held` in the report) told
     /// nothing when a CI run ended with 856 held records and no line-up.
@@ -49,11 +58,7 @@ impl Analyzer {
         if !self.realigning.load(Ordering::Relaxed) {
             return;
         }
-        let remap = |host: &str, agent_ns: u64| {
-            self.clocks
-                .get(host)
-                .map(|c| c.value().map().coord_and_bound(agent_ns).0)
-        };
+        let remap = |host: &str, agent_ns: u64| self.remap_now(host, agent_ns);
         let still = lock(&self.realign).still_held(now_ns as CoordNs, &remap, true);
         let ms = |ns: CoordNs| ns as f64 / 1e6;
         for h in still {
@@ -88,13 +93,7 @@ impl Analyzer {
         if !self.realigning.load(Ordering::Relaxed) {
             return;
         }
-        // Held entries on each host's clock as known now, not as it was
-        // when they arrived (right after a restart it is still settling).
-        let remap = |host: &str, agent_ns: u64| {
-            self.clocks
-                .get(host)
-                .map(|c| c.value().map().coord_and_bound(agent_ns).0)
-        };
+        let remap = |host: &str, agent_ns: u64| self.remap_now(host, agent_ns);
         let released = if ended {
             lock(&self.realign).finish_remapped(recv_ns as CoordNs, &remap)
         } else {
