@@ -18,7 +18,7 @@ SECTIONS = {
     "links": ("LinkConfig", "coordinator/src/classify/links.rs"),
     "lifecycle": ("LifecycleConfig", "coordinator/src/verdict/mod.rs"),
     "sequential": ("SequentialConfig", "coordinator/src/classify/sequential.rs"),
-    "structure": ("StructureConfig", "coordinator/src/graph/structure.rs"),
+    "structure": ("StructureConfig", "coordinator/src/graph/structure/mod.rs"),
     "pace": ("PaceConfig", "coordinator/src/classify/pace.rs"),
     "stretches": ("StretchConfig", "coordinator/src/classify/stretches.rs"),
     "victims": ("VictimsConfig", "coordinator/src/verdict/victims.rs"),

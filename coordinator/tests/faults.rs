@@ -467,6 +467,34 @@ fn job_slowed_without_a_named_rank_is_told_healthy_is_not() {
 }
 
 #[test]
+fn a_slowdown_from_before_the_baseline_filled_is_told_too() {
+    // The GPU slows at iteration 25, five warm steps in: the warm steps'
+    // median is the slow step, so only the slow stretch against the job's
+    // best pace (steps read from the start) shows it. Told while it lasts,
+    // so `serve` can open deep windows.
+    let mut spec = SynthSpec::dp(2, 4);
+    spec.seed = 52;
+    spec.gpu_timing = GpuTiming::None;
+    spec.links = false;
+    spec.faults.push(Fault::persistent(
+        FaultKind::Compute {
+            rank: 5,
+            factor: 1.3,
+        },
+        25,
+    ));
+    let slowed = slowdown_iterations(spec, 90);
+    assert!(
+        slowed.iter().any(|i| (40..90).contains(i)),
+        "never told: {slowed:?}"
+    );
+    assert!(
+        slowed.iter().all(|i| *i >= 25),
+        "told before onset: {slowed:?}"
+    );
+}
+
+#[test]
 fn every_rank_of_one_host_slow_is_one_host_verdict() {
     // A node whose CPUs are shared or throttled: all four of its ranks load
     // their batches 8 ms late. One finding for the node, not four.

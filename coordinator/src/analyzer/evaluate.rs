@@ -76,7 +76,8 @@ impl Analyzer {
             );
         }
         if let Some(m) = model.as_ref().filter(|_| warm) {
-            self.judge_structure(core, &it, m, &shares, &mut obs);
+            let partial = Self::partly_blind(core, &it);
+            self.judge_structure(core, &it, m, &shares, partial.as_ref(), &mut obs);
         }
         let unobserved = Self::what_if(core, model.as_ref(), &gpu, step, &mut obs);
         let events = core.lifecycle.step(k, obs);

@@ -57,6 +57,7 @@ mod carry;
 mod evaluate;
 mod ingest;
 mod outputs;
+mod seen;
 mod structural;
 mod suspects;
 mod takeover;

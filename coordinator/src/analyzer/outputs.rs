@@ -9,12 +9,34 @@ impl Analyzer {
     /// With the default probe set a compute- or communication-slow rank is
     /// often invisible (calls only enqueue; host-side arrivals match), so
     /// `serve` answers this with a deep-probe window on every agent, whose
-    /// GPU-side arrivals and verbs latencies name the rank.
+    /// GPU-side arrivals and verbs latencies name the rank. A slowdown
+    /// that began before the warm steps made a baseline (their median is
+    /// then the slow step) is an ongoing slow stretch against the job's
+    /// best pace ([`crate::classify::stretches`]): a pipeline stage 1.42×
+    /// heavier from iteration 27 of a job warm from 20 slowed it 33%, the
+    /// report said so, and no deep window ever opened to say why.
     pub fn slowdown(&self) -> Option<Slowdown> {
         let core = lock(&self.core);
         if core.lifecycle.verdicts().any(|v| v.active) {
             return None;
         }
+        Self::slowdown_by_history(&core).or_else(|| {
+            let s = core
+                .pace
+                .stretches()
+                .into_iter()
+                .find(|s| s.ongoing && s.rise > SLOWDOWN_RISE)?;
+            Some(Slowdown {
+                iteration: core.last_sealed.unwrap_or(0),
+                baseline_ms: s.pace_ms,
+                recent_ms: s.step_ms,
+            })
+        })
+    }
+
+    /// The last [`SLOWDOWN_RECENT`] warm steps' median against the median
+    /// of the warm steps before them.
+    fn slowdown_by_history(core: &Core) -> Option<Slowdown> {
         let n = core.steps.len();
         if n < SLOWDOWN_RECENT + SLOWDOWN_BASELINE_MIN {
             return None;

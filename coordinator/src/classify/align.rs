@@ -325,3 +325,231 @@ pub fn gpu_timed_ranks(
         .filter(|r| !blind(*r))
         .collect()
 }
+
+/// An iteration's GPU-side instances, where what has no GPU-side time is
+/// blind only by placement: every host-side instance has all its members
+/// on one host (a pipeline's or a replica group's traffic over NVLink,
+/// where no verbs probe sees the GPU arrive), and every rank of the
+/// iteration arrives GPU-side somewhere. A host-side instance across hosts
+/// means the deep window does not cover the iteration, and its times are
+/// the hosts' (a host that ran ahead looks like work): `None`. A rank's
+/// work then spans the blind instances between its GPU-side arrivals,
+/// waits there included, so a rule that reads work from this set must
+/// compare ranks that share their blind instances (replicas of one
+/// pipeline stage) and see them all slow, not one.
+pub fn gpu_side_across_hosts<'a>(
+    instances: &[&'a AlignedInstance],
+) -> Option<Vec<&'a AlignedInstance>> {
+    let mut timed: foldhash::HashSet<u32> = Default::default();
+    let mut all: foldhash::HashSet<u32> = Default::default();
+    for a in instances {
+        all.extend(a.members.iter().map(|m| m.rank));
+        if a.basis == Basis::Gpu {
+            timed.extend(a.members.iter().map(|m| m.rank));
+        } else if a.members.windows(2).any(|w| w[0].host != w[1].host) {
+            return None;
+        }
+    }
+    let gpu: Vec<&AlignedInstance> = instances
+        .iter()
+        .copied()
+        .filter(|a| a.basis == Basis::Gpu)
+        .collect();
+    (!gpu.is_empty() && all.is_subset(&timed)).then_some(gpu)
+}
+
+/// A rank's GPU work in an iteration where it is seen whole
+/// ([`seen_gpu_work`]), per pair of its instances in a row (in issue
+/// order), keyed by the two instances' keys within their communicators:
+/// a replica's corresponding pair has the same keys in its own
+/// communicators (its own pipeline's sends, numbered alike).
+pub type SeenWork = std::collections::BTreeMap<(InstanceKey, InstanceKey), f64>;
+
+/// Each rank's GPU work where it is seen whole: from the completion of one
+/// of its GPU-side instances to its GPU-side arrival at the next one it
+/// issued. A pair with a blind instance between them is left out: the gap
+/// holds the blind instance's wait (a replica group's all-reduce over
+/// NVLink waits for its slowest member), and read as work it made the
+/// healthy partner of a 1.3× slower GPU look as slow as the rank itself
+/// (pp4 × dp2, a stage a host: a false "stage slower on every replica").
+/// Pairs follow the rank's issue order (host entry), the order its stream
+/// runs them in. A pair is left out too where the GPU may have waited for
+/// its host: a host sync between them (the GPU drained and idled while the
+/// host loaded the next batch: in pp4 × dp2 a 31-ms gap at the step
+/// boundary, 30% of a stage's seen work), or the host issuing the second
+/// after the first completed (the kernels between may have come late: a
+/// host-slow rank's gap, not its GPU's work).
+pub fn seen_gpu_work(instances: &[&AlignedInstance]) -> std::collections::BTreeMap<u32, SeenWork> {
+    struct At {
+        entry: CoordNs,
+        key: InstanceKey,
+        gpu: bool,
+        arrival: CoordNs,
+        done: CoordNs,
+        /// No host sync since the rank's previous collective.
+        no_sync: bool,
+    }
+    let mut per: std::collections::BTreeMap<u32, Vec<At>> = Default::default();
+    for a in instances {
+        for (m, t) in a.members.iter().zip(&a.arrival) {
+            per.entry(m.rank).or_default().push(At {
+                entry: m.host_entry,
+                key: a.key,
+                gpu: a.basis == Basis::Gpu,
+                arrival: *t,
+                done: a.end.max(*t),
+                no_sync: m.sync_wait_ns == 0,
+            });
+        }
+    }
+    per.into_iter()
+        .map(|(r, mut v)| {
+            v.sort_by_key(|x| x.entry);
+            let seen: SeenWork = v
+                .windows(2)
+                .filter(|w| w[0].gpu && w[1].gpu && w[1].no_sync && w[1].entry < w[0].done)
+                .map(|w| {
+                    let work = (w[1].arrival as f64 - w[0].done as f64).max(0.0);
+                    ((w[0].key, w[1].key), work)
+                })
+                .collect();
+            (r, seen)
+        })
+        .collect()
+}
+
+/// Pairs two replicas must both see for their work to be compared.
+const MIN_SEEN_PAIRS: usize = 3;
+
+/// How much more `a` worked than `b` where both were seen whole: the sum
+/// of `a`'s work over `b`'s, on the pairs both see (the same keys: the
+/// same work on two replicas; the sum weighs the long segments, where a
+/// slower GPU shows). `None` with fewer than [`MIN_SEEN_PAIRS`] pairs in
+/// common. Comparing each rank's own total instead named the healthy
+/// replica of a slow rank (pp4 × dp2, one GPU 1.38× slower): the slow
+/// one's late sends fell into the next iteration, so the two saw
+/// different pairs; by position in the iteration they were one apart.
+pub fn seen_ratio(a: &SeenWork, b: &SeenWork) -> Option<f64> {
+    let (mut sa, mut sb, mut n) = (0.0, 0.0, 0usize);
+    for (k, x) in a {
+        if let Some(y) = b.get(k) {
+            sa += x;
+            sb += y;
+            n += 1;
+        }
+    }
+    (n >= MIN_SEEN_PAIRS && sb > 0.0).then_some(sa / sb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::join::{JoinedInstance, Member};
+    use slowrank_shared::wire::CollectiveRecord;
+
+    /// A member: (rank, host, host entry, GPU arrival (0: none), GPU
+    /// completion (0: none), sync wait before).
+    type M = (u32, &'static str, u64, u64, u64, u64);
+
+    fn inst(members: &[M]) -> AlignedInstance {
+        let j = JoinedInstance {
+            comm_id: 1,
+            key: InstanceKey::Coll(0),
+            comm_nranks: members.len() as u32,
+            op: CollOp::AllReduce,
+            bytes: 0,
+            members: members
+                .iter()
+                .enumerate()
+                .map(|(i, (rank, host, entry, gpu, done, sync))| Member {
+                    rank: *rank,
+                    rank_in_comm: i as u32,
+                    host: Arc::from(*host),
+                    rec: CollectiveRecord {
+                        pid: 0,
+                        rank: *rank,
+                        comm_id: 1,
+                        seq: 0,
+                        op: CollOp::AllReduce,
+                        bytes: 0,
+                        peer: -1,
+                        host_entry_ns: *entry,
+                        host_exit_ns: *entry,
+                        gpu_arrive_ns: *gpu,
+                        gpu_done_ns: *done,
+                        launches_before: 0,
+                        sync_wait_ns_before: *sync,
+                        gpu_busy_before_ns: None,
+                        ret: 0,
+                    },
+                })
+                .collect(),
+        };
+        align(&j, &|_, t| (t as i64, 0.0))
+    }
+
+    #[test]
+    fn blind_instances_within_one_host_leave_the_gpu_side_ones() {
+        let across = inst(&[(0, "a", 10, 100, 150, 0), (2, "b", 10, 120, 150, 0)]);
+        let within = inst(&[(0, "a", 20, 0, 0, 0), (1, "a", 20, 0, 0, 0)]);
+        let other = inst(&[(1, "a", 10, 110, 160, 0), (3, "b", 10, 130, 160, 0)]);
+        let got = gpu_side_across_hosts(&[&across, &within, &other]).expect("blind by placement");
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|a| a.basis == Basis::Gpu));
+    }
+
+    #[test]
+    fn a_host_side_instance_across_hosts_or_an_unseen_rank_is_no_gpu_side_iteration() {
+        let across = inst(&[(0, "a", 10, 100, 150, 0), (2, "b", 10, 120, 150, 0)]);
+        let host_side_across = inst(&[(0, "a", 20, 0, 0, 0), (2, "b", 20, 0, 0, 0)]);
+        assert!(gpu_side_across_hosts(&[&across, &host_side_across]).is_none());
+        // Rank 1 is never seen GPU-side.
+        let within = inst(&[(0, "a", 20, 0, 0, 0), (1, "a", 20, 0, 0, 0)]);
+        assert!(gpu_side_across_hosts(&[&across, &within]).is_none());
+    }
+
+    #[test]
+    fn seen_work_skips_pairs_around_a_blind_instance_or_a_host_sync() {
+        // Rank 0 issues g1, g2, blind, g3, g4 (sync before it), g5; rank 1
+        // is its peer in every instance, rank 0 arrives on its own time.
+        let g = |entry, arrive, done, sync| AlignedInstance {
+            key: InstanceKey::Coll(entry),
+            ..inst(&[
+                (0, "a", entry, arrive, done, sync),
+                (1, "b", entry, arrive, done, 0),
+            ])
+        };
+        let g1 = g(1, 100, 200, 0);
+        let g2 = g(2, 1_200, 1_300, 0);
+        let blind = AlignedInstance {
+            key: InstanceKey::Coll(3),
+            ..inst(&[(0, "a", 3, 0, 0, 0), (9, "a", 3, 0, 0, 0)])
+        };
+        let g3 = g(4, 9_000, 9_100, 0);
+        let g4 = g(5, 20_000, 20_100, 5_000);
+        let g5 = g(6, 20_600, 20_700, 0);
+        // Its host issued g6 only after g5 completed.
+        let g6 = g(20_800, 21_000, 21_100, 0);
+        let all = [&g5, &g3, &g1, &blind, &g4, &g2, &g6];
+        let w = seen_gpu_work(&all);
+        // g1→g2 (1,000) and g4→g5 (500); g2→blind→g3 span the blind one,
+        // g3→g4 a sync, and g5→g6 may have waited for the host.
+        let work: Vec<f64> = w[&0].values().copied().collect();
+        assert_eq!(work, vec![1_000.0, 500.0]);
+        // Rank 9 is only in the blind instance: nothing seen.
+        assert!(w[&9].is_empty());
+    }
+
+    #[test]
+    fn replicas_compare_on_the_pairs_both_see() {
+        let k = |i: u64| (InstanceKey::Coll(i), InstanceKey::Coll(i + 1));
+        let work = |v: &[(u64, f64)]| -> SeenWork { v.iter().map(|(i, w)| (k(*i), *w)).collect() };
+        let a = work(&[(0, 10.0), (2, 20.0), (3, 30.0), (4, 1.0)]);
+        let b = work(&[(0, 8.0), (1, 50.0), (2, 16.0), (3, 24.0)]);
+        // Pairs 0, 2, 3: 60 against 48.
+        assert_eq!(seen_ratio(&a, &b), Some(1.25));
+        // Too few pairs in common: no comparison.
+        let c = work(&[(1, 50.0), (2, 16.0), (4, 3.0)]);
+        assert_eq!(seen_ratio(&a, &c), None);
+    }
+}
