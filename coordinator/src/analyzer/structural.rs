@@ -69,7 +69,11 @@ impl Analyzer {
             let even = |ranks: &[u32]| {
                 crate::graph::structure::replicas_even(&p.seen, ranks, &self.cfg.structure)
             };
-            if let Some(f) = self.stage_finding(core, &p.model, even, it.step, obs) {
+            if let Some(mut f) = self.stage_finding(core, &p.model, even, it.step, obs) {
+                f.3.push(format!(
+                    "each stage's replicas all-reduce within a host, where no GPU is timed, so this is read from the step's GPU-side collectives alone; where each replica's work is seen whole they work alike (within {:.0}%): not one slow replica",
+                    100.0 * self.cfg.structure.stage_excess
+                ));
                 self.replace_with_structural(f, it, obs);
             }
         }
