@@ -48,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         wire::encode(&HelloReply {
             accepted: false,
             reason: "invalid job token".into(),
+            retry_after_ms: 0,
         })?,
     )?;
     write(

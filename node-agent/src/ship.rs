@@ -72,6 +72,13 @@ pub enum ShipError {
     Wire(#[from] WireError),
     #[error("the coordinator refused this agent: {0}")]
     Refused(String),
+    /// Refused for now: another connection holds this host (the killed
+    /// agent this one replaces, until the coordinator times it out).
+    #[error("the coordinator refused this agent for now: {reason}")]
+    RefusedForNow {
+        reason: String,
+        retry_after: std::time::Duration,
+    },
     #[error("reading the control stream failed")]
     ReadExact(#[from] quinn::ReadExactError),
     #[error("control message of {0} bytes exceeds the {MAX_CONTROL}-byte cap")]
@@ -187,6 +194,12 @@ impl Shipper {
         send.finish()?;
         let reply: HelloReply = wire::decode(&recv.read_to_end(MAX_REPLY).await?)?;
         if !reply.accepted {
+            if reply.retry_after_ms > 0 {
+                return Err(ShipError::RefusedForNow {
+                    reason: reply.reason,
+                    retry_after: std::time::Duration::from_millis(reply.retry_after_ms.into()),
+                });
+            }
             return Err(ShipError::Refused(reply.reason));
         }
         Ok(Self {
@@ -544,6 +557,7 @@ async fn uplink_task(
         // Connect eagerly, even with nothing to send: the coordinator probes
         // our clock from the moment we say hello, before the job's first batch.
         if conn.is_none() {
+            let mut retry_soon = None;
             match Shipper::connect_from(
                 cfg.bind,
                 cfg.addr,
@@ -577,16 +591,32 @@ async fn uplink_task(
                         "coordinator refused this agent: {reason}; keeping records spooled"
                     );
                 }
+                Err(ShipError::RefusedForNow {
+                    reason,
+                    retry_after,
+                }) => {
+                    // Expected right after a restart: not an error, and no
+                    // backoff (the old connection goes within seconds).
+                    tracing::warn!(
+                        retry_ms = retry_after.as_millis() as u64,
+                        spooled = spool.len(),
+                        "coordinator refused this agent for now: {reason}; trying again soon"
+                    );
+                    retry_soon = Some(retry_after.min(std::time::Duration::from_secs(5)));
+                }
                 Err(e) => {
                     tracing::warn!(addr = %cfg.addr, spooled = spool.len(), "coordinator unreachable: {e}");
                 }
             }
             if conn.is_none() {
+                let wait = retry_soon.take().unwrap_or(backoff);
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     _ = stop.notified() => break,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                if wait == backoff {
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
                 continue;
             }
         }

@@ -166,6 +166,12 @@ pub struct HelloReply {
     pub accepted: bool,
     /// Why the agent was refused; empty when accepted.
     pub reason: String,
+    /// Non-zero when the refusal should clear by itself: another connection
+    /// holds this agent's host or id, and a dead one (a killed agent's) is
+    /// closed within the coordinator's silence timeout. Try again after this
+    /// many milliseconds rather than backing off: a restarted agent that
+    /// backed off to 5 s connected only after its job had ended.
+    pub retry_after_ms: u32,
 }
 impl Message for HelloReply {
     const KIND: MessageKind = MessageKind::HelloReply;

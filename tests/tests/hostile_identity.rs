@@ -86,6 +86,13 @@ async fn token_holders_cannot_take_over_impersonate_skew_or_plant_evidence() {
                 .expect("a reply");
             assert!(!reply.accepted, "impostor {id} on {host} accepted");
             assert!(reply.reason.contains("already"), "{why}: {}", reply.reason);
+            // Told to try again soon, not to back off: the holder may be a
+            // killed agent whose connection is about to time out.
+            assert!(
+                (1..=5_000).contains(&reply.retry_after_ms),
+                "{why}: retry after {} ms",
+                reply.retry_after_ms
+            );
             // Its batch, had it been let in: seq u64::MAX - 1.
             let b = batch(host, id, u64::MAX - 1, Vec::new());
             assert!(

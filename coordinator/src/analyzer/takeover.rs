@@ -12,7 +12,15 @@ impl Analyzer {
     pub(super) fn take_over(&self, c: &CommRecord, b: &Batch, host: &Arc<str>) {
         let floor = self.joiner.last_seq_of(c.comm_id, c.rank);
         let now = self.to_coord(&b.host, b.mono_ns).0;
-        lock(&self.realign).take_over(c.comm_id, c.nranks, c.rank, &b.agent_id, host, floor, now);
+        // What the other members reported while nobody watched this one:
+        // read before the realigner's lock is taken.
+        let known = self
+            .joiner
+            .open_collectives(c.comm_id, |h, ns| self.to_coord(h, ns).0);
+        let mut realign = lock(&self.realign);
+        realign.take_over(c.comm_id, c.nranks, c.rank, &b.agent_id, host, floor, now);
+        realign.seed(c.comm_id, known);
+        drop(realign);
         self.realigned_comms.insert(c.comm_id, ());
         self.realigning.store(true, Ordering::Relaxed);
     }

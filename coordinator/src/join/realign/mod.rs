@@ -366,6 +366,35 @@ impl Realigner {
         }
     }
 
+    /// Notes instances of `comm_id` the other members reported before its
+    /// takeover was known (`(seq, op, bytes, entry)`, from the join's open
+    /// instances). Without them a member whose new agent reached the
+    /// coordinator only after the others had shipped their last record
+    /// waited for references that never came: a CI run ended with 928
+    /// records held, `NoReferences`, because the restarted agent was
+    /// refused until the killed one's connection timed out and the job had
+    /// ended by then.
+    pub fn seed(
+        &mut self,
+        comm_id: u64,
+        known: impl IntoIterator<Item = (u64, CollOp, u64, CoordNs)>,
+    ) {
+        let Some(refs) = self.refs.get_mut(&comm_id) else {
+            return;
+        };
+        for (seq, op, bytes, entry) in known {
+            if matches!(op, CollOp::Send | CollOp::Recv) {
+                continue;
+            }
+            refs.entry(seq)
+                .and_modify(|r| r.entry = r.entry.min(entry))
+                .or_insert(Ref { op, bytes, entry });
+        }
+        while refs.len() > MAX_REFS {
+            refs.pop_first();
+        }
+    }
+
     /// Notes another member's instance of a communicator being lined up.
     fn reference(&mut self, rec: &CollectiveRecord, entry: CoordNs) {
         if matches!(rec.op, CollOp::Send | CollOp::Recv) {

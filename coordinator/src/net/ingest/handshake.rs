@@ -39,8 +39,18 @@ pub(super) async fn read_hello(conn: &Connection) -> Result<(quinn::SendStream, 
         .map_err(|_| Refusal::new("hello_timeout", "no complete hello within 10 s"))?
 }
 
-pub(super) async fn reply(send: &mut quinn::SendStream, accepted: bool, reason: String) {
-    if let Ok(bytes) = wire::encode(&HelloReply { accepted, reason }) {
+pub(super) async fn reply(
+    send: &mut quinn::SendStream,
+    accepted: bool,
+    reason: String,
+    retry_after_ms: u32,
+) {
+    let r = HelloReply {
+        accepted,
+        reason,
+        retry_after_ms,
+    };
+    if let Ok(bytes) = wire::encode(&r) {
         let _ = send.write_all(&bytes).await;
         let _ = send.finish();
         // Bounded: a peer that never acknowledges must not hold us here.
@@ -105,7 +115,7 @@ pub(super) async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hell
         lock(&shared.claims)
             .claim(&hello.agent_id, &hello.host, conn.stable_id() as u64)
             .err()
-            .map(|e| Refusal::new(e.label(), e.to_string()))
+            .map(|e| Refusal::new(e.label(), e.to_string()).for_now(IN_USE_RETRY))
     };
     if let Some(r) = &refusal {
         // Counted before the reply leaves, so whoever sees the refusal also
@@ -126,6 +136,7 @@ pub(super) async fn handshake(conn: &Connection, shared: &Shared) -> Result<Hell
             .as_ref()
             .map(|r| r.detail.clone())
             .unwrap_or_default(),
+        refusal.as_ref().map_or(0, |r| r.retry_after_ms),
     )
     .await;
     match refusal {
