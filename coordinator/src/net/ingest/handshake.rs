@@ -4,6 +4,14 @@
 
 use super::*;
 
+/// How soon an agent refused because another connection holds its host or
+/// id is told to try again. A killed agent's connection is closed after
+/// [`AGENT_SILENCE_TIMEOUT`]; its restarted successor, refused until then,
+/// connects within this of it (with its own backoff, 200 ms doubling to
+/// 5 s, it once connected 7 s after the kill, after its job had ended).
+/// A handshake every half second from one host costs nothing.
+const IN_USE_RETRY: Duration = Duration::from_millis(500);
+
 /// Compares without an early exit, so timing does not leak the token.
 pub(super) fn token_matches(given: &str, expected: &str) -> bool {
     let (a, b) = (given.as_bytes(), expected.as_bytes());

@@ -480,14 +480,6 @@ fn force_recv_buffer(sock: &socket2::Socket, bytes: usize) {
 #[cfg(not(target_os = "linux"))]
 fn force_recv_buffer(_: &socket2::Socket, _: usize) {}
 
-/// How soon an agent refused because another connection holds its host or
-/// id is told to try again. A killed agent's connection is closed after
-/// [`AGENT_SILENCE_TIMEOUT`]; its restarted successor, refused until then,
-/// connects within this of it (with its own backoff, 200 ms doubling to
-/// 5 s, it once connected 7 s after the kill, after its job had ended).
-/// A handshake every half second from one host costs nothing.
-const IN_USE_RETRY: Duration = Duration::from_millis(500);
-
 /// Why a connection ended before it was accepted.
 struct Refusal {
     label: &'static str,
