@@ -80,6 +80,17 @@ impl Analyzer {
             self.judge_structure(core, &it, m, &shares, partial.as_ref(), &mut obs);
         }
         let unobserved = Self::what_if(core, model.as_ref(), &gpu, step, &mut obs);
+        // Nobody slow in it: what each role's work is, for the what-if's
+        // floor (`graph::reference`).
+        let clean = warm
+            && obs.is_empty()
+            && alarms.is_empty()
+            && unobserved.is_empty()
+            && !core.lifecycle.verdicts().any(|v| v.active);
+        if let Some(m) = model.as_ref().filter(|_| clean) {
+            let max_share = shares.values().copied().fold(0.0, f64::max);
+            core.work_reference[usize::from(!gpu.ranks.is_empty())].learn(m, max_share);
+        }
         let events = core.lifecycle.step(k, obs);
         for c in unobserved {
             core.lifecycle
@@ -648,6 +659,7 @@ impl Analyzer {
             gpu_ranks: &gpu.ranks,
             gpu_leads: &gpu.leads,
             step_ns: step,
+            reference: Some(&core.work_reference[usize::from(!gpu.ranks.is_empty())]),
         };
         crate::graph::cost::apply(&it, obs, &active)
     }

@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 
 use crate::classify::Kind;
 use crate::classify::{Observation, Subject, OFF_CRITICAL_PATH};
+use crate::graph::reference::WorkReference;
 use crate::graph::whatif::WhatIf;
 
 /// One subject to cost: an active verdict's or an observation's.
@@ -51,6 +52,20 @@ pub struct Iteration<'a> {
     pub gpu_leads: &'a BTreeMap<u32, f64>,
     /// The iteration's duration (ns).
     pub step_ns: f64,
+    /// Each role's work when nobody is slow: where the peers' work is
+    /// censored (they waited for the rank), the replay's floor.
+    pub reference: Option<&'a WorkReference>,
+}
+
+impl Iteration<'_> {
+    /// The what-if length with `fixed` at its peers' pace, no shorter
+    /// than a clean iteration ([`WorkReference::length`]).
+    fn length_with(&self, model: &WhatIf, fixed: &[u32]) -> Option<f64> {
+        let floor = |s: &[u64]| self.reference.and_then(|r| r.floor(s));
+        let with = model.length_with_floor(fixed, &floor)?;
+        let clean = self.reference.and_then(WorkReference::length);
+        Some(clean.map_or(with, |c| with.max(c.min(model.length()))))
+    }
 }
 
 fn ranks_of(subject: Subject, ranks: &[u32]) -> Vec<u32> {
@@ -83,7 +98,8 @@ fn saving(
                     _ => None,
                 };
             }
-            Some((model.length() - model.length_with(&fixed)?).max(0.0))
+            let with = it.length_with(model, &fixed)?;
+            Some((model.length() - with).max(0.0))
         }
     }
 }
@@ -141,9 +157,9 @@ pub fn apply(
             return None;
         }
         let mut both = big_ranks.clone();
-        let base = model.length_with(&both)?;
+        let base = it.length_with(model, &both)?;
         both.extend_from_slice(ranks);
-        let ns = (base - model.length_with(&both)?).max(0.0);
+        let ns = (base - it.length_with(model, &both)?).max(0.0);
         Some((big_ranks[0], ns))
     };
     for (s, o) in obs.iter_mut() {
@@ -206,6 +222,7 @@ mod tests {
             gpu_ranks: &gpu,
             gpu_leads: &BTreeMap::new(),
             step_ns: 17.0 * MS,
+            reference: None,
         };
         let mut o = BTreeMap::new();
         o.insert(Subject::Rank(2), obs(2, Kind::Host));
@@ -230,6 +247,7 @@ mod tests {
             gpu_ranks: &none,
             gpu_leads: &BTreeMap::new(),
             step_ns: 12.0 * MS,
+            reference: None,
         };
         let mut o = BTreeMap::new();
         o.insert(Subject::Rank(3), obs(3, Kind::Compute));
@@ -259,6 +277,7 @@ mod tests {
             gpu_ranks: &gpu,
             gpu_leads: &BTreeMap::new(),
             step_ns: 30.0 * MS,
+            reference: None,
         };
         let mut nic = obs(6, Kind::Communication);
         nic.lost_ns = 48.0 * MS;

@@ -2,7 +2,8 @@
 //! rank costs in them. [`iteration`] tells where a training step begins and
 //! ends; [`itergraph`] turns one sealed iteration into a plain graph;
 //! [`whatif`] replays it with a rank at its peers' speed (the cost);
-//! [`cost`] applies that to each subject; [`structure`] reads stage and
+//! [`cost`] applies that to each subject, with [`reference`] (the roles'
+//! work when nobody is slow) as the floor of its peers; [`structure`] reads stage and
 //! work imbalance from it, [`spread`] whether imbalance explains a
 //! slowdown; this module keeps the wait graph of who waited
 //! for whom.
@@ -24,6 +25,7 @@
 pub mod cost;
 pub mod iteration;
 pub mod itergraph;
+pub mod reference;
 pub mod spread;
 pub mod structure;
 pub mod whatif;
