@@ -270,7 +270,7 @@ impl Analyzer {
     /// How much slower than its pace the job runs now, and since when: the
     /// pace test's slowdown, else an ongoing slow stretch (a slowdown that
     /// began before the pace's baseline filled).
-    fn job_rise(core: &Core) -> Option<(f64, u64)> {
+    pub(super) fn job_rise(core: &Core) -> Option<(f64, u64)> {
         core.pace
             .slowing()
             .map(|s| (s.rise, s.since_iteration))

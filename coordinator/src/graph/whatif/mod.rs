@@ -75,12 +75,11 @@ enum NodeKind {
     Complete { e: usize },
 }
 
-/// A role's per-position work and transfer when nobody is slow
+/// A role's per-position own work when nobody is slow
 /// ([`crate::graph::reference`]), the floor of a what-if's replacement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Floor {
     pub work: Vec<f64>,
-    pub transfer: Vec<f64>,
 }
 
 /// One rank's chain through the iteration.
@@ -343,19 +342,12 @@ impl WhatIf {
     /// work there (its next bucket's compute) is the job's, not its
     /// slowness. The floor is what the role's work is when nobody is slow
     /// ([`crate::graph::reference`]).
-    ///
-    /// The same holds of the transfer of an instance the rank arrived last
-    /// at, timed host-side: it is the time from the rank's call to the
-    /// instance's end, and a rank whose host came late finds its GPU idle
-    /// and its queue short, so it reads shorter than the job's own. There
-    /// the floor's transfer stands too.
     pub fn length_with_floor(
         &self,
         fixed: &[u32],
         floor: &dyn Fn(&[u64]) -> Option<Floor>,
     ) -> Option<f64> {
         let mut replaced = BTreeMap::new();
-        let mut transfer = None;
         for &r in fixed {
             let Some(c) = self.chains.get(&r) else {
                 continue;
@@ -365,20 +357,13 @@ impl WhatIf {
                 for ((w, f), own) in w.iter_mut().zip(&f.work).zip(&c.work) {
                     *w = w.max(f.min(*own));
                 }
-                let t = transfer.get_or_insert_with(|| self.transfer.clone());
-                for (&e, f) in c.events.iter().zip(&f.transfer) {
-                    if self.last[e].is_some_and(|(l, _)| l == r) {
-                        t[e] = t[e].max(*f);
-                    }
-                }
             }
             replaced.insert(r, w);
         }
-        Some(self.replay_with(&replaced, transfer.as_deref().unwrap_or(&self.transfer)))
+        Some(self.replay(&replaced))
     }
 
-    /// Each role's chain shapes, with its per-position median own work and
-    /// the median transfer of the instance at each position.
+    /// Each role's chain shapes, with its per-position median own work.
     pub fn role_work(&self) -> Vec<(&[u64], Floor)> {
         self.roles
             .iter()
@@ -399,8 +384,7 @@ impl WhatIf {
                     .get(&i)
                     .cloned()
                     .unwrap_or_else(|| per_position(&|c, j| c.work[j]));
-                let transfer = per_position(&|c, j| self.transfer[c.events[j]]);
-                (shapes, Floor { work, transfer })
+                (shapes, Floor { work })
             })
             .collect()
     }
