@@ -16,7 +16,7 @@ impl Analyzer {
         // read before the realigner's lock is taken.
         let known = self
             .joiner
-            .open_collectives(c.comm_id, |h, ns| self.to_coord(h, ns).0);
+            .open_collectives(c.comm_id, host, |h, ns| self.to_coord(h, ns).0);
         let mut realign = lock(&self.realign);
         realign.take_over(c.comm_id, c.nranks, c.rank, &b.agent_id, host, floor, now);
         realign.seed(c.comm_id, known);

@@ -54,6 +54,11 @@ impl Present {
     }
 
     /// The members, in arrival order.
+    pub fn iter(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter()
+    }
+
+    /// The members, in arrival order.
     pub fn into_members(self) -> Vec<Member> {
         self.members
     }
