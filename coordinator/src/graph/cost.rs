@@ -55,6 +55,9 @@ pub struct Iteration<'a> {
     /// Each role's work when nobody is slow: where the peers' work is
     /// censored (they waited for the rank), the replay's floor.
     pub reference: Option<&'a WorkReference>,
+    /// A clean iteration's length ([`WorkReference::length`]), of either
+    /// basis: no what-if is shorter.
+    pub clean_ns: Option<f64>,
 }
 
 impl Iteration<'_> {
@@ -63,8 +66,10 @@ impl Iteration<'_> {
     fn length_with(&self, model: &WhatIf, fixed: &[u32]) -> Option<f64> {
         let floor = |s: &[u64]| self.reference.and_then(|r| r.floor(s));
         let with = model.length_with_floor(fixed, &floor)?;
-        let clean = self.reference.and_then(WorkReference::length);
-        Some(clean.map_or(with, |c| with.max(c.min(model.length()))))
+        Some(
+            self.clean_ns
+                .map_or(with, |c| with.max(c.min(model.length()))),
+        )
     }
 }
 
@@ -99,6 +104,15 @@ fn saving(
                 };
             }
             let with = it.length_with(model, &fixed)?;
+            tracing::trace!(
+                ?subject,
+                length_ms = model.length() / 1e6,
+                with_ms = with / 1e6,
+                plain_ms = model.length_with(&fixed).map(|w| w / 1e6),
+                clean_ms = it.clean_ns.map(|c| c / 1e6),
+                step_ms = it.step_ns / 1e6,
+                "what-if of a rank"
+            );
             Some((model.length() - with).max(0.0))
         }
     }
@@ -214,6 +228,32 @@ mod tests {
     }
 
     #[test]
+    fn no_rank_is_costed_below_a_clean_iterations_length() {
+        // Rank 2 arrives 6 ms late; at its peers' pace the replay ends at
+        // 11 ms, but clean iterations took 15: only 2 ms were its.
+        let model = one_sync(&[(2, 6.0 * MS)]);
+        let gpu = HashSet::new();
+        let cost = |clean_ns: Option<f64>| {
+            let it = Iteration {
+                model: Some(&model),
+                gpu_ranks: &gpu,
+                gpu_leads: &BTreeMap::new(),
+                step_ns: 17.0 * MS,
+                reference: None,
+                clean_ns,
+            };
+            let mut o = BTreeMap::new();
+            o.insert(Subject::Rank(2), obs(2, Kind::Host));
+            apply(&it, &mut o, &[]);
+            o[&Subject::Rank(2)].saved_ns.unwrap()
+        };
+        assert!((cost(None) - 6.0 * MS).abs() < 1.0);
+        assert!((cost(Some(15.0 * MS)) - 2.0 * MS).abs() < 1.0);
+        // A clean length above this iteration's saves nothing, never less.
+        assert_eq!(cost(Some(20.0 * MS)), 0.0);
+    }
+
+    #[test]
     fn a_hidden_straggler_is_costed_once_the_big_one_is_fixed() {
         let model = one_sync(&[(2, 6.0 * MS), (5, 2.0 * MS)]);
         let gpu = HashSet::new();
@@ -223,6 +263,7 @@ mod tests {
             gpu_leads: &BTreeMap::new(),
             step_ns: 17.0 * MS,
             reference: None,
+            clean_ns: None,
         };
         let mut o = BTreeMap::new();
         o.insert(Subject::Rank(2), obs(2, Kind::Host));
@@ -248,6 +289,7 @@ mod tests {
             gpu_leads: &BTreeMap::new(),
             step_ns: 12.0 * MS,
             reference: None,
+            clean_ns: None,
         };
         let mut o = BTreeMap::new();
         o.insert(Subject::Rank(3), obs(3, Kind::Compute));
@@ -278,6 +320,7 @@ mod tests {
             gpu_leads: &BTreeMap::new(),
             step_ns: 30.0 * MS,
             reference: None,
+            clean_ns: None,
         };
         let mut nic = obs(6, Kind::Communication);
         nic.lost_ns = 48.0 * MS;
