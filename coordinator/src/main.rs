@@ -135,16 +135,13 @@ struct ServeArgs {
     /// suspect's agent when a verdict opens; 0 disables.
     #[arg(long, default_value_t = 30, value_name = "S")]
     deep_window: u32,
-    /// Seconds of deep probes on every agent when one iteration looked
-    /// suspicious and nothing else is known yet (no verdict, no slowdown).
-    /// A healthy job's jitter raises such a suspicion now and then, and each
-    /// window costs every rank the deep set's traps: a shorter one (10)
-    /// cut a healthy dp8 job's probe cost from 2.0 to 1.6 % of its step,
-    /// but a 1.3x slower GPU was then named 14-18 iterations after onset
-    /// instead of 2 (a window was less often already open; BENCHMARKS.md,
-    /// 2026-11-28 16:10). A verdict that needs the deep set keeps it on
-    /// either way. At most --deep-window.
-    #[arg(long, default_value_t = 30, value_name = "S")]
+    /// Shortest deep window on every agent when a suspect can only be
+    /// classed from GPU-side times and nothing else is known yet (no
+    /// verdict, no slowdown). At least 10 of the job's steps (plus a
+    /// second), renewed while the suspicion lasts, up to --deep-window.
+    /// A healthy job's jitter raises such a suspicion now and then; at 30 s
+    /// a healthy dp8 run had the deep set on for 41 of its 56 s.
+    #[arg(long, default_value_t = 5, value_name = "S")]
     suspicion_window: u32,
     /// During a compute-slow suspect's deep window, also record the launch
     /// sites (stack + kernel of every CUDA launch) of the suspect and a

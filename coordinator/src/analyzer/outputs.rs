@@ -71,6 +71,15 @@ impl Analyzer {
         }
     }
 
+    /// The job's step, once inferred.
+    pub fn step(&self) -> Option<std::time::Duration> {
+        lock(&self.core)
+            .iteration
+            .step_ns()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(|s| std::time::Duration::from_nanos(s as u64))
+    }
+
     /// Verdicts opened so far (active or not).
     pub fn verdicts_opened(&self) -> usize {
         lock(&self.core).lifecycle.verdicts().count()

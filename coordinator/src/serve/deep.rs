@@ -1,80 +1,70 @@
 //! Deep windows: the uprobes on every kernel launch and NIC post are costly,
-//! so they are opened on demand — on a job slowdown, for verdicts that need
-//! GPU-side evidence, and renewed while those stay open.
+//! so they are opened on demand — on a job slowdown, on a suspicion, for
+//! verdicts that need GPU-side evidence, and renewed while those stay open
+//! (the rule: [`crate::verdict::deep_ask`]).
 
 use super::*;
+use crate::verdict::deep_ask;
 
 impl Server {
-    /// The job slowed and nobody is named: with calls that only enqueue,
-    /// host-side times cannot show a GPU or a NIC falling behind, so every
-    /// agent opens a deep window (GPU-side arrivals, verbs latencies) for the
-    /// next iterations. At most once per window length.
+    /// Asks every agent for the deep window the analyzer's state calls for
+    /// ([`deep_ask::DeepAsk`]: a verdict resting on it, a slowdown nobody is named
+    /// for, a suspect only GPU-side times can class), if any.
     pub(super) fn deep_window_on_slowdown(&self) {
-        if self.cfg.deep_window_s == 0 {
-            return;
-        }
-        let window = Duration::from_secs(u64::from(self.cfg.deep_window_s));
-        if self.renew_deep_for_active(window) {
-            return;
-        }
         let sd = self.analyzer.slowdown();
-        let confirm = self.analyzer.confirmation_wanted();
-        if sd.is_none() && !confirm {
-            return;
-        }
-        // A suspicion alone gets the short window.
-        let seconds = if sd.is_some() {
-            self.cfg.deep_window_s
-        } else {
-            self.cfg.suspicion_window_s.clamp(1, self.cfg.deep_window_s)
+        let state = deep_ask::State {
+            active_needs_deep: self.analyzer.active_needs_deep(),
+            slowdown: sd.is_some(),
+            suspicion: self.analyzer.confirmation_wanted(),
+            verdicts_opened: self.analyzer.verdicts_opened(),
+            step: self.analyzer.step(),
         };
-        {
-            let Ok(mut last) = self.last_deep_all.lock() else {
+        let ask = {
+            let Ok(mut plan) = self.deep_ask.lock() else {
                 return;
             };
-            // Back off while windows name nobody: a job that got slower as a
-            // whole (a shared file system, a loaded machine) would otherwise
-            // keep the deep probes on for good. 1, 2, 4 … up to 20 long
-            // windows apart, counted in long windows whatever this one's
-            // length (a short suspicion window must not come three times as
-            // often); back to 1 once a verdict has opened.
-            if let Some((t, gap, _)) = *last {
-                if t.elapsed() < gap {
-                    return;
+            plan.poll(std::time::Instant::now(), &state)
+        };
+        let Some(ask) = ask else {
+            return;
+        };
+        let ids = self.connected_agent_ids();
+        match (ask.reason, ask.renewal) {
+            (deep_ask::Reason::Verdict, _) => info!(
+                agents = ids.len(),
+                seconds = ask.seconds,
+                "deep probes kept on: an active verdict rests on GPU-side or verbs evidence"
+            ),
+            (deep_ask::Reason::Suspicion, true) => info!(
+                agents = ids.len(),
+                seconds = ask.seconds,
+                "deep probes kept on: the suspect is not classed yet"
+            ),
+            (reason, _) => {
+                let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let why = match (reason, sd) {
+                    (deep_ask::Reason::Slowdown, Some(sd)) => format!(
+                        "SLOWER job step {:.1} ms vs {:.1} ms before (iteration {}) with no rank named",
+                        sd.recent_ms, sd.baseline_ms, sd.iteration
+                    ),
+                    _ => "SUSPECT a rank's GPU work runs long; a slow GPU or a slow NIC, only GPU-side times tell".into(),
+                };
+                let line = format!(
+                    "{now} {why}: deep probes on {} agent(s) for {} s",
+                    ids.len(),
+                    ask.seconds
+                );
+                info!("{line}");
+                if self.cfg.print_alerts {
+                    println!("{line}");
                 }
             }
-            let named = self.analyzer.verdicts_opened();
-            let gap = match *last {
-                Some((_, g, before)) if named == before => (g * 2).min(window * 20),
-                _ => window,
-            };
-            *last = Some((std::time::Instant::now(), gap, named));
         }
-        let ids = self.connected_agent_ids();
-        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        let why = match sd {
-            Some(sd) => format!(
-                "SLOWER job step {:.1} ms vs {:.1} ms before (iteration {}) with no rank named",
-                sd.recent_ms, sd.baseline_ms, sd.iteration
-            ),
-            None => "SUSPECT a rank's GPU work runs long; a slow GPU or a slow NIC, only GPU-side times tell".into(),
-        };
-        let line = format!(
-            "{now} {why}: deep probes on {} agent(s) for {seconds} s",
-            ids.len(),
-        );
-        info!("{line}");
-        if self.cfg.print_alerts {
-            println!("{line}");
-        }
-        self.deep_window_everywhere(ids, seconds);
+        self.deep_window_everywhere(ids, ask.seconds);
     }
 
     /// A deep window of `seconds` on every rank of each agent.
     pub(super) fn deep_window_everywhere(&self, ids: Vec<String>, seconds: u32) {
-        if let Ok(mut u) = self.deep_all_until.lock() {
-            *u = Some(std::time::Instant::now() + Duration::from_secs(u64::from(seconds)));
-        }
         for id in ids {
             let sent = self.ingest.send_control(
                 &id,
@@ -87,38 +77,6 @@ impl Server {
             );
             debug!(agent = %id, sent, "deep-probe window requested (job-wide)");
         }
-    }
-
-    /// Keeps the deep probes on everywhere while a verdict that only they
-    /// can confirm is active (a GPU-side comparison needs every member's
-    /// GPU times, so every host): renews the job-wide window shortly before
-    /// it ends. Returns whether it is keeping them on.
-    pub(super) fn renew_deep_for_active(&self, window: Duration) -> bool {
-        if !self.analyzer.active_needs_deep() {
-            return false;
-        }
-        let Ok(mut last) = self.last_deep_all.lock() else {
-            return false;
-        };
-        let margin = Duration::from_secs(3).min(window / 2);
-        let until = self.deep_all_until.lock().ok().and_then(|u| *u);
-        if until.is_some_and(|u| u > std::time::Instant::now() + margin) {
-            return true;
-        }
-        *last = Some((
-            std::time::Instant::now(),
-            window,
-            self.analyzer.verdicts_opened(),
-        ));
-        drop(last);
-        let ids = self.connected_agent_ids();
-        info!(
-            agents = ids.len(),
-            seconds = self.cfg.deep_window_s,
-            "deep probes kept on: an active verdict rests on GPU-side or verbs evidence"
-        );
-        self.deep_window_everywhere(ids, self.cfg.deep_window_s);
-        true
     }
 
     pub(super) fn connected_agent_ids(&self) -> Vec<String> {

@@ -106,13 +106,9 @@ pub struct ServeConfig {
     /// Ask the suspect's agent for a deep-probe window of this many seconds
     /// when a verdict opens (0: never).
     pub deep_window_s: u32,
-    /// The job-wide window opened on a suspicion alone (no slowdown, no
-    /// verdict yet). As long as `deep_window_s` by default: shorter spares
-    /// healthy jobs (a healthy job's jitter raises one now and then, and
-    /// half of a healthy 56-s run had the 30-s window on), but a window is
-    /// then less often open when a fault starts, and a 1.3x GPU was named
-    /// 14-18 iterations after onset instead of 2 (BENCHMARKS.md,
-    /// 2026-11-28 16:10).
+    /// The shortest job-wide window opened on a suspicion alone (no
+    /// slowdown, no verdict yet): at least 10 steps, renewed while the
+    /// suspicion lasts, up to `deep_window_s` ([`crate::verdict::deep_ask`]).
     pub suspicion_window_s: u32,
     /// Let a compute-slow suspect's deep window record launch sites too
     /// (its flame graph becomes the launch view). Off by default: every
@@ -140,7 +136,7 @@ impl ServeConfig {
             print_calls: false,
             print_alerts: true,
             deep_window_s: 30,
-            suspicion_window_s: 30,
+            suspicion_window_s: 5,
             launch_sites: false,
             probes: ProbeSchedule::default(),
             analyzer: AnalyzerConfig::default(),
@@ -184,13 +180,8 @@ pub struct Server {
     stacks: Arc<StackStore>,
     /// The HTML report last written (served live at `/`).
     page: Arc<std::sync::Mutex<Option<String>>>,
-    /// When every agent was last asked for a deep window because the job
-    /// slowed without a named rank, the wait before the next such window,
-    /// and how many verdicts had opened by then.
-    last_deep_all: std::sync::Mutex<Option<(std::time::Instant, Duration, usize)>>,
-    /// When the job-wide deep window last asked for ends (suspicion
-    /// windows are shorter than the others, so its start does not say).
-    deep_all_until: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Which job-wide deep windows to ask for, and when the last one ends.
+    deep_ask: std::sync::Mutex<crate::verdict::deep_ask::DeepAsk>,
     /// What earlier lives left in `--out`, merged into every report.
     earlier: Arc<crate::resume::Earlier>,
     started: chrono::DateTime<Utc>,
@@ -342,6 +333,10 @@ impl Server {
             )?),
             None => None,
         };
+        let deep_ask = std::sync::Mutex::new(crate::verdict::deep_ask::DeepAsk::new(
+            cfg.deep_window_s,
+            cfg.suspicion_window_s,
+        ));
         Ok(Self {
             cfg,
             ingest,
@@ -351,8 +346,7 @@ impl Server {
             agents,
             stacks,
             page,
-            last_deep_all: std::sync::Mutex::new(None),
-            deep_all_until: std::sync::Mutex::new(None),
+            deep_ask,
             earlier: Arc::new(earlier),
             started,
             journal,

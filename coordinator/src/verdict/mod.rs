@@ -21,6 +21,7 @@
 //! starting and the agents attaching make them unrepresentative (a rank
 //! slow for iterations 2–13 of a healthy job was a false verdict).
 
+pub mod deep_ask;
 pub mod flame;
 mod flameref;
 mod lifecycle;
