@@ -6,6 +6,14 @@
 //! whether the agent's overhead budget narrowed its sampling. This module
 //! sums them per rank and per host for the report ("slowrank's probes cost
 //! this job ≈ X% of rank time") and `/metrics`. Plain data, no I/O.
+//!
+//! The verbs data path's traps (`post_send`, `poll_cq`, deep windows
+//! only) are told apart: NCCL's proxy threads take them, not the threads
+//! that run the step. On the healthy dp8 overhead job they were three
+//! quarters of the self-reported cost (2.0 % of rank time with them, 0.6 %
+//! without) while the step moved within its noise (+0.6 % against +0.4 %
+//! with no deep window at all; BENCHMARKS.md, 2026-12-05 stop 57): they
+//! cost CPU, and step time only where the proxies lack a core.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +23,10 @@ use slowrank_shared::wire::RankInterval;
 struct RankCost {
     host: String,
     hits: u64,
+    /// Probe cost off the data path: on the threads that run the step.
     cost_ns: u64,
+    /// The verbs data path's (NCCL's proxy threads).
+    datapath_ns: u64,
     wall_ns: u64,
     counted_ns: u64,
     /// The agent's CPU time apportioned to this rank.
@@ -46,8 +57,14 @@ pub struct RankOverhead {
     pub rank: u32,
     pub host: String,
     /// Estimated share of the rank's wall time spent in slowrank's probe
-    /// traps, in percent; null when its agent could not measure a trap cost.
+    /// traps on the threads that run its step (every probe but the verbs
+    /// data path's), in percent; null when its agent could not measure a
+    /// trap cost.
     pub percent: Option<f64>,
+    /// The verbs data path's traps (deep windows), on NCCL's proxy
+    /// threads, in percent of the rank's wall time; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath_percent: Option<f64>,
     pub hits_per_s: f64,
     pub observed_seconds: f64,
     /// Share of the time the launch/memcpy/malloc counters were attached
@@ -84,6 +101,10 @@ pub struct OverheadReport {
     /// measured its trap cost.
     pub job_percent: Option<f64>,
     pub max_rank_percent: Option<f64>,
+    /// The verbs data path's traps, time-weighted over ranks, percent of
+    /// rank time ([`RankOverhead::datapath_percent`]); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath_percent: Option<f64>,
     /// The agents' own CPU, time-weighted over ranks, percent of rank
     /// time ([`RankOverhead::agent_cpu_percent`]); null from agents
     /// before wire schema 7, which did not measure it (absent then).
@@ -102,7 +123,10 @@ impl OverheadTally {
         }
         r.hits = r.hits.saturating_add(i.probe_hits);
         // An agent cannot have cost a rank more than the interval's time.
-        r.cost_ns = r.cost_ns.saturating_add(i.probe_cost_ns.min(wall));
+        let all = i.probe_cost_ns.min(wall);
+        let datapath = i.datapath_cost_ns.min(all);
+        r.cost_ns = r.cost_ns.saturating_add(all - datapath);
+        r.datapath_ns = r.datapath_ns.saturating_add(datapath);
         r.wall_ns = r.wall_ns.saturating_add(wall);
         r.counted_ns = r.counted_ns.saturating_add(i.launch_counted_ns.min(wall));
         // No more than the interval's time either (the agent's CPU is
@@ -145,6 +169,19 @@ impl OverheadTally {
         (wall > 0).then(|| 100.0 * cost as f64 / wall as f64)
     }
 
+    /// The verbs data path's traps as a time-weighted share of rank time
+    /// (percent), over ranks with a measured cost; None when none.
+    pub fn datapath_percent(&self) -> Option<f64> {
+        let (dp, wall) = self
+            .ranks
+            .values()
+            .filter(|r| Self::percent(r).is_some())
+            .fold((0u64, 0u64), |(c, w), r| {
+                (c.saturating_add(r.datapath_ns), w.saturating_add(r.wall_ns))
+            });
+        (wall > 0 && dp > 0).then(|| 100.0 * dp as f64 / wall as f64)
+    }
+
     /// The agents' CPU as a time-weighted share of rank time (percent);
     /// None when no agent reported any (agents before wire schema 7).
     pub fn agent_cpu_percent(&self) -> Option<f64> {
@@ -170,6 +207,8 @@ impl OverheadTally {
                     rank: *k,
                     host: r.host.clone(),
                     percent: Self::percent(r),
+                    datapath_percent: (Self::percent(r).is_some() && r.datapath_ns > 0)
+                        .then(|| 100.0 * r.datapath_ns as f64 / r.wall_ns as f64),
                     hits_per_s: if secs > 0.0 {
                         r.hits as f64 / secs
                     } else {
@@ -208,6 +247,12 @@ impl OverheadTally {
             ),
             _ => "slowrank's probe cost is unknown: no agent measured its trap cost".to_owned(),
         };
+        let datapath = self.datapath_percent();
+        if let Some(d) = datapath {
+            summary.push_str(&format!(
+                "; the deep windows' verbs probes ≈ {d:.2}% more on NCCL's proxy threads (CPU; step time only where they lack a core)"
+            ));
+        }
         let agent_cpu = self.agent_cpu_percent();
         if let Some(a) = agent_cpu {
             summary.push_str(&format!(
@@ -229,6 +274,7 @@ impl OverheadTally {
             summary,
             job_percent: job,
             max_rank_percent: worst.map(|w| w.1),
+            datapath_percent: datapath,
             agent_cpu_percent: agent_cpu,
             ranks,
             hosts,
@@ -279,6 +325,35 @@ mod tests {
         // Agents before wire schema 7 said nothing of their own CPU.
         assert_eq!(r.agent_cpu_percent, None);
         assert!(!r.summary.contains("own CPU"), "{}", r.summary);
+    }
+
+    #[test]
+    fn the_verbs_data_path_is_told_apart_from_the_steps_threads() {
+        let mut t = OverheadTally::default();
+        // 12 ms of traps in a second, 8 of them on the proxy's data path.
+        let mut a = iv(0, 0, 1_000_000_000, 12_000_000, false);
+        a.datapath_cost_ns = 8_000_000;
+        t.add("a", &a);
+        // Another rank with no deep window: 2 ms.
+        t.add("a", &iv(1, 0, 1_000_000_000, 2_000_000, false));
+        // A hostile data-path figure is capped at the probe cost.
+        let mut c = iv(2, 0, 1_000_000_000, 1_000_000, false);
+        c.datapath_cost_ns = u64::MAX;
+        t.add("b", &c);
+        let r = t.report().expect("report");
+        assert_eq!(r.ranks[0].percent, Some(0.4));
+        assert_eq!(r.ranks[0].datapath_percent, Some(0.8));
+        assert_eq!(r.ranks[1].datapath_percent, None);
+        assert_eq!(r.ranks[2].percent, Some(0.0));
+        assert!((r.job_percent.unwrap() - 0.2).abs() < 1e-9, "{r:?}");
+        assert!((r.datapath_percent.unwrap() - 0.3).abs() < 1e-9, "{r:?}");
+        assert!(
+            r.summary.contains("≈ 0.20% of rank time")
+                && r.summary
+                    .contains("verbs probes ≈ 0.30% more on NCCL's proxy threads"),
+            "{}",
+            r.summary
+        );
     }
 
     #[test]

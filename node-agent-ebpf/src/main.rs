@@ -81,6 +81,9 @@ fn bump(index: u32) {
 enum Hit {
     Entry,
     Return,
+    /// The verbs data path's probes, counted apart as well.
+    DataPathEntry,
+    DataPathReturn,
 }
 
 /// [`followed`], or for a communicator's creation (a probe with an
@@ -111,10 +114,19 @@ fn followed(hit: Hit) -> Option<(u32, u32)> {
         // threads of one process hit at once, hence the atomic add.
         unsafe {
             let slot = match hit {
-                Hit::Entry => core::ptr::addr_of_mut!((*f).entry_hits),
-                Hit::Return => core::ptr::addr_of_mut!((*f).return_hits),
+                Hit::Entry | Hit::DataPathEntry => core::ptr::addr_of_mut!((*f).entry_hits),
+                Hit::Return | Hit::DataPathReturn => core::ptr::addr_of_mut!((*f).return_hits),
             };
             atomic_add(slot, 1);
+            match hit {
+                Hit::DataPathEntry => {
+                    atomic_add(core::ptr::addr_of_mut!((*f).datapath_entry_hits), 1)
+                }
+                Hit::DataPathReturn => {
+                    atomic_add(core::ptr::addr_of_mut!((*f).datapath_return_hits), 1)
+                }
+                Hit::Entry | Hit::Return => {}
+            }
         }
         return Some((pid, pid_tgid as u32));
     }
@@ -451,7 +463,7 @@ where
 /// bytes of the first sge, wr_id, opcode, num_sge | send_flags << 32].
 #[uprobe]
 pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Entry) else {
+    let Some(who) = followed(Hit::DataPathEntry) else {
         return 0;
     };
     let qp: u64 = ctx.arg(0).unwrap_or(0);
@@ -474,7 +486,7 @@ pub fn verbs_post_send(ctx: ProbeContext) -> u32 {
 /// (NCCL's proxy spins on it).
 #[uprobe]
 pub fn verbs_poll_entry(ctx: ProbeContext) -> u32 {
-    if followed(Hit::Entry).is_none() {
+    if followed(Hit::DataPathEntry).is_none() {
         return 0;
     }
     let wc: u64 = ctx.arg(2).unwrap_or(0);
@@ -487,7 +499,7 @@ pub fn verbs_poll_entry(ctx: ProbeContext) -> u32 {
 /// completions returned, index].
 #[uretprobe]
 pub fn verbs_poll_return(ctx: RetProbeContext) -> u32 {
-    let Some(who) = followed(Hit::Return) else {
+    let Some(who) = followed(Hit::DataPathReturn) else {
         return 0;
     };
     let key = bpf_get_current_pid_tgid();

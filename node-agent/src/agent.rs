@@ -875,6 +875,8 @@ impl Agent {
             if let Some(trap) = self.trap {
                 let cost = trap.cost_ns(t.entry_hits, t.return_hits);
                 i.probe_cost_ns = cost as u64;
+                i.datapath_cost_ns =
+                    trap.cost_ns(t.datapath_entry_hits, t.datapath_return_hits) as u64;
                 i.trap_pair_ns = trap.pair_ns.round().min(f64::from(u32::MAX)) as u32;
                 let always = (cost - t.counted_calls as f64 * trap.entry_ns).max(0.0);
                 samples.push(CostSample {

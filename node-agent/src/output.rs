@@ -85,7 +85,7 @@ pub fn write_records(out: &mut impl Write, batch: &Batch) -> std::io::Result<()>
             "end_ns": i.end_ns, "launches": i.launches, "sync_calls": i.sync_calls, "sync_wait_ns": i.sync_wait_ns,
             "oncpu_ns": i.oncpu_ns, "runq_delay_ns": i.runq_delay_ns, "offcpu_ns": i.offcpu_ns,
             "launch_counted_ns": i.launch_counted_ns, "probe_hits": i.probe_hits,
-            "probe_cost_ns": i.probe_cost_ns, "trap_pair_ns": i.trap_pair_ns,
+            "probe_cost_ns": i.probe_cost_ns, "datapath_cost_ns": i.datapath_cost_ns, "trap_pair_ns": i.trap_pair_ns,
             "launch_duty_ppm": i.launch_duty_ppm, "budget_narrowed": i.budget_narrowed,
             "agent_cpu_ns": i.agent_cpu_ns}),
         )?;

@@ -46,8 +46,8 @@ const PROGRAMS: [&str; 9] = [
 
 /// `slowrank_shared::probe::Followed` as user space reads it (aya's `Pod`
 /// is not implementable for a foreign type): [rank | pad << 32, entry hits,
-/// return hits].
-type FollowedRaw = [u64; 3];
+/// return hits, data-path entry hits, data-path return hits].
+type FollowedRaw = [u64; 5];
 const _: () = assert!(
     std::mem::size_of::<FollowedRaw>() == std::mem::size_of::<slowrank_shared::probe::Followed>()
 );
@@ -433,14 +433,15 @@ impl Probes {
         )
         .map_err(map_err)?;
         // Keep the hit counts of a process followed again (a rank learnt).
-        let mut v = map.get(&pid, 0).unwrap_or([0; 3]);
+        let mut v = map.get(&pid, 0).unwrap_or([0; 5]);
         v[0] = u64::from(rank.unwrap_or(u32::MAX));
         map.insert(pid, v, 0).map_err(map_err)
     }
 
-    /// Probe traps per followed process so far: (pid, entry hits, return
-    /// hits), counted in-kernel by every program.
-    pub fn followed_hits(&self) -> Result<Vec<(u32, u64, u64)>, ProbeError> {
+    /// Probe traps per followed process so far: (pid, [entry hits, return
+    /// hits, of which the verbs data path's entry and return hits]),
+    /// counted in-kernel by every program.
+    pub fn followed_hits(&self) -> Result<Vec<(u32, [u64; 4])>, ProbeError> {
         let map_err = |e| ProbeError::Map {
             map: bpf_maps::FOLLOWED,
             source: Box::new(e),
@@ -452,7 +453,10 @@ impl Probes {
         )
         .map_err(map_err)?;
         map.iter()
-            .map(|r| r.map(|(pid, v)| (pid, v[1], v[2])).map_err(map_err))
+            .map(|r| {
+                r.map(|(pid, v)| (pid, [v[1], v[2], v[3], v[4]]))
+                    .map_err(map_err)
+            })
             .collect()
     }
 

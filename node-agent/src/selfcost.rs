@@ -123,6 +123,9 @@ fn time_calls() -> f64 {
 pub struct Totals {
     pub entry_hits: u64,
     pub return_hits: u64,
+    /// Of those, the verbs data path's (NCCL's proxy threads).
+    pub datapath_entry_hits: u64,
+    pub datapath_return_hits: u64,
     /// Calls counted by the windowed counters (launch, graph, memcpy,
     /// malloc, free): each one an entry hit.
     pub counted_calls: u64,
@@ -179,11 +182,13 @@ pub struct HitLedger {
 
 impl HitLedger {
     /// Records the latest hit totals read from the kernel.
-    pub fn hits(&mut self, rows: &[(u32, u64, u64)]) {
-        for &(pid, e, r) in rows {
+    pub fn hits(&mut self, rows: &[(u32, [u64; 4])]) {
+        for &(pid, [e, r, de, dr]) in rows {
             let t = self.latest.entry(pid).or_default();
             t.entry_hits = t.entry_hits.max(e);
             t.return_hits = t.return_hits.max(r);
+            t.datapath_entry_hits = t.datapath_entry_hits.max(de);
+            t.datapath_return_hits = t.datapath_return_hits.max(dr);
         }
     }
 
@@ -202,6 +207,12 @@ impl HitLedger {
         Totals {
             entry_hits: now.entry_hits.saturating_sub(was.entry_hits),
             return_hits: now.return_hits.saturating_sub(was.return_hits),
+            datapath_entry_hits: now
+                .datapath_entry_hits
+                .saturating_sub(was.datapath_entry_hits),
+            datapath_return_hits: now
+                .datapath_return_hits
+                .saturating_sub(was.datapath_return_hits),
             counted_calls: now.counted_calls.saturating_sub(was.counted_calls),
         }
     }
@@ -266,19 +277,30 @@ mod tests {
     #[test]
     fn ledger_reports_deltas_and_survives_unfollow() {
         let mut l = HitLedger::default();
-        l.hits(&[(7, 10, 8)]);
+        l.hits(&[(7, [10, 8, 4, 2])]);
         l.counts(&[(7, [5, 0, 1, 0, 0, 0, 0, 0])]);
         assert_eq!(
             l.take(7),
             Totals {
                 entry_hits: 10,
                 return_hits: 8,
+                datapath_entry_hits: 4,
+                datapath_return_hits: 2,
                 counted_calls: 6
             }
         );
-        l.hits(&[(7, 15, 12)]);
+        l.hits(&[(7, [15, 12, 5, 2])]);
         // The process is unfollowed: no more rows, the last delta remains.
-        assert_eq!(l.take(7).entry_hits, 5);
+        assert_eq!(
+            l.take(7),
+            Totals {
+                entry_hits: 5,
+                return_hits: 4,
+                datapath_entry_hits: 1,
+                datapath_return_hits: 0,
+                counted_calls: 0
+            }
+        );
         assert_eq!(l.take(7), Totals::default());
         l.forget(7);
         assert_eq!(l.take(7), Totals::default());

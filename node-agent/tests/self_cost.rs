@@ -27,13 +27,20 @@ fn exe() -> PathBuf {
     std::fs::read_link("/proc/self/exe").expect("read /proc/self/exe")
 }
 
+/// (entry hits, return hits) of `pid`; the verbs data path's apart.
 fn hits_of(probes: &Probes, pid: u32) -> (u64, u64) {
+    let h = all_hits_of(probes, pid);
+    (h[0], h[1])
+}
+
+/// [entry, return, data-path entry, data-path return] hits of `pid`.
+fn all_hits_of(probes: &Probes, pid: u32) -> [u64; 4] {
     probes
         .followed_hits()
         .expect("read FOLLOWED")
         .into_iter()
         .find(|r| r.0 == pid)
-        .map_or((0, 0), |r| (r.1, r.2))
+        .map_or([0; 4], |r| r.1)
 }
 
 #[test]
@@ -74,7 +81,7 @@ fn followed_process_hits_are_counted_per_kind_and_detach_stops_the_trap() {
     for i in 0..N {
         slowrank_selfcost_target(i);
     }
-    assert_eq!(hits_of(&probes, me), (2 * N, N));
+    assert_eq!(all_hits_of(&probes, me), [2 * N, N, 0, 0]);
     let counted = probes
         .cuda_counts()
         .expect("counts")
@@ -82,6 +89,43 @@ fn followed_process_hits_are_counted_per_kind_and_detach_stops_the_trap() {
         .find(|c| c.0 == me)
         .map(|c| c.1[cuda_count::MEMCPY as usize]);
     assert_eq!(counted, Some(N));
+
+    probes.detach(count);
+
+    // The verbs data path's programs (NCCL's proxy threads take them):
+    // counted in the totals and apart. Their reads of a bogus `qp`/`wr`
+    // fault harmlessly (0).
+    let post = probes
+        .attach_own(
+            &exe(),
+            "slowrank_selfcost_target",
+            Attach::VerbsPostSend,
+            me,
+        )
+        .expect("attach post_send program");
+    for i in 0..N {
+        slowrank_selfcost_target(i);
+    }
+    assert_eq!(all_hits_of(&probes, me), [3 * N, N, N, 0]);
+    probes.detach(post);
+    let poll = probes
+        .attach_own(&exe(), "slowrank_selfcost_target", Attach::VerbsPollCq, me)
+        .expect("attach poll_cq pair");
+    for i in 0..N {
+        slowrank_selfcost_target(i);
+    }
+    assert_eq!(all_hits_of(&probes, me), [4 * N, 2 * N, 2 * N, N]);
+    probes.detach(poll);
+    let count = probes
+        .attach_own(
+            &exe(),
+            "slowrank_selfcost_target",
+            Attach::Count {
+                class: cuda_count::MEMCPY,
+            },
+            me,
+        )
+        .expect("attach counter again");
 
     // Unfollowed, the program returns at once, but the probe still traps:
     // the kernel's unfollowed-hit counter sees every call.

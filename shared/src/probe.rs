@@ -198,6 +198,10 @@ pub struct Followed {
     pub entry_hits: u64,
     /// uretprobe (function return) hits.
     pub return_hits: u64,
+    /// Of those, the verbs data path's (`post_send`, `poll_cq`): NCCL's
+    /// proxy threads take them, not the threads that run the step.
+    pub datapath_entry_hits: u64,
+    pub datapath_return_hits: u64,
 }
 
 impl Followed {

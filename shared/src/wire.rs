@@ -29,8 +29,10 @@ use rkyv::{
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"SLRK";
 /// Bumped on any incompatible change of the types below (8: a
-/// communicator taken over by a restarted agent, [`CommRecord::resumed`]).
-pub const SCHEMA_VERSION: u16 = 8;
+/// communicator taken over by a restarted agent, [`CommRecord::resumed`];
+/// 9: the verbs data path's share of a rank's probe cost,
+/// [`RankInterval::datapath_cost_ns`]).
+pub const SCHEMA_VERSION: u16 = 9;
 /// A per-host agent certificate (`slowrank certs --hosts`) carries its
 /// host as a URI SAN with this prefix: the coordinator binds the agent to
 /// that host, and the agent takes its host name from it.
@@ -342,6 +344,10 @@ pub struct RankInterval {
     /// The agent's estimate of the rank's time those traps cost: hits ×
     /// this host's trap cost measured at agent start.
     pub probe_cost_ns: u64,
+    /// Of `probe_cost_ns`, the verbs data path's (deep windows:
+    /// `post_send`, `poll_cq`), taken by NCCL's proxy threads rather than
+    /// the threads that run the step (schema 9; 0 before).
+    pub datapath_cost_ns: u64,
     /// This host's measured cost of one uprobe + uretprobe pair (ns; 0 =
     /// not measured).
     pub trap_pair_ns: u32,

@@ -83,7 +83,7 @@ fn collective() -> impl Strategy<Value = CollectiveRecord> {
 }
 
 fn interval() -> impl Strategy<Value = RankInterval> {
-    (any::<[u32; 4]>(), any::<[u64; 13]>(), any::<bool>()).prop_map(|(n, w, b)| RankInterval {
+    (any::<[u32; 4]>(), any::<[u64; 14]>(), any::<bool>()).prop_map(|(n, w, b)| RankInterval {
         pid: n[0],
         rank: n[1],
         start_ns: w[0],
@@ -98,6 +98,7 @@ fn interval() -> impl Strategy<Value = RankInterval> {
         launch_counted_ns: w[9],
         probe_hits: w[10],
         probe_cost_ns: w[11],
+        datapath_cost_ns: w[13],
         trap_pair_ns: n[2],
         launch_duty_ppm: n[3],
         budget_narrowed: b,

@@ -282,9 +282,19 @@ impl Analyzer {
         lost.sort_by_key(|x| x.0);
         // One guard: a second lock() in the literal below would wait for the
         // first, whose temporary lives to the end of the statement.
-        let (probe_overhead_percent, job_probe_overhead_percent, job_agent_cpu_percent) = {
+        let (
+            probe_overhead_percent,
+            job_probe_overhead_percent,
+            job_agent_cpu_percent,
+            job_datapath_percent,
+        ) = {
             let o = lock(&self.overhead);
-            (o.rank_percents(), o.job_percent(), o.agent_cpu_percent())
+            (
+                o.rank_percents(),
+                o.job_percent(),
+                o.agent_cpu_percent(),
+                o.datapath_percent(),
+            )
         };
         Metrics {
             rank_lateness_ns: lateness,
@@ -304,6 +314,7 @@ impl Analyzer {
             probe_overhead_percent,
             job_probe_overhead_percent,
             job_agent_cpu_percent,
+            job_datapath_percent,
             step_ns: core.iteration.step_ns(),
             verdicts: core
                 .lifecycle

@@ -178,6 +178,7 @@ impl Line<'_> {
                 .unwrap_or(end_ns.saturating_sub(start_ns)),
             probe_hits: self.opt("probe_hits"),
             probe_cost_ns: self.opt("probe_cost_ns"),
+            datapath_cost_ns: self.opt("datapath_cost_ns"),
             trap_pair_ns: self.opt("trap_pair_ns") as u32,
             launch_duty_ppm: self.opt("launch_duty_ppm") as u32,
             budget_narrowed: self

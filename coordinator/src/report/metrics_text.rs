@@ -145,7 +145,7 @@ impl Metrics {
         let f = e.family(
             "slowrank_rank_probe_overhead_ratio",
             g,
-            "Share of the rank's time slowrank's probes cost (the agent's measured trap cost × its hits)",
+            "Share of the rank's time slowrank's probes cost on the threads that run its step (the agent's measured trap cost × its hits; the verbs data path apart)",
         );
         for (r, p) in &self.probe_overhead_percent {
             f.sample(&[("rank", &r.to_string())], p / 100.0);
@@ -164,6 +164,14 @@ impl Metrics {
             "The agents' own CPU time as a share of all ranks' time, time-weighted: rank time they may take where they share the ranks' cores",
         );
         if let Some(p) = self.job_agent_cpu_percent {
+            f.sample(&[], p / 100.0);
+        }
+        let f = e.family(
+            "slowrank_job_datapath_probe_overhead_ratio",
+            g,
+            "The deep windows' verbs data-path probes (post_send, poll_cq) as a share of all ranks' time, time-weighted: CPU on NCCL's proxy threads, step time only where they lack a core",
+        );
+        if let Some(p) = self.job_datapath_percent {
             f.sample(&[], p / 100.0);
         }
     }
@@ -445,6 +453,7 @@ pub struct Metrics {
     pub probe_overhead_percent: Vec<(u32, f64)>,
     pub job_probe_overhead_percent: Option<f64>,
     pub job_agent_cpu_percent: Option<f64>,
+    pub job_datapath_percent: Option<f64>,
     /// The job's step time now (median of recent iterations), when known.
     pub step_ns: Option<f64>,
     /// Every verdict: (id, rank, host, kind, active, lost GPU-seconds, transient).
@@ -485,6 +494,7 @@ mod tests {
             probe_overhead_percent: vec![(0, 0.2)],
             job_probe_overhead_percent: Some(0.2),
             job_agent_cpu_percent: Some(1.5),
+            job_datapath_percent: Some(0.7),
             step_ns: Some(40e6),
             verdicts: vec![
                 VerdictRow {
