@@ -135,12 +135,12 @@ struct ServeArgs {
     /// suspect's agent when a verdict opens; 0 disables.
     #[arg(long, default_value_t = 30, value_name = "S")]
     deep_window: u32,
-    /// Shortest deep window on every agent when a suspect can only be
-    /// classed from GPU-side times and nothing else is known yet (no
-    /// verdict, no slowdown). At least 10 of the job's steps (plus a
-    /// second), renewed while the suspicion lasts, up to --deep-window.
-    /// A healthy job's jitter raises such a suspicion now and then; at 30 s
-    /// a healthy dp8 run had the deep set on for 41 of its 56 s.
+    /// Shortest deep window on every agent when the job slowed with nobody
+    /// named, or a suspect can only be classed from GPU-side times. At
+    /// least 10 of the job's steps (plus a second), renewed while the
+    /// slowdown or the suspicion lasts, up to --deep-window. A healthy
+    /// job's jitter raises either now and then; at 30 s a healthy dp8 run
+    /// had the deep set on for 41 of its 56 s.
     #[arg(long, default_value_t = 5, value_name = "S")]
     suspicion_window: u32,
     /// During a compute-slow suspect's deep window, also record the launch

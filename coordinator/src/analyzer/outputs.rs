@@ -20,7 +20,7 @@ impl Analyzer {
         if core.lifecycle.verdicts().any(|v| v.active) {
             return None;
         }
-        Self::slowdown_by_history(&core).or_else(|| {
+        Self::slowdown_by_history(&core, self.cfg.lifecycle.warmup_iterations).or_else(|| {
             let s = core
                 .pace
                 .stretches()
@@ -35,27 +35,35 @@ impl Analyzer {
     }
 
     /// The last [`SLOWDOWN_RECENT`] warm steps' median against the median
-    /// of the warm steps before them.
-    fn slowdown_by_history(core: &Core) -> Option<Slowdown> {
-        let n = core.steps.len();
+    /// of the warm steps before them. The recent steps include those whole
+    /// but not yet sealed: an iteration's end is final once its last
+    /// reference instance is in, while sealing waits
+    /// [`crate::graph::iteration::IterationConfig::seal_lag`] iterations
+    /// more for every rank's records; the deep window this asks for is
+    /// the path to a name, so those iterations are detection latency.
+    fn slowdown_by_history(core: &Core, warmup: u64) -> Option<Slowdown> {
+        let mut steps: Vec<f64> = core.steps.iter().copied().collect();
+        let mut last = core.last_sealed;
+        if let (Some(sealed), Some(ended)) = (core.last_sealed, core.iteration.last_ended()) {
+            let warm_from = warmup.max(core.warm_from);
+            for k in (sealed + 1..=ended).filter(|k| *k >= warm_from) {
+                let Some(d) = core.iteration.whole_duration_of(k) else {
+                    break;
+                };
+                steps.push(d);
+                last = Some(k);
+            }
+        }
+        let n = steps.len();
         if n < SLOWDOWN_RECENT + SLOWDOWN_BASELINE_MIN {
             return None;
         }
-        let mut recent: Vec<f64> = core
-            .steps
-            .iter()
-            .skip(n - SLOWDOWN_RECENT)
-            .copied()
-            .collect();
-        let mut base: Vec<f64> = core
-            .steps
-            .iter()
-            .take(n - SLOWDOWN_RECENT)
-            .copied()
-            .collect();
+        let mut recent = steps.split_off(n - SLOWDOWN_RECENT);
+        let from = steps.len().saturating_sub(STEP_HISTORY - SLOWDOWN_RECENT);
+        let mut base = steps.split_off(from);
         let (r, b) = (median(&mut recent)?, median(&mut base)?);
         (r > b * (1.0 + SLOWDOWN_RISE)).then(|| Slowdown {
-            iteration: core.last_sealed.unwrap_or(0),
+            iteration: last.unwrap_or(0),
             baseline_ms: b / 1e6,
             recent_ms: r / 1e6,
         })

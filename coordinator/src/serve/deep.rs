@@ -35,6 +35,11 @@ impl Server {
                 seconds = ask.seconds,
                 "deep probes kept on: an active verdict rests on GPU-side or verbs evidence"
             ),
+            (deep_ask::Reason::Slowdown, true) => info!(
+                agents = ids.len(),
+                seconds = ask.seconds,
+                "deep probes kept on: the job is still slower with nobody named"
+            ),
             (deep_ask::Reason::Suspicion, true) => info!(
                 agents = ids.len(),
                 seconds = ask.seconds,

@@ -5,16 +5,20 @@
 //! are: a window on every rank of the job. Three reasons open one:
 //! - an active verdict that rests on it (compute, communication): kept on
 //!   for as long as the verdict stays active;
-//! - the job got slower with nobody named: a long window;
-//! - a suspicion (a suspect that only GPU-side times can class): a short
-//!   window, renewed while the suspicion lasts, up to a long one.
+//! - the job got slower with nobody named, or a suspicion (a suspect that
+//!   only GPU-side times can class): a short window, renewed while the
+//!   slowdown or the suspicion lasts, up to a long one.
 //!
 //! A healthy job's jitter raises a suspicion now and then. With a 30-s
 //! window per suspicion, a healthy dp8 job (28-ms steps) had the deep set
 //! on for 41 s of its 56 (two suspicions, at 5 s and 45 s), which its
 //! agents reported as 2.9–3.0 % of rank time against 0.6 % without
 //! (BENCHMARKS.md, 2026-12-05, stop 57). The window is only needed until
-//! the suspect is classed, a few of its steps once the probes are on.
+//! the suspect is classed, a few of its steps once the probes are on. A
+//! slowdown is read from the median of the last three steps, so a
+//! two-step hiccup of a healthy job (another process on its cores, a
+//! collection pause) raises one too; a 30-s window for each cost the same
+//! as a suspicion's did, and a slowdown that lasts keeps its window anyway.
 //!
 //! Windows that name nobody back off: the next one may open one window
 //! length after this one began, then 2, 4 … up to 20 long windows (a job
@@ -124,6 +128,16 @@ impl DeepAsk {
         }
     }
 
+    /// A slowdown names the window before a suspicion does (the log says
+    /// the bigger news).
+    fn reason_of(s: &State) -> Reason {
+        if s.slowdown {
+            Reason::Slowdown
+        } else {
+            Reason::Suspicion
+        }
+    }
+
     /// The window to ask for now, if any.
     pub fn poll(&mut self, now: Instant, s: &State) -> Option<Ask> {
         if self.long.is_zero() {
@@ -142,14 +156,15 @@ impl DeepAsk {
             return Some(self.ask(now, self.long, Reason::Verdict, running.is_some()));
         }
         if let Some((_, reason, began)) = running {
-            // A suspicion that lasts keeps its window, up to a long one.
+            // A slowdown or a suspicion that lasts keeps its window, up to a
+            // long one.
             let len = self.suspicion_len(s.step);
             if ending
-                && s.suspicion
-                && reason == Reason::Suspicion
+                && (s.slowdown || s.suspicion)
+                && reason != Reason::Verdict
                 && now + len <= began + self.long
             {
-                return Some(self.ask(now, len, Reason::Suspicion, true));
+                return Some(self.ask(now, len, Self::reason_of(s), true));
             }
             return None;
         }
@@ -161,11 +176,7 @@ impl DeepAsk {
                 return None;
             }
         }
-        let (len, reason) = if s.slowdown {
-            (self.long, Reason::Slowdown)
-        } else {
-            (self.suspicion_len(s.step), Reason::Suspicion)
-        };
+        let (len, reason) = (self.suspicion_len(s.step), Self::reason_of(s));
         let gap = match self.last {
             Some((_, g, before)) if before == s.verdicts_opened => {
                 (g * 2).max(len).min(self.long * MAX_BACKOFF_WINDOWS)
@@ -282,27 +293,52 @@ mod tests {
     }
 
     #[test]
-    fn a_slowdown_gets_a_long_window_and_a_verdict_keeps_it_on() {
+    fn a_slowdown_gets_a_short_window_renewed_while_it_lasts_and_a_verdict_keeps_it_on() {
         let t0 = Instant::now();
         let mut d = DeepAsk::new(30, 5);
         let slow = State {
             slowdown: true,
+            step: Some(Duration::from_millis(28)),
             ..State::default()
         };
         let a = d.poll(t0, &slow).unwrap();
-        assert_eq!((a.seconds, a.reason), (30, Reason::Slowdown));
+        assert_eq!(
+            (a.seconds, a.reason, a.renewal),
+            (5, Reason::Slowdown, false)
+        );
+        // Still slower near its end: renewed.
+        let a = d.poll(t0 + 4 * S + S / 2, &slow).unwrap();
+        assert_eq!(
+            (a.seconds, a.reason, a.renewal),
+            (5, Reason::Slowdown, true)
+        );
         let verdict = State {
             active_needs_deep: true,
             verdicts_opened: 1,
             ..State::default()
         };
-        assert!(d.poll(t0 + 10 * S, &verdict).is_none(), "still on");
-        let a = d.poll(t0 + 29 * S + S / 2, &verdict).unwrap();
+        assert!(d.poll(t0 + 6 * S, &verdict).is_none(), "still on");
+        let a = d.poll(t0 + 9 * S, &verdict).unwrap();
         assert_eq!(
             (a.seconds, a.reason, a.renewal),
             (30, Reason::Verdict, true)
         );
-        assert!(d.until(t0 + 55 * S).is_some());
+        assert!(d.until(t0 + 38 * S).is_some());
+    }
+
+    #[test]
+    fn a_slowdown_that_passes_lets_its_window_end() {
+        // A healthy job's two-step hiccup: one short window, not a long one.
+        let t0 = Instant::now();
+        let mut d = DeepAsk::new(30, 5);
+        let slow = State {
+            slowdown: true,
+            step: Some(Duration::from_millis(28)),
+            ..State::default()
+        };
+        assert!(d.poll(t0, &slow).is_some());
+        assert!(d.poll(t0 + 4 * S + S / 2, &State::default()).is_none());
+        assert!(d.until(t0 + 6 * S).is_none());
     }
 
     #[test]

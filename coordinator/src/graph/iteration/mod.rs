@@ -132,6 +132,9 @@ pub struct IterationClock {
     period: Option<Period>,
     /// (iteration, end time), increasing iteration.
     ends: VecDeque<(u64, CoordNs)>,
+    /// Iterations whose last reference instance has been seen: their end
+    /// is final before they are sealed.
+    whole: std::collections::BTreeSet<u64>,
     /// Members of the largest communicator seen issuing at least
     /// [`REPEATING`] collectives (joined or not).
     largest_repeating: u32,
@@ -144,6 +147,7 @@ impl IterationClock {
             pending: BTreeMap::new(),
             period: None,
             ends: VecDeque::new(),
+            whole: std::collections::BTreeSet::new(),
             largest_repeating: 0,
         }
     }
@@ -188,6 +192,7 @@ impl IterationClock {
             if p.comm_id == comm_id {
                 let k = self.iteration_of_seq(seq).expect("period known");
                 self.record_end(k, end);
+                self.note_whole(seq, k);
             }
             return;
         }
@@ -239,6 +244,7 @@ impl IterationClock {
         {
             let k = self.iteration_of_seq(s).expect("period known");
             self.record_end(k, end);
+            self.note_whole(s, k);
         }
     }
 
@@ -304,8 +310,37 @@ impl IterationClock {
             Err(i) => self.ends.insert(i, (k, end)),
         }
         while self.ends.len() > self.cfg.history {
-            self.ends.pop_front();
+            if let Some((k, _)) = self.ends.pop_front() {
+                self.whole.remove(&k);
+            }
         }
+    }
+
+    /// Marks iteration `k` whole when `seq` is its last reference instance.
+    fn note_whole(&mut self, seq: u64, k: u64) {
+        let Some(p) = self.period else { return };
+        if self.end_of(k).is_some()
+            && seq + 1 >= p.phase + p.instances_per_iteration
+            && (seq + 1 - p.phase).is_multiple_of(p.instances_per_iteration.max(1))
+        {
+            self.whole.insert(k);
+        }
+    }
+
+    /// Duration of iteration `k` (ns) once it and the one before are whole
+    /// (their last reference instance seen): final before `k` is sealed,
+    /// which waits [`IterationConfig::seal_lag`] iterations more for the
+    /// records of every rank.
+    pub fn whole_duration_of(&self, k: u64) -> Option<f64> {
+        let p = k.checked_sub(1)?;
+        (self.whole.contains(&k) && self.whole.contains(&p))
+            .then(|| self.duration_of(k))
+            .flatten()
+    }
+
+    /// Highest iteration with a known end.
+    pub fn last_ended(&self) -> Option<u64> {
+        self.ends.back().map(|e| e.0)
     }
 
     /// Iteration of a reference-communicator instance.

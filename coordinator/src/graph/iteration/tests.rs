@@ -346,3 +346,26 @@ fn incidental_syncs_are_not_step_ends() {
         (4, Method::SyncMarker)
     );
 }
+
+#[test]
+fn an_iteration_is_whole_once_its_last_instance_is_seen_before_it_is_sealed() {
+    let mut c = IterationClock::new(IterationConfig::default());
+    feed(&mut c, 4, 40, 0.0, 1);
+    // 40 steps of 4: iterations 0..=39 seen whole, sealed through 37.
+    assert_eq!((c.last_ended(), c.sealed_through()), (Some(39), Some(37)));
+    let d = c.whole_duration_of(39).expect("39 and 38 are whole");
+    assert_eq!(Some(d), c.duration_of(39));
+    // Two instances of iteration 40: it has an end, not a final one.
+    let t = c.end_of(39).unwrap();
+    c.observe(1, 8, 160, t + 20_000_000, t + 20_500_000, Marks::default());
+    c.observe(1, 8, 161, t + 22_000_000, t + 22_500_000, Marks::default());
+    assert_eq!(c.last_ended(), Some(40));
+    assert!(c.duration_of(40).is_some());
+    assert_eq!(c.whole_duration_of(40), None);
+    // Its last instance: whole.
+    c.observe(1, 8, 163, t + 26_000_000, t + 26_500_000, Marks::default());
+    assert_eq!(c.whole_duration_of(40), Some(26_500_000.0));
+    // An iteration whose predecessor is not whole is not either.
+    c.observe(1, 8, 171, t + 60_000_000, t + 60_500_000, Marks::default());
+    assert_eq!(c.whole_duration_of(42), None);
+}
