@@ -81,6 +81,10 @@ struct MapsRead {
 /// Scans between reads of a rank's maps when its vsize did not move (20
 /// scans of the default 50 ms: a second).
 const MAPS_RECHECK_SCANS: u64 = 20;
+/// Under `--deep`, launch counting runs the budget's share
+/// ([`Sampler::deep_window`]) of each period this long: the coordinator's
+/// long window (`serve --deep-window`).
+const DEEP_COUNT_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub struct Agent {
     probes: Probes,
@@ -516,7 +520,13 @@ impl Agent {
     fn update_counting(&mut self) {
         let in_deep = match self.deep {
             Deep::Off => false,
-            Deep::On => true,
+            // `--deep`: launch counting runs the budget's share of every
+            // long window, as it does in the windows a coordinator opens
+            // (the verbs probes stay on throughout).
+            Deep::On => self.deep_count.is_some_and(|(start, period)| {
+                self.sampler
+                    .counting_in_lasting_deep(start.elapsed(), period)
+            }),
             // Against the current plan: a window opened before the budget
             // narrowed is cut short when it does.
             Deep::Until(_) => self
@@ -625,6 +635,9 @@ impl Agent {
     /// slow (a kernel synchronisation each), so windows should be seconds,
     /// not milliseconds.
     pub fn set_deep(&mut self, deep: Deep) {
+        if deep == Deep::On && self.deep != Deep::On {
+            self.deep_count = Some((std::time::Instant::now(), DEEP_COUNT_PERIOD));
+        }
         self.deep = deep;
         let on = deep != Deep::Off;
         let keys: Vec<(PathBuf, u64, DeepFn)> = self.deep_targets.keys().cloned().collect();
@@ -671,6 +684,10 @@ impl Agent {
     /// it too, for as much of it as the overhead budget allows: the verbs
     /// probes are the coordinator's evidence and keep the whole window.
     pub fn open_deep_window(&mut self, dur: std::time::Duration) {
+        if self.deep == Deep::On {
+            // `--deep` keeps the set on for good; a window would end it.
+            return;
+        }
         let granted = self.sampler.deep_window(dur);
         if granted < dur {
             tracing::warn!(

@@ -198,6 +198,16 @@ impl Sampler {
     }
 }
 
+impl Sampler {
+    /// Whether launch counting runs `elapsed` into a deep set kept on for
+    /// good (`--deep`): the share [`Sampler::deep_window`] grants a window
+    /// of `period`, at the start of every `period`.
+    pub fn counting_in_lasting_deep(&self, elapsed: Duration, period: Duration) -> bool {
+        let period_ns = period.as_nanos().max(1);
+        elapsed.as_nanos() % period_ns < self.deep_window(period).as_nanos()
+    }
+}
+
 /// The duty the budget allows: what `max` leaves after the always-on cost,
 /// spent on counting (which costs `counting` of a rank's time while on),
 /// capped at the default. Unknown counting cost: the default, until the
@@ -326,5 +336,37 @@ mod tests {
         let w = s.deep_window(Duration::from_secs(40)).as_secs_f64();
         assert!((w - 7.6).abs() < 1e-6, "{w}");
         assert_eq!(s.deep_window(Duration::from_secs(4)), MIN_DEEP_WINDOW);
+    }
+
+    #[test]
+    fn a_lasting_deep_set_counts_the_budgets_share_of_every_period() {
+        let mut s = Sampler::new(
+            0.005,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+            5000.0,
+        );
+        s.arm(0);
+        let p = Duration::from_secs(30);
+        // Nothing measured yet: counting throughout.
+        assert!(s.counting_in_lasting_deep(Duration::from_secs(29), p));
+        // The storm above: 5% of the default 6.7% duty, 22.5 s of every 30.
+        s.observe(&[CostSample {
+            always_on: 0.004,
+            counted_calls: 8_000,
+            counted_ns: 2 * S,
+        }]);
+        assert!(s.counting_in_lasting_deep(Duration::from_secs(22), p));
+        assert!(!s.counting_in_lasting_deep(Duration::from_secs(23), p));
+        assert!(s.counting_in_lasting_deep(Duration::from_secs(31), p));
+        // Over budget before counting: the shortest share, 1 s in 30.
+        s.observe(&[CostSample {
+            always_on: 0.01,
+            counted_calls: 8_000,
+            counted_ns: 2 * S,
+        }]);
+        assert!(s.counting_in_lasting_deep(Duration::from_millis(900), p));
+        assert!(!s.counting_in_lasting_deep(Duration::from_secs(2), p));
+        assert!(s.counting_in_lasting_deep(Duration::from_millis(60_500), p));
     }
 }

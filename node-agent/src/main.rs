@@ -127,7 +127,9 @@ struct RunArgs {
     /// Keep the deep probe set on for the whole run: the verbs provider's
     /// post_send/poll_cq (found through ibv_context.ops), per-QP link records.
     /// Costly where NCCL's proxy spins on poll_cq; normally the coordinator
-    /// opens deep windows for a suspect instead.
+    /// opens deep windows for a suspect instead. Launch counting runs in it
+    /// for the share of every 30 s that --max-overhead leaves, as in those
+    /// windows.
     #[arg(long)]
     deep: bool,
     /// Do not sample rank stacks (CPU/off-CPU at 49 Hz; with --deep also
