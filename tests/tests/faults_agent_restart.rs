@@ -135,7 +135,7 @@ fn restarted_agent_reattaches_to_running_ranks() {
         agents.iter().any(|a| a["reason"] == "timed out"),
         "the killed agent is not shown gone: {agents:?}"
     );
-    let v = verdict_ranks(&r);
+    let v = verdicts_not_from_contention(&r);
     assert!(v.is_empty(), "the restart gap was blamed on a rank: {v:?}");
     // Every taken-over member was lined up with host 0's members, and the
     // job's iterations after the restart were observed (joined), not

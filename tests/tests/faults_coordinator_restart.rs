@@ -169,7 +169,7 @@ fn coordinator_restart_loses_nothing() {
             r["ingest"]["parking"]
         );
     }
-    let v = verdict_ranks(&r);
+    let v = verdicts_not_from_contention(&r);
     assert!(
         v.is_empty(),
         "a healthy job got verdicts after the restart: {v:?}"

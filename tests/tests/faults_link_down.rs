@@ -92,7 +92,7 @@ fn host_link_down_and_back_loses_nothing() {
     // or dropped from the statistics for lack of room.
     assert_eq!(r["ingest"]["instances_evicted"], 0, "{}", r["ingest"]);
     assert_eq!(r["ingest"]["dropped_overflow"], 0, "{}", r["ingest"]);
-    let v = verdict_ranks(&r);
+    let v = verdicts_not_from_contention(&r);
     assert!(
         v.is_empty(),
         "a healthy job got verdicts for a host that was only cut off: {v:?}"

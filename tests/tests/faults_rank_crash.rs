@@ -52,7 +52,7 @@ fn crashed_rank_is_an_exit_not_a_slow_rank() {
             "a hang that does not name the crashed rank: {h}"
         );
     }
-    let v = verdict_ranks(&r);
+    let v = verdicts_not_from_contention(&r);
     assert!(v.is_empty(), "a crash was reported as slowness: {v:?}");
     job.cleanup();
 }
