@@ -256,12 +256,7 @@ mod tests {
 
     #[test]
     fn sampler_runs_windows_at_the_planned_duty() {
-        let mut s = Sampler::new(
-            0.005,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-            5000.0,
-        );
+        let mut s = half_percent_sampler();
         assert!(!s.sampling(0), "not armed");
         s.arm(0);
         assert!(!s.sampling(S / 2));
@@ -291,12 +286,7 @@ mod tests {
 
     #[test]
     fn sampler_suspends_when_the_always_on_set_is_over_budget() {
-        let mut s = Sampler::new(
-            0.005,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-            5000.0,
-        );
+        let mut s = half_percent_sampler();
         s.arm(0);
         s.observe(&[CostSample {
             always_on: 0.01,
@@ -338,33 +328,40 @@ mod tests {
         assert_eq!(s.deep_window(Duration::from_secs(4)), MIN_DEEP_WINDOW);
     }
 
-    #[test]
-    fn a_lasting_deep_set_counts_the_budgets_share_of_every_period() {
-        let mut s = Sampler::new(
+    /// A 0.5% budget, samples of 2 s every 30 s, 5 µs a trap.
+    fn half_percent_sampler() -> Sampler {
+        Sampler::new(
             0.005,
             Duration::from_secs(30),
             Duration::from_secs(2),
             5000.0,
-        );
+        )
+    }
+
+    /// 4,000 counted calls a second (2% of a rank at 5 µs each) beside an
+    /// always-on set costing `always_on`.
+    fn storm(always_on: f64) -> CostSample {
+        CostSample {
+            always_on,
+            counted_calls: 8_000,
+            counted_ns: 2 * S,
+        }
+    }
+
+    #[test]
+    fn a_lasting_deep_set_counts_the_budgets_share_of_every_period() {
+        let mut s = half_percent_sampler();
         s.arm(0);
         let p = Duration::from_secs(30);
         // Nothing measured yet: counting throughout.
         assert!(s.counting_in_lasting_deep(Duration::from_secs(29), p));
         // The storm above: 5% of the default 6.7% duty, 22.5 s of every 30.
-        s.observe(&[CostSample {
-            always_on: 0.004,
-            counted_calls: 8_000,
-            counted_ns: 2 * S,
-        }]);
+        s.observe(&[storm(0.004)]);
         assert!(s.counting_in_lasting_deep(Duration::from_secs(22), p));
         assert!(!s.counting_in_lasting_deep(Duration::from_secs(23), p));
         assert!(s.counting_in_lasting_deep(Duration::from_secs(31), p));
         // Over budget before counting: the shortest share, 1 s in 30.
-        s.observe(&[CostSample {
-            always_on: 0.01,
-            counted_calls: 8_000,
-            counted_ns: 2 * S,
-        }]);
+        s.observe(&[storm(0.01)]);
         assert!(s.counting_in_lasting_deep(Duration::from_millis(900), p));
         assert!(!s.counting_in_lasting_deep(Duration::from_secs(2), p));
         assert!(s.counting_in_lasting_deep(Duration::from_millis(60_500), p));

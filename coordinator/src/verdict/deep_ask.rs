@@ -202,6 +202,14 @@ mod tests {
         }
     }
 
+    fn slowdown(step_ms: u64) -> State {
+        State {
+            slowdown: true,
+            step: Some(Duration::from_millis(step_ms)),
+            ..State::default()
+        }
+    }
+
     #[test]
     fn a_suspicion_gets_a_short_window_of_at_least_ten_steps() {
         let t0 = Instant::now();
@@ -296,11 +304,7 @@ mod tests {
     fn a_slowdown_gets_a_short_window_renewed_while_it_lasts_and_a_verdict_keeps_it_on() {
         let t0 = Instant::now();
         let mut d = DeepAsk::new(30, 5);
-        let slow = State {
-            slowdown: true,
-            step: Some(Duration::from_millis(28)),
-            ..State::default()
-        };
+        let slow = slowdown(28);
         let a = d.poll(t0, &slow).unwrap();
         assert_eq!(
             (a.seconds, a.reason, a.renewal),
@@ -331,11 +335,7 @@ mod tests {
         // A healthy job's two-step hiccup: one short window, not a long one.
         let t0 = Instant::now();
         let mut d = DeepAsk::new(30, 5);
-        let slow = State {
-            slowdown: true,
-            step: Some(Duration::from_millis(28)),
-            ..State::default()
-        };
+        let slow = slowdown(28);
         assert!(d.poll(t0, &slow).is_some());
         assert!(d.poll(t0 + 4 * S + S / 2, &State::default()).is_none());
         assert!(d.until(t0 + 6 * S).is_none());
