@@ -219,6 +219,8 @@ pub(super) type Resumed = HashMap<(u64, u32), u64>;
 #[derive(Debug)]
 struct Core {
     iteration: IterationClock,
+    /// Non-reference streams' steps, by their own ordinals.
+    streams: crate::graph::iteration::streams::StreamSteps,
     stats: Stats,
     links: LinkStats,
     intervals: IntervalStore,
@@ -412,6 +414,7 @@ impl Analyzer {
     pub fn new(cfg: AnalyzerConfig) -> Self {
         let core = Core {
             iteration: IterationClock::new(cfg.iteration.clone()),
+            streams: Default::default(),
             stats: Stats::new(cfg.stats.clone()),
             links: LinkStats::new(cfg.links.clone()),
             intervals: IntervalStore::default(),

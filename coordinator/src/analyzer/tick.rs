@@ -3,6 +3,7 @@
 //! out: verdict events.
 
 use super::*;
+use crate::graph::iteration::streams::StreamKey;
 
 impl Analyzer {
     /// Advances the reasoning to coordinator time `now`; returns verdict and
@@ -95,7 +96,7 @@ impl Analyzer {
         }
         if core.iteration.period().is_some() {
             while let Some(a) = core.pending.pop_front() {
-                let it = self.iteration_of(core, &a);
+                let it = Self::iteration_of(core, &a);
                 // A backlog (a host back from a cut link, a replayed spool)
                 // spans more iterations than the stats keep open: score the
                 // ones the iteration clock has already sealed to make room,
@@ -172,14 +173,39 @@ impl Analyzer {
             .collect()
     }
 
-    pub(super) fn iteration_of(&self, core: &Core, a: &AlignedInstance) -> u64 {
+    /// A reference instance by its sequence number; any other by its
+    /// stream's own ordinal once that stream's step is learnt, by its start
+    /// time until then ([`crate::graph::iteration::streams`]).
+    pub(super) fn iteration_of(core: &mut Core, a: &AlignedInstance) -> u64 {
         let p = core.iteration.period().expect("checked");
-        match a.key {
-            crate::join::InstanceKey::Coll(seq) if a.comm_id == p.comm_id => {
-                core.iteration.iteration_of_seq(seq).unwrap_or(0)
-            }
-            _ => core.iteration.iteration_at(a.start).unwrap_or(0),
+        if let crate::join::InstanceKey::Coll(_) = a.key {
+            let ranks = a.members.iter().map(|m| m.rank);
+            core.streams.note_comm(a.comm_id, a.comm_nranks, ranks);
         }
+        let (key, ordinal) = match a.key {
+            crate::join::InstanceKey::Coll(seq) if a.comm_id == p.comm_id => {
+                return core.iteration.iteration_of_seq(seq).unwrap_or(0);
+            }
+            crate::join::InstanceKey::Coll(seq) => (
+                StreamKey {
+                    comm_id: a.comm_id,
+                    pair: None,
+                },
+                seq,
+            ),
+            crate::join::InstanceKey::P2p { lo, hi, ordinal } => (
+                StreamKey {
+                    comm_id: a.comm_id,
+                    pair: Some((lo, hi)),
+                },
+                ordinal,
+            ),
+        };
+        let by_time = core.iteration.iteration_at(a.start).unwrap_or(0);
+        let known = core.iteration.within_seen(a.start);
+        let ranks = a.members.iter().map(|m| m.rank);
+        core.streams
+            .place(key, ordinal, by_time, known, a.comm_nranks, ranks)
     }
 
     pub(super) fn remember(&self, core: &mut Core, it: u64, a: AlignedInstance) {

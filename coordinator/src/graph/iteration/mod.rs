@@ -18,7 +18,8 @@
 //! instances before `o`). Iteration `k` *ends* at the completion of its last
 //! reference instance; any other instance (another communicator, a p2p
 //! transfer, a counter interval) belongs to the first iteration whose end is
-//! not before its time. Iteration `k` is *sealed* (its statistics final) once
+//! not before its time, until its own stream's step is learnt
+//! ([`streams`]): then its ordinal says the iteration. Iteration `k` is *sealed* (its statistics final) once
 //! the reference communicator has finished iteration `k + lag`.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -26,6 +27,7 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::clock::CoordNs;
 
 mod detect;
+pub mod streams;
 use detect::{detect_by_marks, detect_period};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -400,6 +402,12 @@ impl IterationClock {
             0
         };
         Some(last_k + 1 + extra)
+    }
+
+    /// Whether `t` falls inside iterations already seen, where
+    /// [`Self::iteration_at`] reads ends rather than extrapolates.
+    pub fn within_seen(&self, t: CoordNs) -> bool {
+        self.ends.back().is_some_and(|e| t <= e.1)
     }
 
     /// Highest iteration whose statistics are final.
