@@ -206,6 +206,7 @@ mod tests {
                 at: 10.0 * MS + late.iter().find(|l| l.0 == r).map_or(0.0, |l| l.1),
                 shape: 1,
                 busy: None,
+                issued: None,
             })
             .collect();
         let end = arrivals.iter().map(|a| a.at).fold(0.0, f64::max) + MS;

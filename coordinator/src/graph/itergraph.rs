@@ -48,6 +48,10 @@ pub fn build<'a>(
                         rank: m.rank,
                         at: rel(*t),
                         shape: shape(a, side),
+                        // A source with no host side (the study's
+                        // traces) ships entry = exit: its chains stay in
+                        // arrival order.
+                        issued: (m.host_exit > m.host_entry).then(|| rel(m.host_entry)),
                         // Busy time is GPU time: it bounds work only
                         // between GPU-side arrivals.
                         busy: (a.basis == Basis::Gpu)

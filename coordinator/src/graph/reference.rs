@@ -146,6 +146,7 @@ mod tests {
                         at: at[r as usize],
                         shape: 1,
                         busy: None,
+                        issued: None,
                     })
                     .collect(),
                 end,

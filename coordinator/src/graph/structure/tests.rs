@@ -112,12 +112,14 @@ fn pipeline_graph(w0: f64, w1: f64, extra: &[(u32, f64)]) -> IterGraph {
                     at: ts,
                     shape: 7,
                     busy: None,
+                    issued: None,
                 },
                 Arrival {
                     rank: s1,
                     at: 0.0,
                     shape: 8,
                     busy: None,
+                    issued: None,
                 },
             ],
             end: ts,
@@ -131,12 +133,14 @@ fn pipeline_graph(w0: f64, w1: f64, extra: &[(u32, f64)]) -> IterGraph {
                 at: ta,
                 shape,
                 busy: None,
+                issued: None,
             },
             Arrival {
                 rank: b,
                 at: tb,
                 shape,
                 busy: None,
+                issued: None,
             },
         ],
         end: ta.max(tb) + MS,
@@ -244,6 +248,7 @@ fn dp(slow: u32, by: f64) -> WhatIf {
             at: 10.0 * MS + if r == slow { by } else { 0.0 },
             shape: 1,
             busy: None,
+            issued: None,
         })
         .collect();
     let end = 10.0 * MS + by + MS;
@@ -285,6 +290,7 @@ fn a_slow_host_whose_costliest_rank_rotates_is_not_imbalance() {
                     + if r == 4 + k % 4 { 0.1 * MS } else { 0.0 },
                 shape: 1,
                 busy: None,
+                issued: None,
             })
             .collect();
         let end = 12.1 * MS + MS;

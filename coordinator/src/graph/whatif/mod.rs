@@ -45,6 +45,13 @@ pub struct Arrival {
     /// recorded its kernels: its own work is at most this much, and the
     /// rest of the gap an idle GPU waiting on something not observed.
     pub busy: Option<f64>,
+    /// When the rank issued the call (ns, same clock), where known: a
+    /// rank's chain is in the order it issued its calls, which is the
+    /// program's and the same on its peers. Arrivals on the GPU interleave
+    /// across streams (a pipeline send and an all-reduce bucket) in a
+    /// different order on a rank that runs late, which made a straggler
+    /// the only rank of its role, with no peers to be replayed at.
+    pub issued: Option<f64>,
 }
 
 /// One collective instance of the iteration.
@@ -425,19 +432,31 @@ fn arrival_chains(
     BTreeMap<u32, Vec<(f64, usize, u64)>>,
     BTreeMap<(u32, usize), f64>,
 ) {
-    let mut chains: BTreeMap<u32, Vec<(f64, usize, u64)>> = BTreeMap::new();
+    let mut chains: BTreeMap<u32, Vec<(f64, usize, u64, f64)>> = BTreeMap::new();
     let mut busy: BTreeMap<(u32, usize), f64> = BTreeMap::new();
     for (e, ev) in it.events.iter().enumerate() {
         for a in &ev.arrivals {
-            chains.entry(a.rank).or_default().push((a.at, e, a.shape));
+            chains
+                .entry(a.rank)
+                .or_default()
+                .push((a.at, e, a.shape, a.issued.unwrap_or(a.at)));
             if let Some(b) = a.busy {
                 busy.insert((a.rank, e), b);
             }
         }
     }
-    for seq in chains.values_mut() {
-        seq.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    }
+    let chains = chains
+        .into_iter()
+        .map(|(r, mut seq)| {
+            seq.sort_by(|a, b| a.3.total_cmp(&b.3).then(a.1.cmp(&b.1)));
+            (
+                r,
+                seq.into_iter()
+                    .map(|(at, e, shape, _)| (at, e, shape))
+                    .collect(),
+            )
+        })
+        .collect();
     (chains, busy)
 }
 

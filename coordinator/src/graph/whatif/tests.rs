@@ -8,6 +8,7 @@ fn at(rank: u32, t: f64, shape: u64) -> Arrival {
         at: t,
         shape,
         busy: None,
+        issued: None,
     }
 }
 
@@ -212,4 +213,57 @@ fn a_slow_transfer_costs_what_the_step_waits_for() {
     assert!((overlap.length() - 26.0 * MS).abs() < 1.0);
     let c = overlap.transfer_cost(&[2], 1.0 / 3.0).unwrap();
     assert!((c - 4.0 * MS).abs() < 1.0, "{c}");
+}
+
+#[test]
+fn a_straggler_whose_gpu_reorders_its_calls_keeps_its_peers() {
+    // Every rank issues a send (shape 2) and then an all-reduce (shape 1).
+    // On the GPU the healthy ranks reach the send at 5 ms and the
+    // all-reduce at 8 ms; slow rank 3 reaches the all-reduce at 16 ms and
+    // its send only at 20 ms (another stream). In arrival order its chain
+    // is all-reduce, send: no rank shares it. In issue order it has peers
+    // and a cost.
+    let arrival = |rank: u32, t: f64, shape: u64, issued: f64| Arrival {
+        issued: Some(issued),
+        ..at(rank, t, shape)
+    };
+    let mut events: Vec<Event> = (0..4)
+        .map(|r| {
+            let t = if r == 3 { 20.0 } else { 5.0 } * MS;
+            Event {
+                arrivals: vec![arrival(r, t, 2, 1.0 * MS)],
+                end: t + 0.5 * MS,
+            }
+        })
+        .collect();
+    events.push(Event {
+        arrivals: (0..4)
+            .map(|r| arrival(r, if r == 3 { 16.0 } else { 8.0 } * MS, 1, 2.0 * MS))
+            .collect(),
+        end: 17.0 * MS,
+    });
+    let it = IterGraph {
+        start: 0.0,
+        stages: Default::default(),
+        events,
+    };
+    let w = WhatIf::new(&it).unwrap();
+    assert_eq!(w.peers(3), vec![0, 1, 2]);
+    assert!(w.cost(3).unwrap() > 5.0 * MS, "{:?}", w.cost(3));
+    let unordered = IterGraph {
+        events: it
+            .events
+            .iter()
+            .map(|e| Event {
+                arrivals: e
+                    .arrivals
+                    .iter()
+                    .map(|a| Arrival { issued: None, ..*a })
+                    .collect(),
+                end: e.end,
+            })
+            .collect(),
+        ..it.clone()
+    };
+    assert!(WhatIf::new(&unordered).unwrap().peers(3).is_empty());
 }
