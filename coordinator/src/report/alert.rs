@@ -103,14 +103,18 @@ pub fn format_line(e: &VerdictEvent, at: DateTime<Utc>) -> String {
     let tag = match e.event {
         EventKind::Opened => "OPEN  ",
         EventKind::Reopened => "REOPEN",
+        EventKind::Reclassified => "CLASS ",
         EventKind::Closed => "CLOSED",
         EventKind::HangDetected => "HANG  ",
         EventKind::HangResolved => "UNHANG",
     };
+    let at_iteration = e.iteration.map_or("?".into(), |i| i.to_string());
     let status = if e.event == EventKind::Closed {
+        format!("cleared at iteration {at_iteration}")
+    } else if e.event == EventKind::Reclassified {
         format!(
-            "cleared at iteration {}",
-            e.iteration.map_or("?".into(), |i| i.to_string())
+            "class changed at iteration {at_iteration}, since iteration {}",
+            v.first_seen_iteration
         )
     } else {
         format!("since iteration {}", v.first_seen_iteration)

@@ -326,6 +326,10 @@ impl Verdict {
 pub enum EventKind {
     Opened,
     Reopened,
+    /// An active verdict's class changed within its episode (a compute-slow
+    /// GPU first read host-side as a host that reached its collectives
+    /// late): the user who read the first alert hears the correction.
+    Reclassified,
     Closed,
     HangDetected,
     HangResolved,

@@ -328,3 +328,48 @@ fn a_modest_episode_has_the_longer_bound() {
     );
     assert!(!l.verdicts().next().unwrap().is_transient(cfg));
 }
+
+#[test]
+fn an_intermittent_fault_read_in_the_wrong_class_is_corrected_with_an_alert() {
+    // Slow 4 iterations in 8: host-side readings (host-slow) open the
+    // verdict; from then on every reading says compute. No window of 8
+    // is ever full of readings, yet the class changes, once, with an event.
+    let mut l = Lifecycle::new(LifecycleConfig::default());
+    let mut ev = Vec::new();
+    for (i, c) in "hhhhhhhh....cccc....cccc....cccc".chars().enumerate() {
+        let it = 100 + i as u64;
+        let mut m = BTreeMap::new();
+        match c {
+            'h' => m.insert(Subject::Rank(5), obs(Kind::Host)),
+            'c' => m.insert(Subject::Rank(5), obs(Kind::Compute)),
+            _ => None,
+        };
+        ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event, e.line)));
+    }
+    let kinds: Vec<(u64, EventKind)> = ev.iter().map(|e| (e.0, e.1)).collect();
+    assert_eq!(
+        kinds,
+        vec![(105, EventKind::Opened), (115, EventKind::Reclassified)]
+    );
+    assert!(
+        ev[1].2.contains("compute-slow") && ev[1].2.contains("was host-slow"),
+        "{}",
+        ev[1].2
+    );
+    let v = l.verdicts().next().unwrap();
+    assert_eq!((v.kind, v.active), (Kind::Compute, true));
+    // One host reading among compute ones changes nothing back.
+    let mut l2 = Lifecycle::new(LifecycleConfig::default());
+    let mut kinds = Vec::new();
+    for (i, c) in "cccccccc..h.c..c".chars().enumerate() {
+        let it = 100 + i as u64;
+        let mut m = BTreeMap::new();
+        match c {
+            'h' => m.insert(Subject::Rank(5), obs(Kind::Host)),
+            'c' => m.insert(Subject::Rank(5), obs(Kind::Compute)),
+            _ => None,
+        };
+        kinds.extend(l2.step(it, m).into_iter().map(|e| e.event));
+    }
+    assert_eq!(kinds, vec![EventKind::Opened]);
+}
