@@ -71,6 +71,15 @@ const WINDOWED_OFF: &str = "windowed: attached in deep windows and launch sample
 /// polls, 2,000 of 5 ms; the polls' period follows the traffic now).
 const SPLIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A pending split is shipped for the coordinator to work out once the
+/// layout has learnt nothing new for this long: only another init can
+/// teach it more, and a job makes its inits at start-up. The coordinator
+/// parks the split's collectives until its size is known, and records
+/// released after their iterations were sealed are lost to the verdicts:
+/// a 10-s wait cost a pp2 × dp4 job on one rank per host 24 of its first
+/// iterations on two of its four pipelines (eval seed 9241, spec 8).
+const SPLIT_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A rank's `/proc/PID/maps`, as last read.
 struct MapsRead {
     vsize: u64,
@@ -95,6 +104,8 @@ pub struct Agent {
     layout: CommLayout,
     /// When each pending split was first tried.
     split_tries: HashMap<(u32, u64), std::time::Instant>,
+    /// When an init last taught the communicator layout something.
+    layout_learnt_at: std::time::Instant,
     /// Raw calls of user-given `--probe` functions.
     calls: Vec<CallRecord>,
     generic: Vec<bool>,
@@ -165,6 +176,7 @@ impl Agent {
             libs: BTreeMap::new(),
             layout: CommLayout::default(),
             split_tries: HashMap::new(),
+            layout_learnt_at: std::time::Instant::now(),
             calls: Vec::new(),
             generic: Vec::new(),
             events: Vec::new(),
@@ -768,7 +780,11 @@ impl Agent {
     /// splits. Objects are read while the process is surely alive (right
     /// after the call); `last` gives up on what is still ambiguous.
     fn resolve_splits(&mut self, last: bool) {
-        for (pid, ptr, rank, nranks) in self.folder.take_inits() {
+        let inits = self.folder.take_inits();
+        if !inits.is_empty() {
+            self.layout_learnt_at = std::time::Instant::now();
+        }
+        for (pid, ptr, rank, nranks) in inits {
             match self.folder.snapshot(pid, ptr) {
                 Some(bytes) => self.layout.learn_bytes(bytes, rank, nranks),
                 None => self.layout.learn(pid, ptr, rank, nranks),
@@ -793,7 +809,9 @@ impl Agent {
                 .split_tries
                 .entry((s.pid, s.comm_ptr))
                 .or_insert_with(std::time::Instant::now);
-            if found.is_some() || last || since.elapsed() >= SPLIT_WAIT {
+            let quiet =
+                since.elapsed() >= SPLIT_QUIET && self.layout_learnt_at.elapsed() >= SPLIT_QUIET;
+            if found.is_some() || last || quiet || since.elapsed() >= SPLIT_WAIT {
                 done.push((s.pid, s.comm_ptr, found));
             }
         }
