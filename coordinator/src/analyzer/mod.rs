@@ -414,7 +414,7 @@ impl Analyzer {
     pub fn new(cfg: AnalyzerConfig) -> Self {
         let core = Core {
             iteration: IterationClock::new(cfg.iteration.clone()),
-            streams: Default::default(),
+            streams: crate::graph::iteration::streams::StreamSteps::new(&cfg.iteration),
             stats: Stats::new(cfg.stats.clone()),
             links: LinkStats::new(cfg.links.clone()),
             intervals: IntervalStore::default(),

@@ -49,6 +49,26 @@ pub struct IterationConfig {
     /// onset, work imbalance) fails it; from one step to the next only the
     /// onset itself jumps.
     pub even_jump: f64,
+    /// Iterations of time-placed instances a stream outside the reference
+    /// (a communicator's collectives, one pipeline pair's sends) is learnt
+    /// from before its own ordinal places it (`graph/iteration/streams.rs`): enough for four
+    /// interior iterations, the first and last seen may be partial. 0 keeps
+    /// every such instance placed by its start time.
+    pub stream_learn_iterations: usize,
+    /// Share of those instances the learnt ordinal rule must place where
+    /// their start time did. A straggler moves the instances near a step
+    /// boundary, not most of them.
+    pub stream_agreement: f64,
+    /// A learnt stream placed this many iterations from its start time for
+    /// a step's worth of instances in a row has changed shape (an extra
+    /// collective every N steps) and is learnt again. A straggler holds its
+    /// replica back by less than a step: every step ends in an all-reduce
+    /// that waits for it.
+    pub stream_drift_iterations: u64,
+    /// Learning instances kept per stream: one with more than this over
+    /// `stream_learn_iterations` a step stays placed by time (memory at
+    /// 16,384 ranks matters more than its boundary instances).
+    pub stream_max_samples: usize,
 }
 
 impl Default for IterationConfig {
@@ -59,6 +79,10 @@ impl Default for IterationConfig {
             seal_lag: 2,
             history: 4096,
             even_jump: 0.15,
+            stream_learn_iterations: 6,
+            stream_agreement: 0.7,
+            stream_drift_iterations: 2,
+            stream_max_samples: 2048,
         }
     }
 }

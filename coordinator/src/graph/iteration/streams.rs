@@ -16,9 +16,9 @@
 //! operations), so each stream's ordinal says the step once its own
 //! period is known: `iteration = ⌊(ordinal − origin) / per_step⌋`. Both are
 //! learnt from the time-placed instances of a few iterations
-//! ([`LEARN_ITERATIONS`]): `per_step` from how far the median ordinal moves
+//! (`stream_learn_iterations`): `per_step` from how far the median ordinal moves
 //! from one iteration to the next, `origin` as the value most instances
-//! agree with ([`AGREEMENT`]). A straggler present while a stream is
+//! agree with (`stream_agreement`). A straggler present while a stream is
 //! learnt shifts that stream's time placement by a step, which its own
 //! samples cannot tell from a stream that starts a step later; its
 //! replicas can. Streams of one role on different replicas (the same
@@ -27,13 +27,15 @@
 //! them learnt, when more than half agree. A stream whose count per step varies, or
 //! whose time placement agrees with no origin, stays placed by time, as
 //! does every stream until it is learnt. A learnt stream that drifts
-//! [`DRIFT_ITERATIONS`] or more from the time placement for a whole step's
+//! `stream_drift_iterations` or more from the time placement for a whole step's
 //! worth of instances in a row (an extra collective every N steps) is
 //! learnt again.
 //!
 //! Pure: ordinals and iterations in, iterations out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::IterationConfig;
 
 /// One stream: a communicator's collectives, or one pair's p2p operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,26 +44,6 @@ pub struct StreamKey {
     /// `(lo, hi)` positions of a point-to-point pair; `None` for collectives.
     pub pair: Option<(u32, u32)>,
 }
-
-/// Iterations of time-placed instances a stream is learnt from: enough
-/// for four interior iterations (the first and last seen may be partial).
-pub const LEARN_ITERATIONS: usize = 6;
-
-/// Share of the learning instances the ordinal rule must place where
-/// their start time did. A straggler from the first step moves the
-/// instances near a step boundary, not most of them.
-pub const AGREEMENT: f64 = 0.7;
-
-/// A learnt stream placed this many iterations away from its start time
-/// for a whole step's instances in a row has changed shape. A straggler
-/// holds its replica back by less than a step (every step ends in an
-/// all-reduce that waits for it).
-pub const DRIFT_ITERATIONS: u64 = 2;
-
-/// Most learning instances kept per stream: a stream with more than
-/// `MAX_SAMPLES / LEARN_ITERATIONS` instances a step stays placed by time
-/// (memory at 16,384 ranks matters more than its boundary instances).
-pub const MAX_SAMPLES: usize = 2048;
 
 /// Collective communicators remembered per rank, for telling replicas.
 const COMMS_PER_RANK: usize = 8;
@@ -77,7 +59,7 @@ enum Stream {
         own: i64,
         /// What it is placed by: its replicas' majority, or its own.
         origin: i64,
-        /// Consecutive placements [`DRIFT_ITERATIONS`] or more off.
+        /// Consecutive placements `drift_iterations` or more off.
         drifting: u64,
     },
     /// Too many instances a step to learn: placed by time.
@@ -98,8 +80,13 @@ struct Role {
 }
 
 /// Per-stream ordinal → iteration rules.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamSteps {
+    /// [`IterationConfig::stream_learn_iterations`] and its siblings.
+    learn_iterations: usize,
+    agreement: f64,
+    drift_iterations: u64,
+    max_samples: usize,
     streams: HashMap<StreamKey, Stream>,
     /// Members (ranks) and size of each stream's communicator.
     members: HashMap<StreamKey, (u32, Vec<u32>)>,
@@ -108,7 +95,26 @@ pub struct StreamSteps {
     comms_seen: HashSet<u64>,
 }
 
+impl Default for StreamSteps {
+    fn default() -> Self {
+        Self::new(&IterationConfig::default())
+    }
+}
+
 impl StreamSteps {
+    pub fn new(cfg: &IterationConfig) -> Self {
+        Self {
+            learn_iterations: cfg.stream_learn_iterations,
+            agreement: cfg.stream_agreement,
+            drift_iterations: cfg.stream_drift_iterations,
+            max_samples: cfg.stream_max_samples,
+            streams: HashMap::new(),
+            members: HashMap::new(),
+            comms_of: HashMap::new(),
+            comms_seen: HashSet::new(),
+        }
+    }
+
     /// A collective communicator's members (the reference's too): once
     /// per communicator, for telling replicas apart.
     pub fn note_comm(&mut self, comm_id: u64, nranks: u32, ranks: impl Iterator<Item = u32>) {
@@ -142,6 +148,11 @@ impl StreamSteps {
             v.sort_unstable();
             (nranks, v)
         });
+        if self.learn_iterations == 0 {
+            return by_time;
+        }
+        let (learn_iterations, agreement) = (self.learn_iterations, self.agreement);
+        let (drift_iterations, max_samples) = (self.drift_iterations, self.max_samples);
         let s = self
             .streams
             .entry(key)
@@ -155,7 +166,7 @@ impl StreamSteps {
                 ..
             } => {
                 let it = iteration_by(ordinal, *per_step, *origin);
-                if known && it.abs_diff(by_time) >= DRIFT_ITERATIONS {
+                if known && it.abs_diff(by_time) >= drift_iterations {
                     *drifting += 1;
                     if *drifting >= *per_step {
                         tracing::debug!(?key, "stream drifted from its step: learnt again");
@@ -172,15 +183,15 @@ impl StreamSteps {
                     return by_time;
                 }
                 samples.entry(by_time).or_default().push(ordinal);
-                while samples.len() > LEARN_ITERATIONS {
+                while samples.len() > learn_iterations {
                     samples.pop_first();
                 }
-                if samples.values().map(Vec::len).sum::<usize>() > MAX_SAMPLES {
+                if samples.values().map(Vec::len).sum::<usize>() > max_samples {
                     *s = Stream::ByTime;
                     return by_time;
                 }
-                (samples.len() == LEARN_ITERATIONS)
-                    .then(|| learn(samples))
+                (samples.len() == learn_iterations)
+                    .then(|| learn(samples, agreement))
                     .flatten()
             }
         };
@@ -276,7 +287,7 @@ fn iteration_by(ordinal: u64, per_step: u64, origin: i64) -> u64 {
 
 /// `(per_step, origin)` from time-placed samples (iteration → ordinals),
 /// or `None` when no rule explains them.
-fn learn(samples: &BTreeMap<u64, Vec<u64>>) -> Option<(u64, i64)> {
+fn learn(samples: &BTreeMap<u64, Vec<u64>>, agreement: f64) -> Option<(u64, i64)> {
     let first = *samples.keys().next()?;
     let last = *samples.keys().next_back()?;
     // Interior iterations only: the first and last may be partial.
@@ -335,7 +346,7 @@ fn learn(samples: &BTreeMap<u64, Vec<u64>>) -> Option<(u64, i64)> {
             (best, at) = (depth, x);
         }
     }
-    (best as f64 >= AGREEMENT * total as f64).then_some((per_step, at))
+    (best as f64 >= agreement * total as f64).then_some((per_step, at))
 }
 
 #[cfg(test)]
@@ -535,5 +546,23 @@ mod tests {
         feed(&mut s, 600, 8, 0, |k, _| k);
         assert_eq!(s.learnt(), 0);
         assert_eq!(put(&mut s, KEY, 600 * 8 + 5, 8, true), 8);
+    }
+
+    #[test]
+    fn learning_off_keeps_every_stream_by_time() {
+        let cfg = IterationConfig {
+            stream_learn_iterations: 0,
+            ..IterationConfig::default()
+        };
+        let mut s = StreamSteps::new(&cfg);
+        let got = feed(
+            &mut s,
+            6,
+            14,
+            0,
+            |k, i| if k >= 8 && i < 2 { k - 1 } else { k },
+        );
+        assert_eq!(s.learnt(), 0);
+        assert_eq!(got[6 * 9], 8);
     }
 }
