@@ -18,8 +18,8 @@
 //! instances before `o`). Iteration `k` *ends* at the completion of its last
 //! reference instance; any other instance (another communicator, a p2p
 //! transfer, a counter interval) belongs to the first iteration whose end is
-//! not before its time, until its own stream's step is learnt
-//! ([`streams`]): then its ordinal says the iteration. Iteration `k` is *sealed* (its statistics final) once
+//! not before its time, or, with `stream_learn_iterations` set, by its own
+//! stream's ordinal once that stream's step is learnt ([`streams`]). Iteration `k` is *sealed* (its statistics final) once
 //! the reference communicator has finished iteration `k + lag`.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -51,9 +51,16 @@ pub struct IterationConfig {
     pub even_jump: f64,
     /// Iterations of time-placed instances a stream outside the reference
     /// (a communicator's collectives, one pipeline pair's sends) is learnt
-    /// from before its own ordinal places it (`graph/iteration/streams.rs`): enough for four
-    /// interior iterations, the first and last seen may be partial. 0 keeps
-    /// every such instance placed by its start time.
+    /// from before its own ordinal places it (`graph/iteration/streams.rs`;
+    /// 6 leaves four interior iterations, the first and last seen may be
+    /// partial). 0, the default, keeps every such instance placed by its
+    /// start time. Off because each stream learns its own cut: on the fresh
+    /// random set 4421 the two pp4 × dp4 stage-imbalance specs put their
+    /// stage's extra work on the neighbouring stage (a stage-2 rank's
+    /// sends to stage 1 and to stage 3 cut a step apart, so its chain
+    /// mixed two steps), while on set 9241 it named one more straggler
+    /// (spec 11) and moved spec 8's cost from 26 % to 28 % (37.8 %
+    /// measured).
     pub stream_learn_iterations: usize,
     /// Share of those instances the learnt ordinal rule must place where
     /// their start time did. A straggler moves the instances near a step
@@ -79,7 +86,7 @@ impl Default for IterationConfig {
             seal_lag: 2,
             history: 4096,
             even_jump: 0.15,
-            stream_learn_iterations: 6,
+            stream_learn_iterations: 0,
             stream_agreement: 0.7,
             stream_drift_iterations: 2,
             stream_max_samples: 2048,

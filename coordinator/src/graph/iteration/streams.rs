@@ -14,22 +14,31 @@
 //! Every rank issues the same instances per step on a stream (a
 //! communicator's collectives, or one pipeline pair's point-to-point
 //! operations), so each stream's ordinal says the step once its own
-//! period is known: `iteration = ⌊(ordinal − origin) / per_step⌋`. Both are
-//! learnt from the time-placed instances of a few iterations
-//! (`stream_learn_iterations`): `per_step` from how far the median ordinal moves
-//! from one iteration to the next, `origin` as the value most instances
-//! agree with (`stream_agreement`). A straggler present while a stream is
-//! learnt shifts that stream's time placement by a step, which its own
-//! samples cannot tell from a stream that starts a step later; its
-//! replicas can. Streams of one role on different replicas (the same
-//! pipeline pair, or the same stage's tensor-parallel group, told by the
-//! other communicators their members belong to) take the origin most of
-//! them learnt, when more than half agree. A stream whose count per step varies, or
-//! whose time placement agrees with no origin, stays placed by time, as
-//! does every stream until it is learnt. A learnt stream that drifts
-//! `stream_drift_iterations` or more from the time placement for a whole step's
-//! worth of instances in a row (an extra collective every N steps) is
-//! learnt again.
+//! period is known: `iteration = ⌊(ordinal − origin) / per_step⌋`. Both
+//! are learnt from the time-placed instances of a few iterations
+//! (`stream_learn_iterations`): `per_step` from how far the median
+//! ordinal moves from one iteration to the next, `origin` as the value
+//! most instances agree with (`stream_agreement`).
+//!
+//! A straggler present while a stream is learnt shifts that stream's time
+//! placement by a step, which its own samples cannot tell from a stream
+//! that starts a step later; its replicas can. The pipeline pairs of one
+//! stage boundary on different replicas (the same positions, told apart
+//! by their members' stage groups) take the origin most of them learnt,
+//! when more than half agree. Collective streams keep their own: the
+//! groups of different stages look alike and legitimately start their
+//! steps at different points of the reference's.
+//!
+//! A stream whose count per step varies, or whose time placement agrees
+//! with no origin, stays placed by time, as does every stream until it is
+//! learnt. A learnt stream that drifts `stream_drift_iterations` or more
+//! from the time placement for a whole step's worth of instances in a row
+//! (an extra collective every N steps) is learnt again.
+//!
+//! Off by default (`[iteration] stream_learn_iterations = 0`): each
+//! stream learns its own cut, and a rank with two streams (a middle
+//! pipeline stage) can have them cut a step apart, which mixes two steps
+//! in its chain (see the key's doc in `thresholds.md`).
 //!
 //! Pure: ordinals and iterations in, iterations out.
 
@@ -93,12 +102,6 @@ pub struct StreamSteps {
     /// rank → (size, id) of the collective communicators it is in.
     comms_of: HashMap<u32, Vec<(u32, u64)>>,
     comms_seen: HashSet<u64>,
-}
-
-impl Default for StreamSteps {
-    fn default() -> Self {
-        Self::new(&IterationConfig::default())
-    }
 }
 
 impl StreamSteps {
@@ -216,8 +219,22 @@ impl StreamSteps {
             .count()
     }
 
+    /// A pipeline pair's role: its positions, size and step, and per
+    /// member the largest other collective communicator that holds none of
+    /// the pair's other members (its stage's data-parallel group). `None`
+    /// for a collective stream: the data-parallel and tensor-parallel
+    /// groups of different stages share every such trait, yet their steps
+    /// start at different points of the reference's (a pp4 × dp4 job's
+    /// stage 2 group took the other stages' origin, and its stage
+    /// imbalance was put on stage 3).
     fn role(&self, key: StreamKey, per_step: u64) -> Option<Role> {
+        key.pair?;
         let (nranks, ranks) = self.members.get(&key)?;
+        let holds = |r: &u32, c: u64| {
+            self.comms_of
+                .get(r)
+                .is_some_and(|v| v.iter().any(|x| x.1 == c))
+        };
         let mut others: Vec<u64> = ranks
             .iter()
             .map(|r| {
@@ -226,6 +243,7 @@ impl StreamSteps {
                     .and_then(|v| {
                         v.iter()
                             .filter(|c| c.1 != key.comm_id)
+                            .filter(|c| !ranks.iter().any(|m| m != r && holds(m, c.1)))
                             .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
                     })
                     .map_or(0, |c| c.1)
@@ -353,6 +371,14 @@ fn learn(samples: &BTreeMap<u64, Vec<u64>>, agreement: f64) -> Option<(u64, i64)
 mod tests {
     use super::*;
 
+    /// Learning on, as `stream_learn_iterations = 6` sets it.
+    fn on() -> StreamSteps {
+        StreamSteps::new(&IterationConfig {
+            stream_learn_iterations: 6,
+            ..IterationConfig::default()
+        })
+    }
+
     const KEY: StreamKey = StreamKey {
         comm_id: 7,
         pair: Some((0, 1)),
@@ -383,7 +409,7 @@ mod tests {
 
     #[test]
     fn learns_a_stream_placed_right_by_time() {
-        let mut s = StreamSteps::default();
+        let mut s = on();
         let got = feed(&mut s, 6, 12, 0, |k, _| k);
         assert_eq!(s.learnt(), 1);
         assert_eq!(got, (0..12).flat_map(|k| [k; 6]).collect::<Vec<_>>());
@@ -393,7 +419,7 @@ mod tests {
     fn a_replica_ahead_by_a_step_gets_its_own_step_back() {
         // The fast replica's first two sends of step k+1 start before the
         // reference ends step k (placed in k by time) from step 8 on.
-        let mut s = StreamSteps::default();
+        let mut s = on();
         let got = feed(
             &mut s,
             6,
@@ -412,7 +438,7 @@ mod tests {
         // Every step, 2 of 6 instances land one iteration early by time:
         // indistinguishable from a stream whose step starts 2 ordinals
         // later, so with no replicas the rule learnt is the time placement.
-        let mut s = StreamSteps::default();
+        let mut s = on();
         let got = feed(
             &mut s,
             6,
@@ -433,7 +459,7 @@ mod tests {
         // stage 1 ranks 4..8 (101); replica r's pipeline pair is (r, r+4)
         // on communicator 10 + r. Replica 3 has a straggler from the first
         // step: its sends land a whole step later by time.
-        let mut s = StreamSteps::default();
+        let mut s = on();
         s.note_comm(100, 4, 0..4);
         s.note_comm(101, 4, 4..8);
         let key = |r: u64| StreamKey {
@@ -464,14 +490,17 @@ mod tests {
     }
 
     #[test]
-    fn streams_of_different_stages_keep_their_own_step() {
-        // Tensor-parallel groups: two on stage 0 (members in data-parallel
-        // group 100), one on stage 1 (101), whose collectives land a step
-        // later by time. Stage 0's two are no majority over stage 1's.
-        let mut s = StreamSteps::default();
-        s.note_comm(100, 4, [0, 1, 4, 5].into_iter());
-        s.note_comm(101, 4, [2, 3, 6, 7].into_iter());
-        let groups = [(20, [0, 1], 0), (21, [4, 5], 0), (22, [2, 3], 1)];
+    fn collective_streams_keep_their_own_step() {
+        // Three data-parallel groups of a pp3 job: every member is in the
+        // world (0), so nothing tells the stages apart, and stage 2's group
+        // lands a step later by time. Two groups are no majority over it.
+        let mut s = on();
+        s.note_comm(0, 12, 0..12);
+        let groups = [
+            (20, [0, 1, 2, 3], 0),
+            (21, [4, 5, 6, 7], 0),
+            (22, [8, 9, 10, 11], 1),
+        ];
         let mut got = [0; 3];
         for k in 0..12u64 {
             for i in 0..4 {
@@ -480,7 +509,7 @@ mod tests {
                         comm_id: *comm_id,
                         pair: None,
                     };
-                    got[g] = s.place(key, 4 * k + i, k + late, true, 2, ranks.iter().copied());
+                    got[g] = s.place(key, 4 * k + i, k + late, true, 4, ranks.iter().copied());
                 }
             }
         }
@@ -489,9 +518,39 @@ mod tests {
     }
 
     #[test]
+    fn pipeline_pairs_of_different_boundaries_are_not_replicas() {
+        // pp3 x dp2, one pipeline communicator per replica (10, 11): pairs
+        // (0, 1) of both replicas start a step later by time than pair
+        // (1, 2) of replica 0. Different boundaries never vote together.
+        let mut s = on();
+        s.note_comm(100, 2, [0, 1].into_iter());
+        s.note_comm(101, 2, [2, 3].into_iter());
+        s.note_comm(102, 2, [4, 5].into_iter());
+        let streams = [
+            (10, (0, 1), [0, 2], 1),
+            (11, (0, 1), [1, 3], 1),
+            (10, (1, 2), [2, 4], 0),
+        ];
+        let mut got = [0; 3];
+        for k in 0..12u64 {
+            for i in 0..4 {
+                for (g, (comm_id, pair, ranks, late)) in streams.iter().enumerate() {
+                    let key = StreamKey {
+                        comm_id: *comm_id,
+                        pair: Some(*pair),
+                    };
+                    got[g] = s.place(key, 4 * k + i, k + late, true, 3, ranks.iter().copied());
+                }
+            }
+        }
+        assert_eq!(s.learnt(), 3);
+        assert_eq!(got, [12, 12, 11]);
+    }
+
+    #[test]
     fn warm_up_instances_shift_the_origin() {
         // 3 instances before the first step, all in iteration 0.
-        let mut s = StreamSteps::default();
+        let mut s = on();
         for o in 0..3 {
             put(&mut s, KEY, o, 0, true);
         }
@@ -503,7 +562,7 @@ mod tests {
 
     #[test]
     fn a_stream_whose_count_varies_stays_by_time() {
-        let mut s = StreamSteps::default();
+        let mut s = on();
         let mut o = 0;
         for k in 0..30u64 {
             for _ in 0..(1 + (k * k * 7 + 3) % 9) {
@@ -516,7 +575,7 @@ mod tests {
 
     #[test]
     fn extrapolated_times_teach_nothing() {
-        let mut s = StreamSteps::default();
+        let mut s = on();
         for o in 0..100 {
             assert_eq!(put(&mut s, KEY, o, o / 4, false), o / 4);
         }
@@ -525,7 +584,7 @@ mod tests {
 
     #[test]
     fn a_stream_that_changes_shape_is_learnt_again() {
-        let mut s = StreamSteps::default();
+        let mut s = on();
         feed(&mut s, 4, 10, 0, |k, _| k);
         assert_eq!(s.learnt(), 1);
         // From step 10 on, 8 a step: the ordinal rule runs ahead of time.
@@ -542,7 +601,7 @@ mod tests {
 
     #[test]
     fn a_huge_stream_stays_by_time() {
-        let mut s = StreamSteps::default();
+        let mut s = on();
         feed(&mut s, 600, 8, 0, |k, _| k);
         assert_eq!(s.learnt(), 0);
         assert_eq!(put(&mut s, KEY, 600 * 8 + 5, 8, true), 8);
@@ -550,11 +609,7 @@ mod tests {
 
     #[test]
     fn learning_off_keeps_every_stream_by_time() {
-        let cfg = IterationConfig {
-            stream_learn_iterations: 0,
-            ..IterationConfig::default()
-        };
-        let mut s = StreamSteps::new(&cfg);
+        let mut s = StreamSteps::new(&IterationConfig::default());
         let got = feed(
             &mut s,
             6,
