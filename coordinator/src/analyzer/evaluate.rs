@@ -594,10 +594,12 @@ impl Analyzer {
             .filter(|(it, _)| *it == k)
             .map(|(_, a)| a)
             .collect();
+        let ranks = crate::classify::align::gpu_timed_ranks(&instances, |r| {
+            !core.stats.blind_partners(r).is_empty()
+        });
         let gpu = GpuTiming {
-            ranks: crate::classify::align::gpu_timed_ranks(&instances, |r| {
-                !core.stats.blind_partners(r).is_empty()
-            }),
+            groups: one_host_groups(&instances, &ranks, |r| core.stats.blind_partners(r)),
+            ranks,
             leads: crate::classify::align::gpu_leads(&instances),
         };
         let model = crate::graph::whatif::WhatIf::new(&crate::graph::itergraph::build(
@@ -674,6 +676,7 @@ impl Analyzer {
             model,
             gpu_ranks: &gpu.ranks,
             gpu_leads: &gpu.leads,
+            groups: &gpu.groups,
             step_ns: step,
             reference: Some(reference),
             clean_ns,
@@ -741,6 +744,41 @@ fn what_if_shares(m: &crate::graph::whatif::WhatIf, step: f64) -> BTreeMap<u32, 
 pub(super) struct GpuTiming {
     ranks: foldhash::HashSet<u32>,
     leads: BTreeMap<u32, f64>,
+    /// Blind ranks → their one-host group ([`crate::graph::cost::Iteration::groups`]).
+    groups: BTreeMap<u32, Vec<u32>>,
+}
+
+/// A rank the replay cannot time alone (its one-host partners wait for it
+/// over NVLink, untimed; not in `timed`) → its group (itself and those
+/// partners), where every rank of the iteration arrives GPU-side at every
+/// collective across hosts (the deep window covers the iteration); empty
+/// otherwise.
+fn one_host_groups<'a>(
+    instances: &[&AlignedInstance],
+    timed: &foldhash::HashSet<u32>,
+    partners: impl Fn(u32) -> &'a [u32],
+) -> BTreeMap<u32, Vec<u32>> {
+    if crate::classify::align::gpu_side_across_hosts(instances).is_none() {
+        return BTreeMap::new();
+    }
+    let mut all: Vec<u32> = instances
+        .iter()
+        .flat_map(|a| a.members.iter().map(|m| m.rank))
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all.into_iter()
+        .filter(|r| !timed.contains(r))
+        .filter_map(|r| {
+            let p = partners(r);
+            (!p.is_empty()).then(|| {
+                let mut g: Vec<u32> = p.to_vec();
+                g.push(r);
+                g.sort_unstable();
+                (r, g)
+            })
+        })
+        .collect()
 }
 
 impl GpuTiming {
