@@ -121,7 +121,7 @@ impl StreamSteps {
     /// A collective communicator's members (the reference's too): once
     /// per communicator, for telling replicas apart.
     pub fn note_comm(&mut self, comm_id: u64, nranks: u32, ranks: impl Iterator<Item = u32>) {
-        if !self.comms_seen.insert(comm_id) {
+        if self.learn_iterations == 0 || !self.comms_seen.insert(comm_id) {
             return;
         }
         for r in ranks {
@@ -146,14 +146,14 @@ impl StreamSteps {
         nranks: u32,
         ranks: impl Iterator<Item = u32>,
     ) -> u64 {
+        if self.learn_iterations == 0 {
+            return by_time;
+        }
         self.members.entry(key).or_insert_with(|| {
             let mut v: Vec<u32> = ranks.collect();
             v.sort_unstable();
             (nranks, v)
         });
-        if self.learn_iterations == 0 {
-            return by_time;
-        }
         let (learn_iterations, agreement) = (self.learn_iterations, self.agreement);
         let (drift_iterations, max_samples) = (self.drift_iterations, self.max_samples);
         let s = self

@@ -517,8 +517,57 @@ const HELLO_REFUSALS: [&str; 5] = [
 enum StreamRead {
     /// With the budget it holds until it is answered.
     Batch(Box<Batch>, quinn::SendStream, Held),
-    /// Rejected (counted and answered already).
+    /// Rejected (counted and answered already): the agent does not send
+    /// it again.
     Rejected,
+    /// Broken or past its deadline, unanswered: the agent sends it again,
+    /// and every batch after it, on its next connection.
+    Lost,
+}
+
+/// What to do with a connection's next batch, in opening order
+/// ([`forward_in_order`]).
+#[derive(Debug, Default)]
+struct OrderGate {
+    /// A batch before this one was lost.
+    gap: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Forward {
+    Ingest,
+    /// Left unanswered (reset): it comes again after the lost one.
+    Hold,
+    Nothing,
+}
+
+impl OrderGate {
+    /// Once a batch is lost, the ones after it on the same connection are
+    /// not ingested: the agent resends from the lost one on, in order, and
+    /// ingesting the later ones first put its records behind newer ones of
+    /// the same ranks (612 rejected as going backwards in a CI run of the
+    /// link-down test: a batch cut off on the dead connection, the next
+    /// one read whole and ingested when that connection closed, then the
+    /// first again on the new connection).
+    fn next(&mut self, read: &StreamReadKind) -> Forward {
+        match read {
+            StreamReadKind::Lost => {
+                self.gap = true;
+                Forward::Nothing
+            }
+            StreamReadKind::Rejected => Forward::Nothing,
+            StreamReadKind::Batch if self.gap => Forward::Hold,
+            StreamReadKind::Batch => Forward::Ingest,
+        }
+    }
+}
+
+/// [`StreamRead`] without its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamReadKind {
+    Batch,
+    Rejected,
+    Lost,
 }
 
 /// Budget a batch holds: its connection's share and the global one.
@@ -698,10 +747,26 @@ async fn forward_in_order(
     events: mpsc::Sender<IngestEvent>,
     agent_id: String,
 ) -> String {
+    let mut gate = OrderGate::default();
     while let Some(read) = order_rx.recv().await {
-        let Ok(StreamRead::Batch(batch, mut answer, held)) = read.await else {
+        let read = read.await.unwrap_or(StreamRead::Lost);
+        let kind = match &read {
+            StreamRead::Batch(..) => StreamReadKind::Batch,
+            StreamRead::Rejected => StreamReadKind::Rejected,
+            StreamRead::Lost => StreamReadKind::Lost,
+        };
+        let StreamRead::Batch(batch, mut answer, held) = read else {
+            gate.next(&kind);
             continue;
         };
+        match gate.next(&kind) {
+            Forward::Ingest => {}
+            Forward::Hold | Forward::Nothing => {
+                let _ = answer.reset(3u32.into());
+                drop(held);
+                continue;
+            }
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         // The channel's waiters are served in turn, so each
         // connection gets its share of the analyzer.

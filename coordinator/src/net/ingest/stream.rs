@@ -19,7 +19,7 @@ pub(super) async fn read_batch(
             reject(answer);
             StreamRead::Rejected
         }
-        Err(Refused::Quietly) => StreamRead::Rejected,
+        Err(Refused::Quietly) => StreamRead::Lost,
         Err(Refused::TimedOut) => timed_out(agent_id, stats, stream, answer),
     }
 }
@@ -170,7 +170,7 @@ pub(super) fn timed_out(
     let _ = stream.stop(2u32.into());
     let mut answer = answer;
     let _ = answer.reset(2u32.into());
-    StreamRead::Rejected
+    StreamRead::Lost
 }
 
 pub(super) fn reject(mut answer: quinn::SendStream) {
