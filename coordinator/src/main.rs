@@ -153,9 +153,11 @@ struct ServeArgs {
     /// flame graph is the CPU view.
     #[arg(long)]
     launch_sites: bool,
-    /// Iterations at the start of the job that never raise a verdict
-    /// (warm-up: allocator, autotuning and data-loader start are slow on
-    /// every rank, unevenly) [default: 20, or the --thresholds file's].
+    /// Iterations at the start of the job that never raise a verdict, at
+    /// most (warm-up: allocator, autotuning and data-loader start are slow
+    /// on every rank, unevenly); it ends sooner once three steps in a row
+    /// agree within 15% ([lifecycle] warmup_settle) [default: 20, or the
+    /// --thresholds file's].
     #[arg(long, value_name = "N")]
     warmup_iterations: Option<u64>,
     /// A TOML file of thresholds to use instead of the defaults: only the

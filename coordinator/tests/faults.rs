@@ -128,15 +128,16 @@ fn dp8_compute_slow_host_times_only_waits_for_the_deep_set() {
 fn a_suspect_in_the_warm_up_does_not_ask_for_the_deep_set() {
     // Warm-up steps are no baseline: a suspect there opened a 30-s deep
     // window on every agent 1.5 s into a healthy run. The same fault asks
-    // once the warm-up is over.
-    let warmup = slowrank_coordinator::analyzer::AnalyzerConfig::default()
-        .lifecycle
-        .warmup_iterations;
+    // once the warm-up is over. (A warm-up of the full count, as where the
+    // steps never settle; settled steps end it sooner.)
+    let mut cfg = slowrank_coordinator::analyzer::AnalyzerConfig::default();
+    cfg.lifecycle.warmup_settle = 0;
+    let warmup = cfg.lifecycle.warmup_iterations;
     let spec = || host_times_only_compute_slow(warmup / 2);
-    assert!(!common::run(spec(), warmup - 2)
+    assert!(!common::run_with(spec(), warmup - 2, cfg.clone())
         .analyzer
         .confirmation_wanted());
-    assert!(common::run(spec(), warmup + 20)
+    assert!(common::run_with(spec(), warmup + 20, cfg)
         .analyzer
         .confirmation_wanted());
 }

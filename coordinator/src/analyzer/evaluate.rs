@@ -3,6 +3,7 @@
 //! lifecycle. In: an iteration bucket; out: verdict events.
 
 use super::*;
+use crate::verdict::warmup::WarmUp;
 
 /// What one iteration's judgement needs to know of the iteration itself.
 pub(super) struct IterCtx {
@@ -118,13 +119,17 @@ impl Analyzer {
         if std::mem::take(&mut core.resume_pending) {
             // A resumed life warms up from its first iteration (see
             // `Analyzer::resumed_life`).
-            core.warm_from = k.saturating_add(self.cfg.lifecycle.warmup_iterations);
-            core.lifecycle.hold_until(core.warm_from);
+            core.warmup = WarmUp::new(k, &self.cfg.lifecycle);
+            core.lifecycle.hold_until(core.warmup.warm_from());
             self.apply_carried(core);
         }
         // Warm-up steps (allocators, autotuning) are no baseline: with them a
         // healthy job looked 10% slower right after its warm-up.
-        let warm = k >= self.cfg.lifecycle.warmup_iterations && k >= core.warm_from;
+        let was = core.warmup.warm_from();
+        let warm = core.warmup.observe(k, core.iteration.duration_of(k));
+        if warm && core.warmup.warm_from() < was {
+            core.lifecycle.warm_at(core.warmup.warm_from());
+        }
         if let Some(d) = core.iteration.duration_of(k).filter(|_| warm) {
             core.steps.push_back(d);
             while core.steps.len() > STEP_HISTORY {
@@ -178,9 +183,7 @@ impl Analyzer {
         }
         // A resumed life's first iterations are partial: the stretches
         // read from its own `first_step` on.
-        let first = core
-            .warm_from
-            .saturating_sub(self.cfg.lifecycle.warmup_iterations);
+        let first = core.warmup.first();
         if let Some(d) = core
             .iteration
             .duration_of(k)

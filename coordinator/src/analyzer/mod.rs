@@ -272,9 +272,9 @@ struct Core {
     /// A life resumed after a restart that has not evaluated an iteration
     /// yet ([`Analyzer::resumed_life`]).
     resume_pending: bool,
-    /// No iteration before this one is a baseline or a finding (a resumed
-    /// life's own warm-up; 0 in a first life).
-    warm_from: u64,
+    /// Where this life's warm-up ends: no iteration before it is a
+    /// baseline or a finding.
+    warmup: crate::verdict::warmup::WarmUp,
     /// An earlier life's learning, applied at this life's first iteration.
     carried: Option<carry::Carried>,
 }
@@ -442,7 +442,7 @@ impl Analyzer {
             nic_peers: HashMap::new(),
             held_for_deep: None,
             resume_pending: false,
-            warm_from: 0,
+            warmup: crate::verdict::warmup::WarmUp::new(0, &cfg.lifecycle),
             carried: None,
             steps: VecDeque::new(),
             timeline: Default::default(),

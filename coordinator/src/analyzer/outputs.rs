@@ -20,7 +20,7 @@ impl Analyzer {
         if core.lifecycle.verdicts().any(|v| v.active) {
             return None;
         }
-        Self::slowdown_by_history(&core, self.cfg.lifecycle.warmup_iterations).or_else(|| {
+        Self::slowdown_by_history(&core).or_else(|| {
             let s = core
                 .pace
                 .stretches()
@@ -41,11 +41,11 @@ impl Analyzer {
     /// [`crate::graph::iteration::IterationConfig::seal_lag`] iterations
     /// more for every rank's records; the deep window this asks for is
     /// the path to a name, so those iterations are detection latency.
-    fn slowdown_by_history(core: &Core, warmup: u64) -> Option<Slowdown> {
+    fn slowdown_by_history(core: &Core) -> Option<Slowdown> {
         let mut steps: Vec<f64> = core.steps.iter().copied().collect();
         let mut last = core.last_sealed;
         if let (Some(sealed), Some(ended)) = (core.last_sealed, core.iteration.last_ended()) {
-            let warm_from = warmup.max(core.warm_from);
+            let warm_from = core.warmup.warm_from();
             for k in (sealed + 1..=ended).filter(|k| *k >= warm_from) {
                 let Some(d) = core.iteration.whole_duration_of(k) else {
                     break;

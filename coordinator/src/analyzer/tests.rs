@@ -158,8 +158,13 @@ fn a_preamble_before_batch_zero_does_not_swallow_it() {
 /// agents' reconnection preambles carry them), and of iteration `from`
 /// only host node-1's, so that iteration straddles the restart. Returns
 /// the verdicts after `until` iterations.
-fn life_joining_at(from: u64, until: u64, resumed: bool) -> Vec<crate::verdict::Verdict> {
-    let a = Analyzer::new(AnalyzerConfig::default());
+fn life_joining_at(
+    cfg: AnalyzerConfig,
+    from: u64,
+    until: u64,
+    resumed: bool,
+) -> Vec<crate::verdict::Verdict> {
+    let a = Analyzer::new(cfg);
     if resumed {
         a.resumed_life();
     }
@@ -188,26 +193,37 @@ fn life_joining_at(from: u64, until: u64, resumed: bool) -> Vec<crate::verdict::
     a.report().verdicts
 }
 
+/// A resumed life warms up from its own first iteration: the straddling
+/// iteration and the empty baselines of the first ones are nobody's
+/// evidence. Its warm-up ends once its steps settle (`warmup_settle`), or
+/// after `warmup_iterations` where that rule is off.
 #[test]
 fn a_resumed_life_warms_up_before_it_names_anyone() {
-    let warmup = AnalyzerConfig::default().lifecycle.warmup_iterations;
-    let (from, until) = (40, 40 + warmup + 30);
-    let v = life_joining_at(from, until, true);
-    // Named again once warm, and only then: the straddling iteration and
-    // the empty baselines of the first ones are nobody's evidence.
-    assert!(
-        v.iter()
-            .any(|v| v.rank == 5 && v.kind == classify::Kind::Compute),
-        "{v:?}"
-    );
-    for v in &v {
+    for settle in [AnalyzerConfig::default().lifecycle.warmup_settle, 0] {
+        let mut cfg = AnalyzerConfig::default();
+        cfg.lifecycle.warmup_settle = settle;
+        let warmup = if settle == 0 {
+            cfg.lifecycle.warmup_iterations
+        } else {
+            settle as u64
+        };
+        let (from, until) = (40, 40 + cfg.lifecycle.warmup_iterations + 30);
+        let v = life_joining_at(cfg, from, until, true);
+        // Named again once warm, and only then.
         assert!(
-            v.first_seen_iteration >= from + warmup,
-            "rank {} named at iteration {}, inside the new life's warm-up ({from}..{})",
-            v.rank,
-            v.first_seen_iteration,
-            from + warmup
+            v.iter()
+                .any(|v| v.rank == 5 && v.kind == classify::Kind::Compute),
+            "{v:?}"
         );
+        for v in &v {
+            assert!(
+                v.first_seen_iteration >= from + warmup,
+                "rank {} named at iteration {}, inside the new life's warm-up ({from}..{}, settle {settle})",
+                v.rank,
+                v.first_seen_iteration,
+                from + warmup
+            );
+        }
     }
 }
 
@@ -228,8 +244,12 @@ fn a_slowdown_that_began_in_warm_up_and_ended_is_a_stretch_with_its_ends() {
     );
     f.end_iteration = Some(40);
     spec.faults.push(f);
-    let a = Analyzer::new(AnalyzerConfig::default());
-    let mut g = Generator::new(spec);
+    // A warm-up of the full count (its steps never settled, as a real
+    // job's may not): the fault is inside it.
+    let mut cfg = AnalyzerConfig::default();
+    cfg.lifecycle.warmup_settle = 0;
+    let a = Analyzer::new(cfg);
+    let mut g = Generator::new(spec.clone());
     crate::synthjob::start(&a, &mut g);
     crate::synthjob::feed(&a, &mut g, 80);
     let r = a.report();
@@ -246,6 +266,19 @@ fn a_slowdown_that_began_in_warm_up_and_ended_is_a_stretch_with_its_ends() {
         .report()
         .slow_stretches
         .is_empty());
+    // Where the steps settle (the default), the warm-up ends a few steps
+    // in and the straggler from iteration 10 is named while it lasts.
+    let a = Analyzer::new(AnalyzerConfig::default());
+    let mut g = Generator::new(spec);
+    crate::synthjob::start(&a, &mut g);
+    crate::synthjob::feed(&a, &mut g, 80);
+    let v = a.report().verdicts;
+    assert!(
+        v.iter().any(|v| v.rank == 5
+            && v.kind == classify::Kind::Compute
+            && v.first_seen_iteration < 20),
+        "{v:?}"
+    );
 }
 
 /// Node 1's agent dies after iteration `down`, and a new one takes its

@@ -47,9 +47,10 @@ pub struct AnalyzeArgs {
     /// Print the stable JSON report instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Iterations at the start that never raise a verdict [default: 20 for
-    /// records, as `serve`; 0 for traces, which are usually cut from a job
-    /// already past its warm-up].
+    /// Iterations at the start that never raise a verdict, at most (the
+    /// warm-up ends sooner once the steps settle, [lifecycle]
+    /// warmup_settle) [default: 20 for records, as `serve`; 0 for traces,
+    /// which are usually cut from a job already past its warm-up].
     #[arg(long, value_name = "N")]
     pub warmup_iterations: Option<u64>,
     /// A TOML file of thresholds to use instead of the defaults (only the

@@ -19,8 +19,9 @@ pub struct Lifecycle {
     trackers: BTreeMap<Subject, Tracker>,
     verdicts: BTreeMap<u64, Verdict>,
     next_id: u64,
-    /// No observation before this iteration counts (besides the configured
-    /// warm-up): a resumed coordinator's own warm-up.
+    /// No observation before this iteration counts: the warm-up
+    /// (`warmup_iterations` until the analyzer says where it ended, see
+    /// [`super::warmup`]), or a resumed coordinator's own.
     hold_until: u64,
     /// The iteration of the last [`Lifecycle::step`].
     last_step: Option<u64>,
@@ -29,11 +30,11 @@ pub struct Lifecycle {
 impl Lifecycle {
     pub fn new(cfg: LifecycleConfig) -> Self {
         Self {
-            cfg,
             trackers: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             next_id: 1,
-            hold_until: 0,
+            hold_until: cfg.warmup_iterations,
+            cfg,
             last_step: None,
         }
     }
@@ -41,6 +42,12 @@ impl Lifecycle {
     /// Observations before iteration `k` count as warm-up too.
     pub fn hold_until(&mut self, k: u64) {
         self.hold_until = self.hold_until.max(k);
+    }
+
+    /// The warm-up ended at iteration `k` (its steps settled): observations
+    /// from it on count.
+    pub fn warm_at(&mut self, k: u64) {
+        self.hold_until = k;
     }
 
     pub fn config(&self) -> &LifecycleConfig {
@@ -119,7 +126,7 @@ impl Lifecycle {
     }
 
     fn observe(&mut self, s: Subject, it: u64, o: Option<Observation>) -> Option<VerdictEvent> {
-        let o = o.filter(|_| it >= self.cfg.warmup_iterations && it >= self.hold_until);
+        let o = o.filter(|_| it >= self.hold_until);
         let t = self.trackers.entry(s).or_default();
         t.hist.push_back((it, o.clone()));
         while t.hist.len() > self.cfg.open_window {

@@ -27,6 +27,7 @@ mod flameref;
 mod lifecycle;
 pub mod stackstore;
 pub mod victims;
+pub mod warmup;
 
 use chrono::{DateTime, Utc};
 
@@ -57,8 +58,20 @@ pub struct LifecycleConfig {
     /// mid-fault stays named (and a rank whose sequential evidence still
     /// stands keeps being observed).
     pub close_after: u64,
-    /// Iterations at the start of a job that never open a verdict.
+    /// Iterations at the start of a job (or of a resumed coordinator's
+    /// life) that never open a verdict and are no baseline, at most
+    /// ([`warmup::WarmUp`]): the warm-up ends sooner once its steps settle.
     pub warmup_iterations: u64,
+    /// Steps in a row within `warmup_tolerance` of their median that end
+    /// the warm-up before `warmup_iterations` (0: never sooner). A PyTorch
+    /// job's first two or three steps autotune, grow the allocator and
+    /// connect NCCL's peers; three settled steps are past them.
+    pub warmup_settle: usize,
+    /// How far from their median those steps may lie (share of it). A
+    /// warm-up step is 1.3–10× the job's pace; healthy steps of the random
+    /// evaluation's jobs (jitter up to 0.2 per kernel) lie within 5%, and an
+    /// intermittent fault's 1.5× steps keep the warm-up to its end.
+    pub warmup_tolerance: f64,
     /// Verdicts kept (closed ones dropped oldest first beyond this).
     pub max_verdicts: usize,
     /// A closed verdict whose rank was slow over fewer iterations than
@@ -96,6 +109,8 @@ impl Default for LifecycleConfig {
             fast_open_cost: 0.1,
             close_after: 8,
             warmup_iterations: 20,
+            warmup_settle: 3,
+            warmup_tolerance: 0.15,
             max_verdicts: 4096,
             transient_below: 10,
             transient_below_modest: 30,
