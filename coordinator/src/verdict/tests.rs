@@ -335,17 +335,7 @@ fn an_intermittent_fault_read_in_the_wrong_class_is_corrected_with_an_alert() {
     // verdict; from then on every reading says compute. No window of 8
     // is ever full of readings, yet the class changes, once, with an event.
     let mut l = Lifecycle::new(LifecycleConfig::default());
-    let mut ev = Vec::new();
-    for (i, c) in "hhhhhhhh....cccc....cccc....cccc".chars().enumerate() {
-        let it = 100 + i as u64;
-        let mut m = BTreeMap::new();
-        match c {
-            'h' => m.insert(Subject::Rank(5), obs(Kind::Host)),
-            'c' => m.insert(Subject::Rank(5), obs(Kind::Compute)),
-            _ => None,
-        };
-        ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event, e.line)));
-    }
+    let ev = play_classes(&mut l, "hhhhhhhh....cccc....cccc....cccc");
     let kinds: Vec<(u64, EventKind)> = ev.iter().map(|e| (e.0, e.1)).collect();
     assert_eq!(
         kinds,
@@ -360,8 +350,19 @@ fn an_intermittent_fault_read_in_the_wrong_class_is_corrected_with_an_alert() {
     assert_eq!((v.kind, v.active), (Kind::Compute, true));
     // One host reading among compute ones changes nothing back.
     let mut l2 = Lifecycle::new(LifecycleConfig::default());
-    let mut kinds = Vec::new();
-    for (i, c) in "cccccccc..h.c..c".chars().enumerate() {
+    let kinds: Vec<EventKind> = play_classes(&mut l2, "cccccccc..h.c..c")
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(kinds, vec![EventKind::Opened]);
+}
+
+/// Plays rank 5's readings from iteration 100, one character each: `h`
+/// host-side, `c` compute, anything else none. Returns (iteration, event,
+/// line) of every event.
+fn play_classes(l: &mut Lifecycle, readings: &str) -> Vec<(u64, EventKind, String)> {
+    let mut ev = Vec::new();
+    for (i, c) in readings.chars().enumerate() {
         let it = 100 + i as u64;
         let mut m = BTreeMap::new();
         match c {
@@ -369,7 +370,7 @@ fn an_intermittent_fault_read_in_the_wrong_class_is_corrected_with_an_alert() {
             'c' => m.insert(Subject::Rank(5), obs(Kind::Compute)),
             _ => None,
         };
-        kinds.extend(l2.step(it, m).into_iter().map(|e| e.event));
+        ev.extend(l.step(it, m).into_iter().map(|e| (it, e.event, e.line)));
     }
-    assert_eq!(kinds, vec![EventKind::Opened]);
+    ev
 }

@@ -501,20 +501,15 @@ mod tests {
             (21, [4, 5, 6, 7], 0),
             (22, [8, 9, 10, 11], 1),
         ];
-        let mut got = [0; 3];
-        for k in 0..12u64 {
-            for i in 0..4 {
-                for (g, (comm_id, ranks, late)) in groups.iter().enumerate() {
-                    let key = StreamKey {
-                        comm_id: *comm_id,
-                        pair: None,
-                    };
-                    got[g] = s.place(key, 4 * k + i, k + late, true, 4, ranks.iter().copied());
-                }
-            }
-        }
+        let streams = groups.map(|(comm_id, ranks, late)| {
+            let key = StreamKey {
+                comm_id,
+                pair: None,
+            };
+            (key, ranks, late)
+        });
+        assert_eq!(play_streams(&mut s, &streams, 4), [11, 11, 12]);
         assert_eq!(s.learnt(), 3);
-        assert_eq!(got, [11, 11, 12]);
     }
 
     #[test]
@@ -531,20 +526,41 @@ mod tests {
             (11, (0, 1), [1, 3], 1),
             (10, (1, 2), [2, 4], 0),
         ];
+        let streams = streams.map(|(comm_id, pair, ranks, late)| {
+            let key = StreamKey {
+                comm_id,
+                pair: Some(pair),
+            };
+            (key, ranks, late)
+        });
+        assert_eq!(play_streams(&mut s, &streams, 3), [12, 12, 11]);
+        assert_eq!(s.learnt(), 3);
+    }
+
+    /// 12 steps of 4 instances on each stream (its members, and how many
+    /// steps later than its ordinal its start time places it); returns
+    /// where each stream's last instance went.
+    fn play_streams<const N: usize>(
+        s: &mut StreamSteps,
+        streams: &[(StreamKey, [u32; N], u64); 3],
+        nranks: u32,
+    ) -> [u64; 3] {
         let mut got = [0; 3];
         for k in 0..12u64 {
             for i in 0..4 {
-                for (g, (comm_id, pair, ranks, late)) in streams.iter().enumerate() {
-                    let key = StreamKey {
-                        comm_id: *comm_id,
-                        pair: Some(*pair),
-                    };
-                    got[g] = s.place(key, 4 * k + i, k + late, true, 3, ranks.iter().copied());
+                for (g, (key, ranks, late)) in streams.iter().enumerate() {
+                    got[g] = s.place(
+                        *key,
+                        4 * k + i,
+                        k + late,
+                        true,
+                        nranks,
+                        ranks.iter().copied(),
+                    );
                 }
             }
         }
-        assert_eq!(s.learnt(), 3);
-        assert_eq!(got, [12, 12, 11]);
+        got
     }
 
     #[test]
