@@ -79,6 +79,11 @@ impl Analyzer {
         }
     }
 
+    /// Whether this life's warm-up has ended (its steps settled).
+    pub fn warmed_up(&self) -> bool {
+        lock(&self.core).warmup.is_warm()
+    }
+
     /// The job's step, once inferred.
     pub fn step(&self) -> Option<std::time::Duration> {
         lock(&self.core)

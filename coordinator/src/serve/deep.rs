@@ -18,6 +18,7 @@ impl Server {
             suspicion: self.analyzer.confirmation_wanted(),
             verdicts_opened: self.analyzer.verdicts_opened(),
             step: self.analyzer.step(),
+            warm: self.analyzer.warmed_up(),
         };
         let ask = {
             let Ok(mut plan) = self.deep_ask.lock() else {
@@ -40,6 +41,15 @@ impl Server {
                 seconds = ask.seconds,
                 "deep probes kept on: the job is still slower with nobody named"
             ),
+            (deep_ask::Reason::FirstLook, _) => {
+                let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let line = format!(
+                    "{now} FIRST LOOK the warm-up is over: GPU-side times for a straggler from the job's first steps (no slowdown would show it): deep probes on {} agent(s) for {} s",
+                    ids.len(),
+                    ask.seconds
+                );
+                info!("{line}");
+            }
             (deep_ask::Reason::Suspicion, true) => info!(
                 agents = ids.len(),
                 seconds = ask.seconds,

@@ -20,6 +20,14 @@
 //! collection pause) raises one too; a 30-s window for each cost the same
 //! as a suspicion's did, and a slowdown that lasts keeps its window anyway.
 //!
+//! A fourth opens once: when the warm-up ends, a window of ten steps (and
+//! a second) looks at GPU-side times. A straggler present from the job's
+//! first steps leaves no slowdown to see (its steps are the baseline) and,
+//! where the host enqueues ahead of its GPU, no host-side lateness either:
+//! random 4421-29's rank 5, a GPU 1.21× slower from step 7 to 25 that cost
+//! the job 15%, was never suspected. Ten steps of a week-long job are
+//! nothing; on the 56-s overhead run (28-ms steps) 1.3 s of the deep set.
+//!
 //! Windows that name nobody back off: the next one may open one window
 //! length after this one began, then 2, 4 … up to 20 long windows (a job
 //! slower as a whole — a shared file system, a loaded machine — would
@@ -46,6 +54,8 @@ pub enum Reason {
     Slowdown,
     /// A suspect only GPU-side times can class.
     Suspicion,
+    /// The warm-up ended: one look for a straggler from the first steps.
+    FirstLook,
 }
 
 /// One request: every agent's deep set on for `seconds` from now.
@@ -70,6 +80,8 @@ pub struct State {
     pub verdicts_opened: usize,
     /// The job's step, once known.
     pub step: Option<Duration>,
+    /// The warm-up has ended (the steps settled).
+    pub warm: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +93,8 @@ pub struct DeepAsk {
     /// The last new window: when, the wait before the next, and the
     /// verdicts opened by then.
     last: Option<(Instant, Duration, usize)>,
+    /// The first look has been taken (or a window ran when it was due).
+    looked: bool,
 }
 
 impl DeepAsk {
@@ -93,6 +107,7 @@ impl DeepAsk {
             suspicion: Duration::from_secs(u64::from(suspicion_s.clamp(1, long_s.max(1)))),
             running: None,
             last: None,
+            looked: false,
         }
     }
 
@@ -155,6 +170,10 @@ impl DeepAsk {
             self.last = Some((now, self.long, s.verdicts_opened));
             return Some(self.ask(now, self.long, Reason::Verdict, running.is_some()));
         }
+        if running.is_some() && s.warm {
+            // A window already running is the first look.
+            self.looked = true;
+        }
         if let Some((_, reason, began)) = running {
             // A slowdown or a suspicion that lasts keeps its window, up to a
             // long one.
@@ -167,6 +186,16 @@ impl DeepAsk {
                 return Some(self.ask(now, len, Self::reason_of(s), true));
             }
             return None;
+        }
+        if s.warm && !self.looked {
+            if let Some(step) = s.step {
+                self.looked = true;
+                // Ten steps, not the suspicion window's floor: nothing is
+                // suspected yet, and a suspicion renews it. No back-off
+                // step either: it is no answer to anything.
+                let len = (step * SUSPICION_MIN_STEPS + Duration::from_secs(1)).min(self.long);
+                return Some(self.ask(now, len, Reason::FirstLook, false));
+            }
         }
         if !s.slowdown && !s.suspicion {
             return None;
@@ -339,6 +368,52 @@ mod tests {
         assert!(d.poll(t0, &slow).is_some());
         assert!(d.poll(t0 + 4 * S + S / 2, &State::default()).is_none());
         assert!(d.until(t0 + 6 * S).is_none());
+    }
+
+    #[test]
+    fn the_end_of_the_warm_up_gets_one_look_of_ten_steps() {
+        let t0 = Instant::now();
+        let mut d = DeepAsk::new(30, 5);
+        let cold = State {
+            step: Some(Duration::from_millis(200)),
+            ..State::default()
+        };
+        assert!(d.poll(t0, &cold).is_none(), "not before the warm-up ends");
+        let warm = State { warm: true, ..cold };
+        let a = d.poll(t0 + S, &warm).unwrap();
+        assert_eq!(
+            (a.seconds, a.reason, a.renewal),
+            (3, Reason::FirstLook, false)
+        );
+        // Once: a quiet job is not looked at again.
+        assert!(d.until(t0 + 5 * S).is_none());
+        assert!(d.poll(t0 + 10 * S, &warm).is_none());
+        assert!(d.poll(t0 + 100 * S, &warm).is_none());
+        // A suspicion within it renews it; the back-off is untouched: the
+        // first suspicion after it opens at once.
+        let mut d = DeepAsk::new(30, 5);
+        assert!(d.poll(t0, &warm).is_some());
+        let mut s = suspicion(200);
+        s.warm = true;
+        let a = d.poll(t0 + 2 * S + S / 2, &s).unwrap();
+        assert!(a.renewal && a.reason == Reason::Suspicion, "{a:?}");
+        let mut d = DeepAsk::new(30, 5);
+        assert!(d.poll(t0, &warm).is_some());
+        assert!(d.poll(t0 + 4 * S, &s).is_some_and(|a| !a.renewal));
+    }
+
+    #[test]
+    fn a_window_running_when_the_warm_up_ends_is_the_first_look() {
+        let t0 = Instant::now();
+        let mut d = DeepAsk::new(30, 5);
+        assert!(d.poll(t0, &suspicion(28)).is_some());
+        let s = State {
+            warm: true,
+            step: Some(Duration::from_millis(28)),
+            ..State::default()
+        };
+        assert!(d.poll(t0 + S, &s).is_none());
+        assert!(d.poll(t0 + 10 * S, &s).is_none(), "no look after it");
     }
 
     #[test]

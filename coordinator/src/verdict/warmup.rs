@@ -73,6 +73,11 @@ impl WarmUp {
             .all(|d| (d - median).abs() <= self.tolerance * median)
     }
 
+    /// Whether the warm-up has ended.
+    pub fn is_warm(&self) -> bool {
+        self.warm_from.is_some()
+    }
+
     /// This life's first iteration.
     pub fn first(&self) -> u64 {
         self.first
