@@ -381,6 +381,14 @@ async fn serve_stays_quiet_on_a_healthy_job() {
     assert!(o.summary.events.is_empty(), "{:?}", o.summary.events);
     assert!(r.job.iterations_observed >= ITERATIONS - 5, "{:?}", r.job);
     assert_eq!(r.job.ranks_seen, 8);
-    assert!(o.deep_requests.iter().all(Vec::is_empty));
+    // Quiet: at most the one first look when the warm-up ended (job-wide),
+    // no suspicion, no slowdown window.
+    assert!(
+        o.deep_requests
+            .iter()
+            .all(|r| r.len() <= 1 && r.iter().all(|c| c.ranks.is_empty() && c.deep_enable)),
+        "{:?}",
+        o.deep_requests
+    );
     assert!(score(&o, serde_json::json!([])).passed);
 }

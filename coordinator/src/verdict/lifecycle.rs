@@ -6,6 +6,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::*;
 
+/// Iterations a verdict's tail ([`Verdict::account_tail`]) holds at most:
+/// past `close_after` (8) clean ones it closes, so only standing evidence
+/// keeps one open this long.
+const TAIL_MAX: usize = 64;
+
 #[derive(Debug, Default)]
 struct Tracker {
     hist: VecDeque<(u64, Option<Observation>)>,
@@ -302,7 +307,12 @@ fn update_active(
         }
         // A minority reading is still costed as the verdict's class
         // (`graph::cost` replays an active compute verdict as compute).
-        v.account(o.saved_ns, o.step_ns, o.once_fixed);
+        if o.held {
+            v.account_tail(o.saved_ns, o.step_ns, o.once_fixed);
+        } else {
+            v.fold_tail();
+            v.account(o.saved_ns, o.step_ns, o.once_fixed);
+        }
         if v.kind != was {
             return Some(reclassified_event(v.clone(), was, it));
         }
@@ -315,6 +325,8 @@ fn update_active(
 /// Closes `v` at iteration `it`; `how` says why ("cleared", …).
 fn close(cfg: &LifecycleConfig, v: &mut Verdict, it: u64, how: &str) -> VerdictEvent {
     v.active = false;
+    // The iterations since its last slow one were not its episode.
+    v.tail.clear();
     v.closed_iteration = Some(it);
     VerdictEvent {
         event: EventKind::Closed,
@@ -388,6 +400,7 @@ fn new_verdict(
         saved_ns: 0.0,
         costed_step_ns: 0.0,
         once_fixed_ns: (None, 0.0, 0.0),
+        tail: Vec::new(),
         flamegraph: None,
     }
 }
@@ -461,6 +474,30 @@ impl Verdict {
         self.cost_fraction = 0.0;
         self.once_fixed_ns = (None, 0.0, 0.0);
         self.cost_once_fixed = None;
+        self.tail.clear();
+    }
+
+    /// An iteration after its last slow one: held until the rank is slow
+    /// again (then it was inside the episode) or the verdict closes.
+    fn account_tail(
+        &mut self,
+        saved_ns: Option<f64>,
+        step_ns: f64,
+        once_fixed: Option<(u32, f64)>,
+    ) {
+        self.tail.push((saved_ns, step_ns, once_fixed));
+        // Bounded: a verdict that stays open this long without a slow
+        // iteration is held by standing evidence, and that is its episode.
+        if self.tail.len() > TAIL_MAX {
+            self.fold_tail();
+        }
+    }
+
+    /// The rank was slow again: the iterations held back were its episode.
+    fn fold_tail(&mut self) {
+        for (saved, step, once) in std::mem::take(&mut self.tail) {
+            self.account(saved, step, once);
+        }
     }
 
     /// Adds one iteration's what-if to the verdict's cost.
@@ -530,7 +567,9 @@ impl Lifecycle {
     /// One iteration's what-if for an active verdict that had no
     /// observation in it: a straggler keeps costing while it lasts, even in
     /// an iteration where it was not suspicious enough to be observed, so
-    /// the cost is an average over every iteration it was active.
+    /// the cost is an average over every iteration of its episode, first
+    /// sighting to last slow iteration (the ones after it count once the
+    /// rank is slow again, and not if the verdict closes first).
     pub fn account_unobserved(
         &mut self,
         it: u64,
@@ -544,7 +583,7 @@ impl Lifecycle {
         };
         if let Some(v) = self.verdicts.get_mut(&id) {
             if v.active && v.last_seen_iteration != it {
-                v.account(saved_ns, step_ns, once_fixed);
+                v.account_tail(saved_ns, step_ns, once_fixed);
             }
         }
     }

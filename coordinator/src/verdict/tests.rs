@@ -374,3 +374,51 @@ fn play_classes(l: &mut Lifecycle, readings: &str) -> Vec<(u64, EventKind, Strin
     }
     ev
 }
+
+/// Plays `pattern` as [`run`] does, and on every iteration without an
+/// observation accounts a what-if that saves nothing (the rank kept pace),
+/// as the analyzer does for an active verdict.
+fn run_costed(l: &mut Lifecycle, pattern: &str, start: u64) {
+    for (i, c) in pattern.chars().enumerate() {
+        let it = start + i as u64;
+        run(l, &c.to_string(), it);
+        if !matches!(c, 'x' | 'g' | 'c' | 'h') {
+            l.account_unobserved(it, Subject::Rank(5), Some(0.0), 1e9, None);
+        }
+    }
+}
+
+#[test]
+fn a_closed_verdict_costs_what_its_episode_cost_not_its_clean_tail() {
+    // 13 slow iterations at 10 % of the step, then it keeps pace until
+    // the verdict closes: its cost is the episode's 10 %, not diluted by
+    // the clean iterations before the close (which made a 15 % straggler
+    // "7 %" and a transient), and it is a straggler.
+    let cfg = LifecycleConfig::default();
+    let mut l = Lifecycle::new(cfg.clone());
+    run_costed(
+        &mut l,
+        &format!("{}{}", "g".repeat(13), ".".repeat(12)),
+        100,
+    );
+    let v = l.verdicts().next().unwrap();
+    assert!(!v.active, "{v:?}");
+    assert!((v.cost_fraction - 0.10).abs() < 1e-9, "{}", v.cost_fraction);
+    assert!(!v.is_transient(&cfg), "{v:?}");
+    // Slow again after a short pause: the pause was inside the episode
+    // and costs its nothing.
+    let mut l = Lifecycle::new(cfg.clone());
+    run_costed(
+        &mut l,
+        &format!("{}...{}{}", "g".repeat(8), "g".repeat(4), ".".repeat(12)),
+        100,
+    );
+    let v = l.verdicts().next().unwrap();
+    assert!(!v.active, "{v:?}");
+    let want = 12.0 * 0.10 / 15.0;
+    assert!(
+        (v.cost_fraction - want).abs() < 1e-9,
+        "{} vs {want}",
+        v.cost_fraction
+    );
+}
