@@ -352,6 +352,13 @@ impl Agent {
         let now = clock::mono_ns();
         let execs = self.probes.take_execs();
         let changes = self.scanner.scan_with_execs(now, execs.as_deref())?;
+        tracing::trace!(
+            execs = ?execs.as_ref().map(Vec::len),
+            new = changes.new.len(),
+            gone = changes.gone.len(),
+            took_us = (clock::mono_ns().saturating_sub(now)) / 1000,
+            "discovery pass"
+        );
         self.folder.expire_limbo(now);
         for pid in changes.foreign {
             self.probes.unwatch(pid)?;

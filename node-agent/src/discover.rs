@@ -255,6 +255,7 @@ impl Scanner {
             }
             let Ok(raw) = fs::read(self.proc_root.join(pid.to_string()).join("environ")) else {
                 // Kernel threads and processes gone meanwhile.
+                tracing::trace!(pid, %comm, "not a rank: its environment cannot be read");
                 self.ignored.insert((pid, start), comm);
                 continue;
             };
@@ -282,6 +283,9 @@ impl Scanner {
                     changes.new.push(rank);
                 }
                 None => {
+                    // `RUST_LOG=slowrank_agent::discover=trace`: why a process
+                    // the user expected was not taken for a rank.
+                    tracing::trace!(pid, %comm, env_vars = env.len(), incremental, "not a rank");
                     if !self.only_env.is_empty() && identity(&env, &[]).is_some() {
                         changes.foreign.push(pid);
                     }

@@ -36,6 +36,8 @@ const STACKS_SETTLE: Duration = Duration::from_secs(20);
 /// 1-MiB ring (≈ 800 call records of 80 bytes) goes back to 5 ms, so only a
 /// jump from under 5,000 records a second to over 300,000 within one 40-ms
 /// wait could fill it.
+/// A loop branch that takes longer than this is logged (see the loop).
+const LOOP_STALL: Duration = Duration::from_millis(250);
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(40);
 
@@ -440,13 +442,15 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     loop {
-        let done = tokio::select! {
+        let outcome = tokio::select! {
             _ = tokio::time::sleep_until(next_poll) => {
+                let t0 = std::time::Instant::now();
                 let bytes = agent.poll();
                 next_poll = tokio::time::Instant::now() + ring_cadence.after_drain(bytes);
-                false
+                (false, "draining the event ring", t0)
             }
             req = async { control.as_mut().expect("guarded").recv().await }, if control.is_some() => {
+                let t0 = std::time::Instant::now();
                 match req {
                     Some(c) if c.deep_enable => {
                         tracing::info!(seconds = c.seconds, "coordinator opened a deep-probe window");
@@ -462,16 +466,17 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     Some(_) => {}
                     None => control = None,
                 }
-                false
+                (false, "a deep-window request", t0)
             }
             _ = scan.tick() => {
+                let t0 = std::time::Instant::now();
                 if let Err(e) = agent.scan() {
                     tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");
                 }
                 if let Some(s) = stacks.as_ref() {
                     s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
                 }
-                false
+                (false, "a discovery pass", t0)
             }
             _ = flush.tick() => {
                 // Half a tick early rather than a whole tick late.
@@ -479,6 +484,7 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     continue;
                 }
                 last_flush = std::time::Instant::now();
+                let t0 = last_flush;
                 let close = last_interval.elapsed() >= interval;
                 if close {
                     last_interval = std::time::Instant::now();
@@ -488,19 +494,30 @@ async fn run(cli: RunArgs) -> Result<i32> {
                     if let Some(s) = stacks.as_ref() { s.cut_window(clock::mono_ns(), false); }
                 }
                 cut(&mut agent, stacks.as_ref(), close, &host, &agent_id, uplink.as_ref().map(|u| (u, &mut known)), &mut out)?;
-                false
+                (false, "cutting a batch", t0)
             }
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
                 let status = status?;
                 exit_code = status.code().unwrap_or(128 + 9);
                 tracing::info!(%status, "job exited");
-                true
+                (true, "", std::time::Instant::now())
             }
-            _ = sigint.recv() => { tracing::info!("interrupted"); exit_code = 130; true }
-            _ = sigterm.recv() => { tracing::info!("terminated"); exit_code = 143; true }
+            _ = sigint.recv() => { tracing::info!("interrupted"); exit_code = 130; (true, "", std::time::Instant::now()) }
+            _ = sigterm.recv() => { tracing::info!("terminated"); exit_code = 143; (true, "", std::time::Instant::now()) }
         };
+        let (done, what, t0) = outcome;
         if done {
             break;
+        }
+        // One task does discovery, draining and shipping: a branch that
+        // holds it this long delays finding a new rank by as much (a job
+        // shorter than that can go unseen).
+        let took = t0.elapsed();
+        if took >= LOOP_STALL {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                "the agent's loop was busy with {what}"
+            );
         }
     }
     // Returns of calls in flight at exit land just after it.
