@@ -64,6 +64,7 @@ mod takeover;
 #[cfg(test)]
 mod tests;
 mod tick;
+mod whatif;
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
