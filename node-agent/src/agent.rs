@@ -592,8 +592,7 @@ impl Agent {
     /// process that maps the file, 50–450 ms a counter on a loaded VM, and
     /// the same loop finds new ranks and drains the event ring. Attached
     /// all at once, the set held the loop for 452 ms beside two busy loops,
-    /// longer than a 0.4-s job whose ranks it never found
-    /// ([`Self::adjust_probes`]).
+    /// longer than a 0.4-s job whose ranks it never found.
     fn attach_next_windowed(&mut self) {
         let Some(i) = self
             .windowed
@@ -664,23 +663,13 @@ impl Agent {
         self.events = events;
         self.resolve_splits(false);
         self.find_provider_functions();
-        drained.bytes
-    }
-
-    /// Attaches or detaches what the windows call for now: closes an
-    /// expired deep window, and attaches the next windowed counter of a
-    /// launch sample or deep window (one a call). Attaching is the slow
-    /// part of the agent (300–450 ms for one uprobe beside two busy
-    /// loops); the loop calls this right after a discovery pass, so that
-    /// each attach is preceded by one: from inside the ring drain, two
-    /// attaches in a row held discovery for the whole of a 0.4-s job.
-    pub fn adjust_probes(&mut self) {
         if let Deep::Until(t) = self.deep {
             if std::time::Instant::now() >= t {
                 self.set_deep(Deep::Off);
             }
         }
         self.update_counting();
+        drained.bytes
     }
 
     /// Switches the deep probe set (the verbs provider's post_send/poll_cq)

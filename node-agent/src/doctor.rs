@@ -60,7 +60,6 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50));
         agent.scan()?;
-        agent.adjust_probes();
         agent.poll();
     }
     agent.poll();

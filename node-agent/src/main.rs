@@ -423,8 +423,6 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut flush = tokio::time::interval(flush_tick);
     let mut last_flush = std::time::Instant::now();
     let mut scan = tokio::time::interval(Duration::from_millis(cli.scan_ms.max(5)));
-    // After a slow branch, one pass, not a burst of them.
-    scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The event ring's drains: 5 ms apart while records come fast, up to
     // 40 ms while few do (slowrank_agent::cadence).
     let mut ring_cadence = slowrank_agent::cadence::Cadence::new(
@@ -445,24 +443,6 @@ async fn run(cli: RunArgs) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     loop {
         let outcome = tokio::select! {
-            // In this order when several are ready: a stop first, and a
-            // discovery pass before the drain, so that a rank that started
-            // while a branch held the loop is found at once.
-            biased;
-            _ = sigint.recv() => { tracing::info!("interrupted"); exit_code = 130; (true, "", std::time::Instant::now()) }
-            _ = sigterm.recv() => { tracing::info!("terminated"); exit_code = 143; (true, "", std::time::Instant::now()) }
-            _ = scan.tick() => {
-                let t0 = std::time::Instant::now();
-                if let Err(e) = agent.scan() {
-                    tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");
-                }
-                if let Some(s) = stacks.as_ref() {
-                    s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
-                }
-                // Attaches at most one probe, right after the pass.
-                agent.adjust_probes();
-                (false, "a discovery pass and probe attach", t0)
-            }
             _ = tokio::time::sleep_until(next_poll) => {
                 let t0 = std::time::Instant::now();
                 let bytes = agent.poll();
@@ -488,6 +468,16 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 }
                 (false, "a deep-window request", t0)
             }
+            _ = scan.tick() => {
+                let t0 = std::time::Instant::now();
+                if let Err(e) = agent.scan() {
+                    tracing::warn!(error = %e, "discovery pass failed; retrying on the next tick");
+                }
+                if let Some(s) = stacks.as_ref() {
+                    s.sync(agent.ranks().map(|r| (r.identity.pid, r.identity.rank)));
+                }
+                (false, "a discovery pass", t0)
+            }
             _ = flush.tick() => {
                 // Half a tick early rather than a whole tick late.
                 if !agent.in_deep_window() && last_flush.elapsed() + flush_tick / 2 < flush_every {
@@ -512,6 +502,8 @@ async fn run(cli: RunArgs) -> Result<i32> {
                 tracing::info!(%status, "job exited");
                 (true, "", std::time::Instant::now())
             }
+            _ = sigint.recv() => { tracing::info!("interrupted"); exit_code = 130; (true, "", std::time::Instant::now()) }
+            _ = sigterm.recv() => { tracing::info!("terminated"); exit_code = 143; (true, "", std::time::Instant::now()) }
         };
         let (done, what, t0) = outcome;
         if done {
