@@ -52,9 +52,6 @@ struct Windowed {
     path: PathBuf,
     spec: catalog::ProbeSpec,
     id: Option<u32>,
-    /// Its attach was tried in this counting period (a failure is not
-    /// tried again until the next one).
-    tried: bool,
 }
 
 /// A library file the agent found and what it attached there.
@@ -490,7 +487,6 @@ impl Agent {
                     path: path.to_owned(),
                     spec: *spec,
                     id: None,
-                    tried: false,
                 });
                 // Probed before any rank maps it (--lib, LD_LIBRARY_PATH):
                 // a job is starting.
@@ -527,8 +523,10 @@ impl Agent {
                 mapped_by: Vec::new(),
             },
         );
-        // Counting now: this file's counters join in, one a turn
-        // ([`Self::update_counting`]).
+        if self.windowed.iter().any(|w| w.id.is_some()) {
+            // Counting now: this file's counters join in.
+            self.attach_windowed();
+        }
     }
 
     /// Attaches the windowed counters while a deep window or a launch
@@ -538,9 +536,6 @@ impl Agent {
     /// VM; the launch symbols go first). Counted time ends when it starts:
     /// it is the launch rate's denominator, while the traps of counters not
     /// yet gone are still counted as hits, so the cost stays right.
-    /// Attaching goes one counter a turn, and counted time begins once the
-    /// last is on: the first ones' few extra counts in between raise the
-    /// rate a little, never hide a rank.
     fn update_counting(&mut self) {
         let in_deep = match self.deep {
             Deep::Off => false,
@@ -559,58 +554,40 @@ impl Agent {
         };
         let want = self.sampler.sampling(clock::mono_ns()) || in_deep;
         let attached = self.windowed.iter().any(|w| w.id.is_some());
-        let untried = |w: &[Windowed]| w.iter().any(|w| w.id.is_none() && !w.tried);
-        if want && untried(&self.windowed) {
-            self.attach_next_windowed();
-            if !untried(&self.windowed)
-                && self.windowed.iter().any(|w| w.id.is_some())
-                && !self.counting.is_on()
-            {
+        if want && !attached {
+            self.attach_windowed();
+            if self.windowed.iter().any(|w| w.id.is_some()) {
                 self.counting.set(true, clock::mono_ns());
                 tracing::info!("launch counters attached (deep window or launch sample)");
             }
-        } else if !want && (attached || self.windowed.iter().any(|w| w.tried)) {
+        } else if !want && attached {
             let ids: Vec<u32> = self
                 .windowed
                 .iter_mut()
-                .filter_map(|w| {
-                    w.tried = false;
-                    w.id.take()
-                })
+                .filter_map(|w| w.id.take())
                 .collect();
             drop(self.probes.detach_background(&ids));
-            if self.counting.is_on() {
-                self.counting.set(false, clock::mono_ns());
-                tracing::info!("launch counters detaching");
-            }
+            self.counting.set(false, clock::mono_ns());
             self.set_windowed_status();
+            tracing::info!("launch counters detaching");
         }
     }
 
-    /// Attaches one windowed counter not yet tried in this period. One a
-    /// turn of the agent's loop: an attach registers a breakpoint in every
-    /// process that maps the file, 50–450 ms a counter on a loaded VM, and
-    /// the same loop finds new ranks and drains the event ring. Attached
-    /// all at once, the set held the loop for 452 ms beside two busy loops,
-    /// longer than a 0.4-s job whose ranks it never found.
-    fn attach_next_windowed(&mut self) {
-        let Some(i) = self
-            .windowed
-            .iter()
-            .position(|w| w.id.is_none() && !w.tried)
-        else {
-            return;
-        };
-        self.windowed[i].tried = true;
-        let (path, spec) = (self.windowed[i].path.clone(), self.windowed[i].spec);
-        match self.probes.attach_as(&path, spec.symbol, spec.how) {
-            Ok(id) => {
-                self.folder.set_role(id, spec.role);
-                self.mark_generic(id, false);
-                self.windowed[i].id = Some(id);
+    fn attach_windowed(&mut self) {
+        for i in 0..self.windowed.len() {
+            if self.windowed[i].id.is_some() {
+                continue;
             }
-            Err(e) => {
-                tracing::warn!(symbol = spec.symbol, path = %path.display(), error = %error_chain(&e), "launch counter not attached")
+            let (path, spec) = (self.windowed[i].path.clone(), self.windowed[i].spec);
+            match self.probes.attach_as(&path, spec.symbol, spec.how) {
+                Ok(id) => {
+                    self.folder.set_role(id, spec.role);
+                    self.mark_generic(id, false);
+                    self.windowed[i].id = Some(id);
+                }
+                Err(e) => {
+                    tracing::warn!(symbol = spec.symbol, path = %path.display(), error = %error_chain(&e), "launch counter not attached")
+                }
             }
         }
         self.set_windowed_status();
