@@ -92,7 +92,13 @@ fn records_match_what_the_trainer_did() {
         "SLOWRANK_AGENT_ARGS",
         "--launch-sample-every 1 --launch-sample-for 1 --max-overhead 100%",
     );
-    let spec = Spec::load(&spec_path("tp2-pp2-dp2-small.toml")).expect("spec");
+    let mut spec = Spec::load(&spec_path("tp2-pp2-dp2-small.toml")).expect("spec");
+    // The job outlives the agents' first launch sample (a second after a
+    // CUDA runtime is probed or a rank found) and its attach. At 10 steps
+    // (0.4 s) it did not always: beside two busy loops, host 1's agent
+    // attached its launch counters for 452 ms from the moment the job
+    // began, and the job ended before that agent's next discovery pass.
+    spec.iterations = 60;
     let out = out_dir("records");
     let mut opts = RunOptions::job_only(&out);
     opts.mode = Mode::WithAgents;
