@@ -37,6 +37,16 @@ use crate::classify::{Observation, Subject, OFF_CRITICAL_PATH};
 use crate::graph::reference::WorkReference;
 use crate::graph::whatif::WhatIf;
 
+/// A replay further than this (share of the step) from the iteration it
+/// models does not replay it, and costs nothing in it. A healthy
+/// iteration's model is its step to within a percent or two; the models
+/// off by more were iterations cut across by a deep window's start or end
+/// (host-side and GPU-side arrivals in one chain) and pipelines whose
+/// instances went to the wrong iteration (random 9241-11, tp2 × pp2 × dp4:
+/// every model 1.79× its step, a 21 % GPU costed 13 %). Such a verdict is
+/// costed from its other iterations, or estimated from the job's rise.
+pub const UNFAITHFUL: f64 = 0.25;
+
 /// One subject to cost: an active verdict's or an observation's.
 #[derive(Debug, Clone)]
 pub struct Costed {
@@ -73,6 +83,12 @@ pub struct Iteration<'a> {
 }
 
 impl Iteration<'_> {
+    /// The model, where it replays the iteration as it ran ([`UNFAITHFUL`]).
+    fn faithful(&self) -> Option<&WhatIf> {
+        self.model
+            .filter(|m| (m.length() - self.step_ns).abs() <= UNFAITHFUL * self.step_ns)
+    }
+
     /// The what-if length with `fixed` at its peers' pace, no shorter
     /// than a clean iteration ([`WorkReference::length`]).
     fn length_with(&self, model: &WhatIf, fixed: &[u32]) -> Option<f64> {
@@ -105,7 +121,7 @@ fn saving(
         Subject::Nic(_) | Subject::Link(..) => transfer_excess_ns,
         Subject::Unknown | Subject::Stage(_) | Subject::Imbalance => None,
         Subject::Rank(_) | Subject::Host(_) => {
-            let model = it.model?;
+            let model = it.faithful()?;
             let fixed = ranks_of(subject, ranks);
             if kind == Kind::Compute && !fixed.iter().any(|r| it.gpu_ranks.contains(r)) {
                 // The replay cannot time this GPU alone: with its one-host
@@ -200,7 +216,7 @@ pub fn apply(
         .map(|(s, r, _)| (*s, r.clone()));
     let once_fixed = |s: Subject, ranks: &[u32], saved: Option<f64>| -> Option<(u32, f64)> {
         let (big, big_ranks) = biggest.as_ref()?;
-        let model = it.model?;
+        let model = it.faithful()?;
         if *big == s || ranks.is_empty() || saved? >= OFF_CRITICAL_PATH * it.step_ns {
             return None;
         }
@@ -287,6 +303,30 @@ mod tests {
         assert!((cost(Some(15.0 * MS)) - 2.0 * MS).abs() < 1.0);
         // A clean length above this iteration's saves nothing, never less.
         assert_eq!(cost(Some(20.0 * MS)), 0.0);
+    }
+
+    #[test]
+    fn a_model_that_does_not_replay_its_step_costs_nothing() {
+        // The replay ends at 17 ms; the iteration took 17 ms, or 30.
+        let model = one_sync(&[(2, 6.0 * MS)]);
+        let gpu = HashSet::new();
+        let saved = |step_ms: f64| {
+            let it = Iteration {
+                model: Some(&model),
+                gpu_ranks: &gpu,
+                gpu_leads: &BTreeMap::new(),
+                groups: &BTreeMap::new(),
+                step_ns: step_ms * MS,
+                reference: None,
+                clean_ns: None,
+            };
+            let mut o = BTreeMap::new();
+            o.insert(Subject::Rank(2), obs(2, Kind::Host));
+            apply(&it, &mut o, &[]);
+            o[&Subject::Rank(2)].saved_ns
+        };
+        assert!((saved(17.0).unwrap() - 6.0 * MS).abs() < 1.0);
+        assert_eq!(saved(30.0), None, "a replay 43 % short of its step");
     }
 
     #[test]

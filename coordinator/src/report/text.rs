@@ -109,7 +109,7 @@ fn human_slowdown(s: &mut String, r: &Report) {
                 sd.since_iteration,
                 match (unmeasured.is_empty(), r.verdicts.iter().any(|v| v.active)) {
                     (false, _) => format!(
-                        "which {} named below may explain: {} cost is not measured (no GPU-side times to replay)",
+                        "which {} named below may explain: {} cost is not measured (no replay of its iterations timed it)",
                         fmt_ranks(&unmeasured),
                         if unmeasured.len() == 1 { "its" } else { "their" }
                     ),

@@ -305,7 +305,7 @@ impl Verdict {
         if self.cost_iterations == 0 {
             return match &self.cost_estimate {
                 Some(e) => format!(
-                    "{who} is {class}-slow, costing ≈{:.0}% of the job (estimated: the step rose from {:.1} to {:.1} ms from iteration {}, when it was first seen; its GPU has no GPU-side times to replay)",
+                    "{who} is {class}-slow, costing ≈{:.0}% of the job (estimated: the step rose from {:.1} to {:.1} ms from iteration {}, when it was first seen; no replay of its iterations timed it: no GPU-side times, or none that replays the step as it ran)",
                     100.0 * e.fraction,
                     e.baseline_step_ms,
                     e.recent_step_ms,
