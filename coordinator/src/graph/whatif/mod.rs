@@ -133,8 +133,13 @@ impl WhatIf {
         }
         let (chains, busy) = arrival_chains(it);
         let transfer = transfer_times(it);
-        let blocking = blocking_by_role(it, &chains);
-        let (g, built) = build_graph(it, &chains, &busy, &blocking);
+        // Once per rank: both the role's blocking and the graph read them.
+        let preds: BTreeMap<u32, Vec<Option<usize>>> = chains
+            .iter()
+            .map(|(r, seq)| (*r, time_predecessors(seq)))
+            .collect();
+        let blocking = blocking_by_role(it, &chains, &preds);
+        let (g, built) = build_graph(it, &chains, &preds, &busy, &blocking);
         let order = match toposort(&g, None) {
             Ok(o) => o,
             Err(_) => {
@@ -488,6 +493,7 @@ fn transfer_times(it: &IterGraph) -> Vec<f64> {
 fn blocking_by_role(
     it: &IterGraph,
     chains: &BTreeMap<u32, Vec<(f64, usize, u64)>>,
+    preds: &BTreeMap<u32, Vec<Option<usize>>>,
 ) -> BTreeMap<u32, std::rc::Rc<Vec<bool>>> {
     let shapes_of = |seq: &[(f64, usize, u64)]| -> Vec<u64> { seq.iter().map(|a| a.2).collect() };
     let mut roles: BTreeMap<Vec<u64>, Vec<u32>> = BTreeMap::new();
@@ -506,7 +512,7 @@ fn blocking_by_role(
                     .iter()
                     .filter_map(|r| {
                         let seq = &chains[r];
-                        let p = time_predecessors(seq)[j]?;
+                        let p = preds[r][j]?;
                         Some(seq[j].0 - it.events[seq[p].1].end)
                     })
                     .collect();
@@ -529,6 +535,7 @@ fn blocking_by_role(
 fn build_graph(
     it: &IterGraph,
     chains: &BTreeMap<u32, Vec<(f64, usize, u64)>>,
+    preds: &BTreeMap<u32, Vec<Option<usize>>>,
     busy: &BTreeMap<(u32, usize), f64>,
     blocking: &BTreeMap<u32, std::rc::Rc<Vec<bool>>>,
 ) -> (DiGraph<NodeKind, ()>, BTreeMap<u32, Chain>) {
@@ -543,11 +550,10 @@ fn build_graph(
         let nodes: Vec<NodeIndex> = (0..seq.len())
             .map(|j| g.add_node(NodeKind::Arrive { rank, j }))
             .collect();
-        let preds = time_predecessors(seq);
         for (j, &(at, e, shape)) in seq.iter().enumerate() {
             let n = nodes[j];
             g.add_edge(n, complete[e], ());
-            let ready = match preds[j] {
+            let ready = match preds[&rank][j] {
                 None => it.start,
                 Some(p) => {
                     let (pat, pe) = (seq[p].0, seq[p].1);
