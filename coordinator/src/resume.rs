@@ -23,7 +23,8 @@
 //!
 //! - [`BASELINES_FILE`]: the job's pace (the baseline its slowdowns are
 //!   told against, the last [`crate::analyzer::KEPT_HISTORY`] steps the slow
-//!   stretches read) and the recent steps, rewritten atomically with the
+//!   stretches read), the recent steps and the spread between ranks
+//!   ([`crate::graph::spread`]), rewritten atomically with the
 //!   report ([`crate::analyzer::Baselines`]). With `timeline.json` (the
 //!   report page's series) it is handed to the new life, which applies both
 //!   at its first sealed iteration if they are this job's.

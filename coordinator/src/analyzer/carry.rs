@@ -2,7 +2,8 @@
 //! ([`crate::resume`] keeps it in `--out`): the job's pace (the baseline
 //! its slowdowns are told against, and the step history the slow
 //! stretches read), the recent steps the deep window's slowdown test
-//! reads, and the report page's series.
+//! reads, the spread between ranks that work imbalance is told by, and the
+//! report page's series.
 //!
 //! Not carried, because the new life's own warm-up (`warmup_iterations`)
 //! relearns them before it judges anything: the per-rank windows of the
@@ -38,6 +39,11 @@ pub struct Baselines {
     pub pace: PaceState,
     /// The last sealed steps (ns), oldest first.
     pub steps: Vec<f64>,
+    /// The costliest rank's share of recent steps ([`crate::graph::spread`]):
+    /// work imbalance is said only of a slowdown whose spread grew, and a
+    /// new life without it would judge a slowdown by its rise alone.
+    #[serde(default)]
+    pub spread: Vec<crate::graph::spread::SpreadPoint>,
 }
 
 /// Carried state waiting for the resumed life's first iteration.
@@ -60,6 +66,7 @@ impl Analyzer {
             job_id: self.job_id(),
             pace,
             steps: core.steps.iter().copied().collect(),
+            spread: core.spread.state(),
         })
     }
 
@@ -112,8 +119,10 @@ impl Analyzer {
             while core.steps.len() > STEP_HISTORY {
                 core.steps.pop_front();
             }
+            core.spread.restore(&c.baselines.spread);
             info!(
                 baseline_steps,
+                spread_steps = c.baselines.spread.len(),
                 "the job's pace goes on from the earlier coordinator's baseline"
             );
         }

@@ -66,7 +66,7 @@ mod tests;
 mod tick;
 mod whatif;
 
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AnalyzerConfig {
     pub clock: ClockConfig,
@@ -77,18 +77,17 @@ pub struct AnalyzerConfig {
     pub lifecycle: LifecycleConfig,
     pub sequential: crate::classify::sequential::SequentialConfig,
     /// Name work imbalance that moves between ranks ([`crate::graph::structure`]).
-    /// Off by default. Healthy jitter passes the structural rule (a healthy
-    /// dp16 run would save 10% balanced), so the job's slowdown is what
-    /// tells a real imbalance apart, and a coordinator restart reads as
-    /// one: `faults_coordinator_restart` (a healthy job, the coordinator
-    /// killed once) got a work-imbalance verdict in CI. On, it named 2 of
-    /// the tuning set's imbalances and no false one in seed 7603's 32 runs
-    /// (BENCHMARKS.md, 2026-11-28). Since then a slowdown counts only when
-    /// the spread between ranks grew with it ([`crate::graph::spread`]: a
-    /// job that slowed as a whole is no longer told it is imbalanced, where
-    /// the slowdown has a "before" to compare with); replayed on the tuning
-    /// set's recorded runs it names what it named before, but it is not
-    /// checked on the restart test nor on a fresh seed, so it stays off.
+    /// On by default (stop 62). It was off since a coordinator restart of
+    /// a healthy job read as imbalance in CI: beside two busy loops that
+    /// job (`faults_coordinator_restart`) was still told "work imbalance"
+    /// in 6 of 8 runs with it on, its ranks waiting for a CPU 7–36% of
+    /// their time, so lateness moved between them with the scheduler.
+    /// With the run-queue gate (`[structure] max_runq_share`), the spread
+    /// carried across a restart and compared on the kind of step the
+    /// finding reads: 8 of 8. Healthy jitter passes the structural rule
+    /// (a healthy dp16 run would save 10% balanced), so the job's
+    /// slowdown, and the spread growing with it, is what tells a real
+    /// imbalance apart. Figures: BENCHMARKS.md, stop 62.
     pub work_imbalance: bool,
     /// Stage and work imbalance ([`crate::graph::structure`]).
     pub structure: crate::graph::structure::StructureConfig,
@@ -103,6 +102,27 @@ pub struct AnalyzerConfig {
     /// together at their peers' median): a recorded source's own layout
     /// (the study's dp ranks and stages), for comparing with its answer.
     pub whatif_groups: Vec<(String, Vec<u32>)>,
+}
+
+impl Default for AnalyzerConfig {
+    fn default() -> Self {
+        Self {
+            clock: Default::default(),
+            join: Default::default(),
+            iteration: Default::default(),
+            stats: Default::default(),
+            links: Default::default(),
+            lifecycle: Default::default(),
+            sequential: Default::default(),
+            work_imbalance: true,
+            structure: Default::default(),
+            pace: Default::default(),
+            stretches: Default::default(),
+            victims: Default::default(),
+            limits: Default::default(),
+            whatif_groups: Vec::new(),
+        }
+    }
 }
 
 /// What fixing a group of ranks would have saved, over the iterations

@@ -54,13 +54,15 @@ impl Analyzer {
             host_side,
             "instances not GPU-side (structure needs none)"
         );
-        core.spread.observe(it.k, shares, gpu_side);
+        let balanced = crate::graph::structure::balanced_saving(m);
+        core.spread.observe(it.k, balanced / it.step, gpu_side);
         if gpu_side {
-            core.imbalance.observe(m, it.step, shares);
+            core.imbalance.observe(m, it.step, balanced, shares);
             self.structural(core, m, it.step, it.from, obs);
             return;
         }
-        if let Some((subject, ranks, saved, evidence, st)) = self.rotation_finding(core, m, it.step)
+        if let Some((subject, ranks, saved, evidence, st)) =
+            self.rotation_finding(core, m, it.step, it.from)
         {
             let o = self.structural_observation(ranks, saved, evidence, st, it.step, it.from);
             obs.insert(subject, o);
@@ -105,12 +107,16 @@ impl Analyzer {
         core: &Core,
         m: &crate::graph::whatif::WhatIf,
         step: f64,
+        at: CoordNs,
     ) -> Option<StructuralFinding> {
         if !self.cfg.work_imbalance || Self::a_rank_explains(core) {
             return None;
         }
         let f = core.rotation.moving(|r| m.stage_of(r))?;
-        let rise = self.imbalance_rise(core);
+        if self.cpu_contended(core, at, step) {
+            return None;
+        }
+        let rise = self.imbalance_rise(core, false);
         tracing::debug!(?f, ?rise, "the costliest rank moves (no GPU-side step)");
         let rise = rise?;
         let saved = rise / (1.0 + rise) * step;
@@ -139,6 +145,33 @@ impl Analyzer {
         ))
     }
 
+    /// Whether the ranks waited for a CPU over the steps a work-imbalance
+    /// finding reads (`max_runq_share`): lateness that moves between ranks
+    /// is then the scheduler's.
+    fn cpu_contended(&self, core: &Core, at: CoordNs, step: f64) -> bool {
+        if !step.is_finite() || step <= 0.0 {
+            return false;
+        }
+        let steps = self
+            .cfg
+            .structure
+            .window
+            .max(self.cfg.structure.rotation_hold_window) as f64;
+        let from = at.saturating_sub((steps * step) as CoordNs);
+        let to = at.saturating_add(step as CoordNs);
+        let Some(runq) = core.intervals.runq_median(from, to) else {
+            return false;
+        };
+        let contended = runq >= self.cfg.structure.max_runq_share;
+        if contended {
+            tracing::debug!(
+                runq,
+                "work imbalance, but the ranks wait for a CPU: the hosts' contention"
+            );
+        }
+        contended
+    }
+
     /// A rank explains the waiting: the sequential test names one (past
     /// the rotation gate), or a rank, host, NIC or link verdict is open.
     fn a_rank_explains(core: &Core) -> bool {
@@ -165,7 +198,7 @@ impl Analyzer {
     ) {
         let found = [
             self.stage_finding(core, m, |_: &[u32]| true, step, obs),
-            self.imbalance_finding(core, step),
+            self.imbalance_finding(core, step, at),
         ];
         for (subject, ranks, saved, evidence, st) in found.into_iter().flatten() {
             for r in &ranks {
@@ -235,12 +268,15 @@ impl Analyzer {
     /// the explanation of a slowdown: a job balanced no worse than it
     /// always was is not told it is imbalanced (random 2027-15, healthy
     /// dp16, would have saved 10% balanced, at its own pace throughout).
-    fn imbalance_finding(&self, core: &Core, step: f64) -> Option<StructuralFinding> {
+    fn imbalance_finding(&self, core: &Core, step: f64, at: CoordNs) -> Option<StructuralFinding> {
         if !self.cfg.work_imbalance || Self::a_rank_explains(core) {
             return None;
         }
         let f = core.imbalance.finding()?;
-        let rise = self.imbalance_rise(core)?;
+        if self.cpu_contended(core, at, step) {
+            return None;
+        }
+        let rise = self.imbalance_rise(core, true)?;
         // Balancing saves what the job's own jitter costs too (a healthy
         // dp16 run: 10%): the finding costs no more than the job slowed.
         let saved = f.saved_ns.min(rise / (1.0 + rise) * step);
@@ -284,19 +320,21 @@ impl Analyzer {
     }
 
     /// The job's rise, where work imbalance explains it: the job slowed
-    /// ([`Self::job_rise`]) and the costliest rank's share of the step grew
+    /// ([`Self::job_rise`]) and the balanced saving's share of the step grew
     /// with it ([`crate::graph::spread`]); a job that slowed as a whole
-    /// keeps its spread. Where the slowdown began too soon after warm-up
-    /// for a "before" (12 warm iterations), the rise alone decides, as it
+    /// keeps its spread. Where the slowdown has no "before" (fewer than
+    /// `spread_min_before` steps of the kind the finding was read on), the
+    /// rise alone decides, as it
     /// did before the spread rule: random 1127-7 and 1127-32 moved to 30
     /// (onsets 22 and 31 against a 20-iteration warm-up) are imbalance the
-    /// rule would otherwise never name.
-    fn imbalance_rise(&self, core: &Core) -> Option<f64> {
+    /// rule would otherwise never name. `gpu`: the finding was read on
+    /// GPU-side steps, and the spread is compared on them.
+    fn imbalance_rise(&self, core: &Core, gpu: bool) -> Option<f64> {
         let Some((rise, since)) = Self::job_rise(core) else {
             tracing::debug!("work imbalance, but the job keeps its pace: the job's own");
             return None;
         };
-        let g = core.spread.growth(since, &self.cfg.structure.spread());
+        let g = core.spread.growth(since, gpu, &self.cfg.structure.spread());
         if g.is_some_and(|g| !g.explains) {
             tracing::debug!(
                 rise,

@@ -108,6 +108,18 @@ impl IntervalStore {
         })
     }
 
+    /// The ranks' median run-queue delay over `[from, to]`, as a share of
+    /// wall time (ranks whose scheduler split was measured; `None`
+    /// without one).
+    pub fn runq_median(&self, from: CoordNs, to: CoordNs) -> Option<f64> {
+        let mut v: Vec<f64> = self
+            .per_rank
+            .keys()
+            .filter_map(|r| self.fractions(*r, from, to)?.sched.map(|s| s.1))
+            .collect();
+        median(&mut v)
+    }
+
     pub fn evidence(
         &self,
         rank: u32,
@@ -208,6 +220,24 @@ mod tests {
         assert!((e.offcpu_frac - 0.4).abs() < 1e-9, "{e:?}");
         assert!((e.offcpu_frac_peers - 0.2).abs() < 1e-9, "{e:?}");
         assert!((e.host_excess() - 0.2).abs() < 1e-9, "{e:?}");
+    }
+
+    /// The job's run-queue share is its ranks' median: one starved rank
+    /// does not make the host contended, most do.
+    #[test]
+    fn the_ranks_median_run_queue_share() {
+        let mut s = IntervalStore::default();
+        assert_eq!(s.runq_median(0, 10_000), None);
+        s.add(0, obs(0, 100_000_000, 80_000_000, 0, 0));
+        s.add(1, obs(0, 150_000_000, 2_000_000, 0, 0));
+        s.add(2, obs(0, 150_000_000, 4_000_000, 0, 0));
+        let m = s.runq_median(0, 1_000).unwrap();
+        assert!((m - 0.02).abs() < 1e-9, "{m}");
+        assert_eq!(
+            s.runq_median(5_000_000_000, 6_000_000_000),
+            None,
+            "no interval there"
+        );
     }
 
     #[test]

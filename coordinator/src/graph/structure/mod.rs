@@ -77,9 +77,16 @@ pub struct StructureConfig {
     /// steps; the healthy runs of seeds 1127 and 2027 replayed: none).
     pub rotation_min_costly: usize,
     /// Work imbalance is said only of a slowdown it explains
-    /// ([`crate::graph::spread`]): the costliest rank's median share of
-    /// the step over this many iterations before the slowdown began...
+    /// ([`crate::graph::spread`]): the median balanced saving (what every
+    /// rank at its role's median work would save, share of the step) over
+    /// this many iterations before the slowdown began...
     pub spread_before: usize,
+    /// ...of which at least this many, of the kind the finding is read on
+    /// (GPU-side steps for the replayed imbalance): the warm-up's first
+    /// look gives about 10 GPU-side steps (random 6211-2: iterations
+    /// 13–22), the only ones before a slowdown where no deep window was
+    /// open; fewer, and the rise alone decides...
+    pub spread_min_before: usize,
     /// ...against its median over this many recent ones (`window`'s 12)...
     pub spread_recent: usize,
     /// ...must have grown by at least this share of the step: `min_cost`,
@@ -90,6 +97,15 @@ pub struct StructureConfig {
     /// A job that slowed as a whole keeps its spread (a synthetic dp8 job,
     /// every GPU 1.3× slower, jitter 0.2).
     pub spread_min_growth: f64,
+    /// Work imbalance is GPU work that moves between ranks. Where the
+    /// ranks' main threads wait for a CPU (their median run-queue delay
+    /// over the finding's steps is at least this share of wall time),
+    /// lateness moves between ranks with the scheduler, and that is the
+    /// hosts' contention, not the work's: `faults_coordinator_restart`
+    /// (a healthy dp8 job beside two busy loops on 2 vCPUs) read 7–36%
+    /// and was told "work imbalance, costing 25%" in 1 of 8 runs; the
+    /// random specs' runs (tuning seed 6211) read 0–0.7%.
+    pub max_runq_share: f64,
 }
 
 impl StructureConfig {
@@ -97,6 +113,7 @@ impl StructureConfig {
     pub fn spread(&self) -> crate::graph::spread::SpreadConfig {
         crate::graph::spread::SpreadConfig {
             before: self.spread_before,
+            min_before: self.spread_min_before,
             recent: self.spread_recent,
             min_growth: self.spread_min_growth,
         }
@@ -117,8 +134,10 @@ impl Default for StructureConfig {
             rotation_hold_window: 24,
             rotation_min_costly: 6,
             spread_before: 24,
+            spread_min_before: 8,
             spread_recent: 12,
             spread_min_growth: 0.03,
+            max_runq_share: 0.05,
         }
     }
 }
@@ -423,6 +442,12 @@ pub struct Imbalance {
     excess: VecDeque<BTreeMap<u32, f64>>,
 }
 
+/// What the iteration would have saved (ns, ≥ 0) had every rank with peers
+/// worked at its role's median.
+pub fn balanced_saving(model: &WhatIf) -> f64 {
+    (model.length() - model.length_balanced()).max(0.0)
+}
+
 /// Each rank's own work beyond the median of its role (ranks above only).
 fn excess(model: &WhatIf) -> BTreeMap<u32, f64> {
     let mut out = BTreeMap::new();
@@ -460,8 +485,15 @@ impl Imbalance {
         self.cfg.window
     }
 
-    /// One iteration: its model and each measured rank's what-if share.
-    pub fn observe(&mut self, model: &WhatIf, step_ns: f64, shares: &BTreeMap<u32, f64>) {
+    /// One iteration: its model, its balanced saving (ns,
+    /// [`balanced_saving`]) and each measured rank's what-if share.
+    pub fn observe(
+        &mut self,
+        model: &WhatIf,
+        step_ns: f64,
+        balanced: f64,
+        shares: &BTreeMap<u32, f64>,
+    ) {
         if !step_ns.is_finite() || step_ns <= 0.0 {
             return;
         }
@@ -470,7 +502,6 @@ impl Imbalance {
             .max_by(|a, b| a.1.total_cmp(b.1))
             .filter(|(_, x)| **x > 0.0)
             .map(|(r, x)| (*r, *x));
-        let balanced = (model.length() - model.length_balanced()).max(0.0);
         self.window.push_back((
             top.map(|t| t.0),
             top.map_or(0.0, |t| t.1),

@@ -266,9 +266,19 @@ fn a_moving_slowest_rank_is_work_imbalance_a_fixed_one_is_not() {
     let mut fixed = Imbalance::new();
     for k in 0..StructureConfig::default().window as u32 {
         let m = dp(k % 8, 2.0 * MS);
-        moving.observe(&m, m.length(), &[(k % 8, 2.0 / 13.0)].into());
+        moving.observe(
+            &m,
+            m.length(),
+            balanced_saving(&m),
+            &[(k % 8, 2.0 / 13.0)].into(),
+        );
         let m = dp(5, 2.0 * MS);
-        fixed.observe(&m, m.length(), &[(5, 2.0 / 13.0)].into());
+        fixed.observe(
+            &m,
+            m.length(),
+            balanced_saving(&m),
+            &[(5, 2.0 / 13.0)].into(),
+        );
     }
     let f = moving.finding().expect("moving imbalance");
     assert_eq!(f.distinct_tops, 8);
@@ -300,7 +310,12 @@ fn a_slow_host_whose_costliest_rank_rotates_is_not_imbalance() {
             events: vec![Event { arrivals, end }],
         })
         .unwrap();
-        host.observe(&m, m.length(), &[(4 + k % 4, 0.01)].into());
+        host.observe(
+            &m,
+            m.length(),
+            balanced_saving(&m),
+            &[(4 + k % 4, 0.01)].into(),
+        );
     }
     assert_eq!(host.finding(), None);
 }
