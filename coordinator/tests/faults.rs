@@ -570,6 +570,60 @@ fn work_imbalance_that_moves_is_named_as_such_and_no_rank_is() {
 }
 
 #[test]
+fn lateness_that_moves_while_every_rank_waits_for_a_cpu_is_not_work_imbalance() {
+    // The moving work of the test above, on hosts whose ranks all wait in
+    // the run queue (≈ 8% of wall time each: a CPU hog beside the job).
+    // Lateness that moves with the scheduler is the hosts' contention; the
+    // same job with the run-queue gate lifted is told "work imbalance",
+    // so the gate is what keeps it from being said.
+    let job = |seed| {
+        let mut spec = SynthSpec::dp(8, 1);
+        spec.seed = seed;
+        spec.faults.push(Fault::persistent(
+            FaultKind::WorkImbalance { factor: 4.0 },
+            40,
+        ));
+        for rank in 0..8 {
+            spec.faults.push(Fault::persistent(
+                FaultKind::Host {
+                    rank,
+                    phase: HostPhase::All,
+                    factor: 1.0,
+                    delay_ns: 500_000,
+                    contention: true,
+                },
+                0,
+            ));
+        }
+        spec
+    };
+    let imbalance = |rep: &slowrank_coordinator::Report| {
+        rep.verdicts.iter().any(|v| {
+            v.structural
+                .as_ref()
+                .is_some_and(|s| s.cause == "work_imbalance")
+        })
+    };
+    for seed in 1..=3 {
+        let rep = common::run_with(job(seed), 100, imbalance_on()).report();
+        assert!(
+            !imbalance(&rep),
+            "seed {seed}: {}",
+            slowrank_coordinator::render_human(&rep)
+        );
+    }
+    let mut ungated = imbalance_on();
+    ungated.structure.max_runq_share = 1.0;
+    let named = (1..=3)
+        .filter(|seed| imbalance(&common::run_with(job(*seed), 100, ungated.clone()).report()))
+        .count();
+    assert!(
+        named > 0,
+        "without the gate the job is not told imbalanced either: the test shows nothing"
+    );
+}
+
+#[test]
 fn a_balanced_job_is_not_told_it_is_imbalanced_nor_a_straggler_its_turns() {
     // The same job without the fault: its jitter is imbalance of its own,
     // at its own pace: nothing to say.
