@@ -130,6 +130,9 @@ pub struct Agent {
     /// Start and length of the current deep window, for its budgeted
     /// share of launch counting.
     deep_count: Option<(std::time::Instant, std::time::Duration)>,
+    /// Until when launch counting runs in the coordinator's deep windows:
+    /// what the overhead budget's ledger granted them.
+    window_counting_until: Option<std::time::Instant>,
     /// Latest in-kernel counts per process, kept after it exits (run totals).
     class_totals: BTreeMap<u32, [u64; slowrank_shared::probe::cuda_count::SLOTS]>,
     /// The state file a restarted agent takes the communicators over from.
@@ -194,6 +197,7 @@ impl Agent {
             trap: None,
             class_totals: BTreeMap::new(),
             deep_count: None,
+            window_counting_until: None,
             sampler: Self::default_sampler(0.0),
             takeover: None,
         }
@@ -546,11 +550,10 @@ impl Agent {
                 self.sampler
                     .counting_in_lasting_deep(start.elapsed(), period)
             }),
-            // Against the current plan: a window opened before the budget
-            // narrowed is cut short when it does.
+            // What the budget's ledger granted the windows.
             Deep::Until(_) => self
-                .deep_count
-                .is_some_and(|(start, dur)| start.elapsed() < self.sampler.deep_window(dur)),
+                .window_counting_until
+                .is_some_and(|u| std::time::Instant::now() < u),
         };
         let want = self.sampler.sampling(clock::mono_ns()) || in_deep;
         let attached = self.windowed.iter().any(|w| w.id.is_some());
@@ -707,15 +710,27 @@ impl Agent {
             // `--deep` keeps the set on for good; a window would end it.
             return;
         }
-        let granted = self.sampler.deep_window(dur);
+        let now = std::time::Instant::now();
+        // A renewal asks only for what runs past the counting granted
+        // before.
+        let left = self
+            .window_counting_until
+            .map_or(std::time::Duration::ZERO, |u| {
+                u.saturating_duration_since(now)
+            });
+        let granted = left
+            + self
+                .sampler
+                .deep_window(clock::mono_ns(), dur.saturating_sub(left));
         if granted < dur {
             tracing::warn!(
                 window_s = dur.as_secs_f64(),
                 launch_counting_s = granted.as_secs_f64(),
-                "overhead budget: launch counting in the deep window shortened"
+                "overhead budget: launch counting in the deep window shortened (counting would cost more than --max-overhead; the budget's ledger grants what it earned)"
             );
         }
-        self.deep_count = Some((std::time::Instant::now(), dur));
+        self.window_counting_until = Some(now + granted);
+        self.deep_count = Some((now, dur));
         self.set_deep(Deep::Until(std::time::Instant::now() + dur));
     }
 

@@ -6,8 +6,15 @@
 //! The share of time the samples run (the duty) is the default
 //! ([`DEFAULT_PERIOD_S`], [`DEFAULT_WINDOW_S`]) unless the measured cost
 //! would exceed `--max-overhead`: then the duty shrinks to what the budget
-//! leaves after the always-on set, possibly to nothing, and deep windows the
-//! coordinator opens are shortened in proportion ([`Sampler::deep_window`]).
+//! leaves after the always-on set, possibly to nothing.
+//!
+//! Samples and the deep windows the coordinator opens draw launch counting
+//! from one ledger ([`Sampler::deep_window`]): while counting would cost
+//! more than the budget leaves, credit accrues at the share of wall time
+//! counting may run and every counted second spends it. Shortening each
+//! window "in proportion" did not hold the budget: a healthy dp8 run's
+//! suspicion windows counted launches 5 s of its first 32 beside a 2-s
+//! sample, 22 % of the time against a planned 3.6 % (stop 63).
 //! Pure: every method takes `now` (raw monotonic ns).
 
 use std::time::Duration;
@@ -33,6 +40,12 @@ pub const MIN_DEEP_WINDOW: Duration = Duration::from_secs(1);
 const EWMA: f64 = 0.3;
 /// Counted time an interval needs before its launch rate is trusted.
 const MIN_COUNTED_NS: u64 = 100_000_000;
+/// The span the budget holds over: credit for counting is capped at what
+/// this long earns, so a job quiet for an hour cannot spend an hour's
+/// worth at once, while a suspicion after five quiet minutes gets the
+/// launch counts those minutes saved (one window of a few seconds at the
+/// duties seen on slow-trap VMs, 2–4 %).
+pub const LEDGER_HORIZON: Duration = Duration::from_secs(300);
 
 /// What one interval cost one rank, as the agent observed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +82,10 @@ pub struct Sampler {
     plan: Plan,
     next_start: Option<u64>,
     on_until: Option<u64>,
+    /// Counting time (ns) the budget still grants, while it binds.
+    credit_ns: f64,
+    /// When the credit was last brought up to date.
+    credit_at: Option<u64>,
 }
 
 impl Sampler {
@@ -94,7 +111,51 @@ impl Sampler {
             },
             next_start: None,
             on_until: None,
+            // The first sample is always granted: it measures what
+            // counting costs on this host.
+            credit_ns: window.as_nanos() as f64,
+            credit_at: None,
         }
+    }
+
+    /// Share of wall time launch counting may run for the job to stay
+    /// within the budget; `None` while it does not bind (counting's cost
+    /// unmeasured, or cheap enough to run all the time).
+    pub fn binding_share(&self) -> Option<f64> {
+        let always_on = self.always_on.unwrap_or(0.0);
+        let share = match self.counting {
+            Some(c) if c > 0.0 => ((self.max - always_on) / c).max(0.0),
+            _ if always_on >= self.max => 0.0,
+            _ => return None,
+        };
+        (share < 1.0).then_some(share)
+    }
+
+    /// Brings the credit up to `now`, at the current share.
+    fn accrue(&mut self, now: u64) {
+        let last = self.credit_at.replace(now).unwrap_or(now);
+        let Some(share) = self.binding_share() else {
+            return;
+        };
+        let cap = (share * LEDGER_HORIZON.as_nanos() as f64).max(self.window_ns as f64);
+        let earned = share * now.saturating_sub(last) as f64;
+        // Credit above the cap (granted before the budget bound) is kept,
+        // not earned on.
+        if self.credit_ns < cap {
+            self.credit_ns = (self.credit_ns + earned).min(cap);
+        }
+    }
+
+    /// Counting time granted now for `want` (all of it while the budget
+    /// does not bind), spent from the credit.
+    fn spend(&mut self, now: u64, want: u64) -> u64 {
+        self.accrue(now);
+        if self.binding_share().is_none() {
+            return want;
+        }
+        let got = (want as f64).min(self.credit_ns.max(0.0));
+        self.credit_ns -= got;
+        got as u64
     }
 
     pub fn plan(&self) -> Plan {
@@ -120,6 +181,19 @@ impl Sampler {
         }
         match self.next_start {
             Some(t) if now >= t && self.plan.duty > 0.0 => {
+                self.accrue(now);
+                if let Some(share) = self.binding_share() {
+                    let short = self.window_ns as f64 - self.credit_ns;
+                    if short > 0.0 {
+                        // Deep windows spent the credit: the sample waits
+                        // until the budget has earned it again.
+                        let wait = if share > 0.0 { short / share } else { f64::MAX };
+                        self.next_start =
+                            Some(now.saturating_add(wait.min(u64::MAX as f64 / 2.0) as u64));
+                        return false;
+                    }
+                }
+                self.spend(now, self.window_ns);
                 self.on_until = Some(now + self.window_ns);
                 self.next_start = None;
                 true
@@ -173,10 +247,25 @@ impl Sampler {
         (self.plan.narrowed != before).then_some(self.plan)
     }
 
-    /// How much of a deep window of `requested` may count launches:
-    /// shortened in proportion when the budget narrowed the samples, or,
-    /// with samples off, by what the budget leaves for counting.
-    pub fn deep_window(&self, requested: Duration) -> Duration {
+    /// How much of a deep window of `requested` opening at `now` may count
+    /// launches: all of it while the budget does not bind; else what the
+    /// ledger holds, spent here, and nothing when that is under
+    /// [`MIN_DEEP_WINDOW`] (an attach that short measures nothing). The
+    /// verbs probes keep the whole window either way.
+    pub fn deep_window(&mut self, now: u64, requested: Duration) -> Duration {
+        self.accrue(now);
+        let want = requested.as_nanos() as u64;
+        if self.binding_share().is_some() && self.credit_ns < MIN_DEEP_WINDOW.as_nanos() as f64 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.spend(now, want))
+    }
+
+    /// The share of every long window of a deep set kept on for good
+    /// (`--deep`) that may count launches: the budget's duty against the
+    /// default one, or what it leaves for counting, never under
+    /// [`MIN_DEEP_WINDOW`].
+    fn lasting_share(&self, requested: Duration) -> Duration {
         let share = if self.base_duty > 0.0 {
             if !self.plan.narrowed {
                 return requested;
@@ -200,11 +289,11 @@ impl Sampler {
 
 impl Sampler {
     /// Whether launch counting runs `elapsed` into a deep set kept on for
-    /// good (`--deep`): the share [`Sampler::deep_window`] grants a window
-    /// of `period`, at the start of every `period`.
+    /// good (`--deep`): the budget's share of a window of `period`, at the
+    /// start of every `period`.
     pub fn counting_in_lasting_deep(&self, elapsed: Duration, period: Duration) -> bool {
         let period_ns = period.as_nanos().max(1);
-        elapsed.as_nanos() % period_ns < self.deep_window(period).as_nanos()
+        elapsed.as_nanos() % period_ns < self.lasting_share(period).as_nanos()
     }
 }
 
@@ -277,11 +366,76 @@ mod tests {
         assert!(!s.sampling(33 * S));
         assert!(!s.sampling(33 * S + 37 * S));
         assert!(s.sampling(33 * S + 38 * S + S / 1000));
-        // Deep windows shrink in the same proportion (5% of the default
-        // 6.7%), never below 1 s.
-        let w = s.deep_window(Duration::from_secs(10)).as_secs_f64();
-        assert!((w - 7.5).abs() < 1e-6, "{w}");
-        assert_eq!(s.deep_window(Duration::from_secs(1)), MIN_DEEP_WINDOW);
+    }
+
+    #[test]
+    fn deep_windows_and_samples_draw_from_one_ledger() {
+        let mut s = half_percent_sampler();
+        s.arm(0);
+        assert!(s.sampling(S), "the first sample measures counting's cost");
+        assert!(!s.sampling(3 * S));
+        // The storm: counting may run 5% of the time. The first sample ran
+        // before the budget bound, so the 2 s granted at start are left.
+        s.observe(&[storm(0.004)]);
+        let secs = |d: Duration| d.as_secs_f64();
+        // 10 s in: 2 s + 5% of the 9 s since the first sample began.
+        let w = secs(s.deep_window(10 * S, Duration::from_secs(10)));
+        assert!((w - 2.45).abs() < 1e-6, "{w}");
+        // Spent: the next window, 2 s on, counts nothing at all.
+        assert_eq!(
+            s.deep_window(12 * S, Duration::from_secs(5)),
+            Duration::ZERO
+        );
+        // 20 s more earn 1 s again.
+        let w = secs(s.deep_window(32 * S, Duration::from_secs(5)));
+        assert!((w - 1.1).abs() < 1e-6, "{w}");
+        // The sample due at 31 s, looked at 71 s: 1.95 s earned, it waits
+        // the second the last 0.05 s take.
+        assert!(!s.sampling(71 * S));
+        assert!(s.sampling(72 * S + S / 1000));
+        // Over a long run, windows asked for every 10 s count no more than
+        // the budget's 5% of the time since that sample spent the credit.
+        let mut counted = 0.0;
+        for k in 0..600u64 {
+            counted += secs(s.deep_window((200 + 10 * k) * S, Duration::from_secs(5)));
+        }
+        let budget = 0.05 * (6190.0 - 72.0);
+        assert!(
+            counted <= budget + 1e-3 && counted > budget - 1.0,
+            "{counted} vs {budget}"
+        );
+    }
+
+    #[test]
+    fn credit_is_capped_at_the_horizon() {
+        let mut s = half_percent_sampler();
+        s.arm(0);
+        assert!(s.sampling(S));
+        s.observe(&[storm(0.004)]);
+        // An hour quiet earns 5% of five minutes, not of an hour.
+        let w = s.deep_window(3600 * S, Duration::from_secs(60));
+        assert!((w.as_secs_f64() - 15.0).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn cheap_counting_is_never_rationed() {
+        // 4,000 calls/s at 0.3 µs: 0.12% while on, all the time fits.
+        let mut s = Sampler::new(
+            0.005,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+            300.0,
+        );
+        s.arm(0);
+        assert!(s.sampling(S));
+        s.observe(&[storm(0.0001)]);
+        assert!(s.binding_share().is_none());
+        for k in 0..100u64 {
+            assert_eq!(
+                s.deep_window((10 + k) * S, Duration::from_secs(30)),
+                Duration::from_secs(30)
+            );
+        }
     }
 
     #[test]
@@ -296,7 +450,15 @@ mod tests {
         assert_eq!(s.plan().duty, 0.0);
         assert!(!s.sampling(S));
         assert!(!s.sampling(100 * S));
-        assert_eq!(s.deep_window(Duration::from_secs(10)), MIN_DEEP_WINDOW);
+        // Nothing earned: the 2 s granted at start, then nothing.
+        assert_eq!(
+            s.deep_window(100 * S, Duration::from_secs(10)),
+            2 * MIN_DEEP_WINDOW
+        );
+        assert_eq!(
+            s.deep_window(200 * S, Duration::from_secs(10)),
+            Duration::ZERO
+        );
     }
 
     #[test]
@@ -313,19 +475,25 @@ mod tests {
             .is_none());
         assert!(!s.plan().narrowed);
         assert_eq!(
-            s.deep_window(Duration::from_secs(10)),
+            s.deep_window(10 * S, Duration::from_secs(10)),
             Duration::from_secs(10)
         );
         // Counting in a deep window costs 2%, the always-on set (smoothed
-        // from 0 towards 0.4%) 0.12%: 19% of the window may count, ≥ 1 s.
+        // from 0 towards 0.4%) 0.12%: 19% of the time may count. The 2 s
+        // granted at start, then 19% of the 100 s since.
         s.observe(&[CostSample {
             always_on: 0.004,
             counted_calls: 8_000,
             counted_ns: 2 * S,
         }]);
-        let w = s.deep_window(Duration::from_secs(40)).as_secs_f64();
-        assert!((w - 7.6).abs() < 1e-6, "{w}");
-        assert_eq!(s.deep_window(Duration::from_secs(4)), MIN_DEEP_WINDOW);
+        let w = s
+            .deep_window(110 * S, Duration::from_secs(40))
+            .as_secs_f64();
+        assert!((w - 21.0).abs() < 1e-6, "{w}");
+        assert_eq!(
+            s.deep_window(111 * S, Duration::from_secs(4)),
+            Duration::ZERO
+        );
     }
 
     /// A 0.5% budget, samples of 2 s every 30 s, 5 µs a trap.

@@ -180,9 +180,11 @@ struct RunArgs {
     spool_bytes: usize,
     /// Most of a rank's time the probes may cost, in percent ("0.5%" or
     /// "0.5"). The agent measures its trap cost at start and counts every
-    /// hit; when launch samples would push a rank over this, it samples less
-    /// often (possibly never) and shortens deep windows, and says so in its
-    /// log and in the report.
+    /// hit; when launch counting would push a rank over this, samples and
+    /// the counting in deep windows share what the budget earns over time
+    /// (a sample less often, possibly never; a window counting for less of
+    /// its length, possibly not at all), and it says so in its log and in
+    /// the report.
     #[arg(long, default_value = "0.5%", value_name = "PERCENT", value_parser = parse_percent)]
     max_overhead: f64,
     /// How often the launch/memcpy/malloc counters are attached for a
