@@ -117,9 +117,20 @@ pub struct Scanner {
     /// scans told which processes exec'd: the others are not read again.
     seen: HashMap<u32, (u32, u64)>,
     scans: u64,
+    /// The scan that last listed `/proc` (`None`: list on the next).
+    listed: Option<u64>,
 }
 
 const RECHECK_SCANS: u64 = 40;
+/// Scans from one listing of `/proc` to the next while exec notices
+/// arrive and none came: the passes between read only the ranks' own
+/// `stat` (an exit, a pid reused, a library mapped). Every program starts
+/// with an exec, so a new rank lists `/proc` at once; a process that
+/// appears without one (a fork that never execs, which carries its
+/// parent's environment) waits at most this many scans (1 s at the default
+/// 50 ms). Listing `/proc` twenty times a second was a tenth of the
+/// agents' CPU on a healthy dp8 run (perf, stop 63).
+pub const LISTING_EVERY_SCANS: u64 = 20;
 
 impl Scanner {
     /// `only_env` entries are `KEY=VALUE`; a process counts only if its
@@ -142,6 +153,7 @@ impl Scanner {
             ignored: HashMap::new(),
             seen: HashMap::new(),
             scans: 0,
+            listed: None,
         })
     }
 
@@ -150,6 +162,7 @@ impl Scanner {
     pub fn set_root(&mut self, pid: u32) {
         self.root_pid = Some(pid);
         self.ignored.clear();
+        self.listed = None;
     }
 
     /// Ranks currently followed.
@@ -166,15 +179,25 @@ impl Scanner {
     /// One pass over `/proc`. With `execs`, the processes that exec'd since
     /// the last pass (the kernel's exec notices), only those, new pids and
     /// the ranks are read: a host's hundreds of other processes cost one
-    /// directory listing, not a `stat` each twenty times a second. `None`
-    /// (no notices, or some were lost) reads every process.
+    /// directory listing, not a `stat` each twenty times a second; and
+    /// while no notice came, not even that but every
+    /// [`LISTING_EVERY_SCANS`]th pass (the others read the ranks' `stat`).
+    /// `None` (no notices, or some were lost) reads every process.
     pub fn scan_with_execs(
         &mut self,
         now_ns: u64,
         execs: Option<&[u32]>,
     ) -> Result<Changes, DiscoverError> {
-        let mut changes = Changes::default();
         self.scans += 1;
+        if execs.is_some_and(<[u32]>::is_empty)
+            && self
+                .listed
+                .is_some_and(|l| self.scans - l < LISTING_EVERY_SCANS)
+        {
+            return Ok(self.ranks_only());
+        }
+        self.listed = Some(self.scans);
+        let mut changes = Changes::default();
         match execs {
             None => {
                 self.seen.clear();
@@ -294,6 +317,29 @@ impl Scanner {
             }
         }
         Ok(changes)
+    }
+}
+
+impl Scanner {
+    /// A pass between listings: each rank's `stat` only.
+    fn ranks_only(&mut self) -> Changes {
+        let mut changes = Changes::default();
+        let pids: Vec<u32> = self.ranks.keys().copied().collect();
+        for pid in pids {
+            match stat(&self.proc_root, pid) {
+                Some((_, start, _, vsize)) if start == self.ranks[&pid].start_time => {
+                    self.ranks.get_mut(&pid).expect("present").vsize = vsize;
+                }
+                other => {
+                    changes.gone.push(self.ranks.remove(&pid).expect("present"));
+                    if other.is_some() {
+                        // Another process holds the pid: read it next pass.
+                        self.listed = None;
+                    }
+                }
+            }
+        }
+        changes
     }
 }
 
@@ -577,7 +623,8 @@ mod tests {
             c.new.iter().map(|r| r.identity.rank).collect::<Vec<_>>(),
             [3]
         );
-        // A new pid is read without a notice.
+        // A new pid without a notice (a fork that never exec'd) is read
+        // at the next listing of /proc: passes between read only the ranks.
         fake_proc(
             &root,
             200,
@@ -585,10 +632,21 @@ mod tests {
             9,
             &[("RANK", "4"), ("WORLD_SIZE", "8")],
         );
-        let c = s.scan_with_execs(4, Some(&[])).unwrap();
+        let mut passes = 0;
+        let c = loop {
+            passes += 1;
+            let c = s.scan_with_execs(4, Some(&[])).unwrap();
+            if !c.new.is_empty() || passes > LISTING_EVERY_SCANS {
+                break c;
+            }
+        };
         assert_eq!(
             c.new.iter().map(|r| r.identity.pid).collect::<Vec<_>>(),
             [200]
+        );
+        assert_eq!(
+            passes, LISTING_EVERY_SCANS,
+            "the 20th pass after the last listing"
         );
         // A rank's stat is read every time: its pid reused by another
         // process (new start time) ends the old rank.
