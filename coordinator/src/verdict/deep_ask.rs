@@ -3,7 +3,8 @@
 //! The deep set (verbs data path, launch counting) is the only evidence
 //! that tells a slow GPU from a slow NIC, and the costliest probes there
 //! are: a window on every rank of the job. Three reasons open one:
-//! - an active verdict that rests on it (compute, communication): kept on
+//! - an active verdict that rests on it (compute, communication, a stage
+//!   or work imbalance replayed on GPU-side steps): kept on
 //!   for as long as the verdict stays active;
 //! - the job got slower with nobody named, or a suspicion (a suspect that
 //!   only GPU-side times can class): a short window, renewed while the
