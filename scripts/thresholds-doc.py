@@ -15,7 +15,7 @@ SECTIONS = {
     "join": ("JoinConfig", "coordinator/src/join/mod.rs"),
     "iteration": ("IterationConfig", "coordinator/src/graph/iteration/mod.rs"),
     "stats": ("StatsConfig", "coordinator/src/classify/stats/mod.rs"),
-    "links": ("LinkConfig", "coordinator/src/classify/links.rs"),
+    "links": ("LinkConfig", "coordinator/src/classify/links/mod.rs"),
     "lifecycle": ("LifecycleConfig", "coordinator/src/verdict/mod.rs"),
     "sequential": ("SequentialConfig", "coordinator/src/classify/sequential.rs"),
     "structure": ("StructureConfig", "coordinator/src/graph/structure/mod.rs"),

@@ -5,6 +5,12 @@
 use super::*;
 use crate::verdict::warmup::WarmUp;
 
+/// Share of a compute-slow rank's lateness its own slower transfers must
+/// cover for the lateness to count as theirs: then it is not a compute
+/// straggler whose peers' transfers merely wait for it (a straggler's own
+/// transfers, from the last arrival on, take its peers' time).
+const TRANSFER_EXPLAINS: f64 = 0.5;
+
 /// What one iteration's judgement needs to know of the iteration itself.
 pub(super) struct IterCtx {
     pub(super) k: u64,
@@ -67,7 +73,8 @@ impl Analyzer {
             self.transfer_observations(core, &it, bucket, model.as_ref(), &mut obs);
         }
         let named: Vec<Subject> = obs.keys().copied().collect();
-        self.pass_waits_to_their_cause(core, &mut obs);
+        let own_transfers = Self::late_by_own_transfers(core, bucket, &obs);
+        self.pass_waits_to_their_cause(core, &own_transfers, &mut obs);
         if !named.is_empty() {
             tracing::debug!(
                 iteration = k,
@@ -520,12 +527,45 @@ impl Analyzer {
         }
     }
 
+    /// Ranks observed compute-slow whose lateness is their own transfers':
+    /// this iteration their instances' transfers (last arrival to done,
+    /// GPU-side) took longer than their reference peers' by at least
+    /// [`TRANSFER_EXPLAINS`] of their lateness.
+    fn late_by_own_transfers(
+        core: &Core,
+        bucket: &IterBucket,
+        obs: &BTreeMap<Subject, Observation>,
+    ) -> foldhash::HashSet<u32> {
+        obs.iter()
+            .filter_map(|(k, o)| match *k {
+                Subject::Rank(r) if o.classification.kind == classify::Kind::Compute => {
+                    let excess = transfer_excess(bucket, r, core.stats.peers(r))?;
+                    tracing::debug!(
+                        rank = r,
+                        excess_ns = excess,
+                        late_ns = o.late_ns,
+                        "own transfers against lateness"
+                    );
+                    (o.late_ns > 0.0 && excess >= TRANSFER_EXPLAINS * o.late_ns).then_some(r)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Waits that are another subject's, passed along to it: lateness that
     /// a slow transfer explains, a pipeline neighbour's wait for a rank
     /// that costs the job several times more, a blind partner's wait for a
     /// compute-slow rank, and a whole host's ranks merged into one finding.
-    fn pass_waits_to_their_cause(&self, core: &Core, obs: &mut BTreeMap<Subject, Observation>) {
-        drop_passed_into_transfers(obs, core.lifecycle.verdicts());
+    fn pass_waits_to_their_cause(
+        &self,
+        core: &Core,
+        own_transfers: &foldhash::HashSet<u32>,
+        obs: &mut BTreeMap<Subject, Observation>,
+    ) {
+        drop_passed_into_transfers(obs, core.lifecycle.verdicts(), |r| {
+            own_transfers.contains(&r)
+        });
         relay_transfer_lateness(obs, core.lifecycle.verdicts(), &core.nic_peers);
         // A pipeline neighbour of a rank that costs the job several times
         // more (named now, or by an active verdict) waits for that rank's

@@ -64,7 +64,10 @@ mod takeover;
 #[cfg(test)]
 mod tests;
 mod tick;
+mod transfers;
 mod whatif;
+
+use transfers::{costs_enough, transfer_costs, transfer_excess, transfer_ratio};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -734,44 +737,6 @@ impl ClockMaps {
         };
         m.coord_and_bound(agent_ns)
     }
-}
-
-/// Whether a link or NIC finding's cost in one iteration (`lost` GPU-ns of
-/// `exposure`) is worth naming. Without a known step (exposure 0) any
-/// measured cost is.
-fn costs_enough(lost: f64, exposure: f64, min_fraction: f64) -> bool {
-    lost > 0.0 && (exposure <= 0.0 || lost >= min_fraction * exposure)
-}
-
-/// The GPU time lost on `ranks`' transfers at `ratio` × their peers' time,
-/// and the step's share: the what-if with those transfers at the peers'
-/// rate (the members' sum is GPU time, not step time).
-fn transfer_costs(
-    bucket: &IterBucket,
-    model: Option<&crate::graph::whatif::WhatIf>,
-    ranks: &[u32],
-    ratio: f64,
-) -> (f64, Option<f64>) {
-    let excess = 1.0 - 1.0 / ratio.max(1.0);
-    let lost = bucket
-        .ranks
-        .get(&ranks[0])
-        .map_or(0.0, |a| a.xfer_member_ns * excess);
-    let saved = model.and_then(|m| m.transfer_cost(ranks, 1.0 / ratio.max(1.0)));
-    (lost, saved)
-}
-
-/// Mean transfer of instances containing `rank` vs all instances, this iteration.
-fn transfer_ratio(bucket: &IterBucket, rank: u32) -> Option<f64> {
-    let mine = bucket.ranks.get(&rank).filter(|a| a.xfer_n > 0)?;
-    let mut others: Vec<f64> = bucket
-        .ranks
-        .iter()
-        .filter(|(r, a)| **r != rank && a.xfer_n > 0)
-        .map(|(_, a)| a.xfer_member_ns / a.xfer_n as f64)
-        .collect();
-    let m = median(&mut others)?;
-    (m > 0.0).then(|| (mine.xfer_member_ns / mine.xfer_n as f64) / m)
 }
 
 impl crate::verdict::stackstore::HostView for Analyzer {
