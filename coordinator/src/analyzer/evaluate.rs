@@ -527,18 +527,17 @@ impl Analyzer {
         }
     }
 
-    /// Ranks observed compute-slow whose lateness is their own transfers':
-    /// this iteration their instances' transfers (last arrival to done,
-    /// GPU-side) took longer than their reference peers' by at least
-    /// [`TRANSFER_EXPLAINS`] of their lateness.
+    /// Each observed rank whose transfers were measured this iteration:
+    /// whether its lateness is its own transfers' (they took longer than
+    /// its reference peers' by at least [`TRANSFER_EXPLAINS`] of it).
     fn late_by_own_transfers(
         core: &Core,
         bucket: &IterBucket,
         obs: &BTreeMap<Subject, Observation>,
-    ) -> foldhash::HashSet<u32> {
+    ) -> HashMap<u32, bool> {
         obs.iter()
             .filter_map(|(k, o)| match *k {
-                Subject::Rank(r) if o.classification.kind == classify::Kind::Compute => {
+                Subject::Rank(r) if o.late_ns > 0.0 => {
                     let excess = transfer_excess(bucket, r, core.stats.peers(r))?;
                     tracing::debug!(
                         rank = r,
@@ -546,7 +545,7 @@ impl Analyzer {
                         late_ns = o.late_ns,
                         "own transfers against lateness"
                     );
-                    (o.late_ns > 0.0 && excess >= TRANSFER_EXPLAINS * o.late_ns).then_some(r)
+                    Some((r, excess >= TRANSFER_EXPLAINS * o.late_ns))
                 }
                 _ => None,
             })
@@ -560,13 +559,15 @@ impl Analyzer {
     fn pass_waits_to_their_cause(
         &self,
         core: &Core,
-        own_transfers: &foldhash::HashSet<u32>,
+        own_transfers: &HashMap<u32, bool>,
         obs: &mut BTreeMap<Subject, Observation>,
     ) {
         drop_passed_into_transfers(obs, core.lifecycle.verdicts(), |r| {
-            own_transfers.contains(&r)
+            own_transfers.get(&r) == Some(&true)
         });
-        relay_transfer_lateness(obs, core.lifecycle.verdicts(), &core.nic_peers);
+        relay_transfer_lateness(obs, core.lifecycle.verdicts(), &core.nic_peers, |r| {
+            own_transfers.get(&r) == Some(&false)
+        });
         // A pipeline neighbour of a rank that costs the job several times
         // more (named now, or by an active verdict) waits for that rank's
         // sends. Outside a deep window (or across NVLink) a receive has no

@@ -96,12 +96,23 @@ pub(crate) fn passed_along(mine: f64, mut neighbours: impl Iterator<Item = f64>)
 /// (their verbs evidence comes and goes with the traffic). The GPU time
 /// lost to the dropped ranks goes to the NIC or link seen now (the largest
 /// one: the victims wait side by side, not one after another). A rank with
-/// both faults is named for its link until the link recovers.
+/// both faults is named for its link until the link recovers, unless its
+/// lateness is measured not to be its transfers' (`not_transfers`: its own
+/// transfers took no longer than its peers' by half its lateness, so it is
+/// late on its own): a NIC slow in bursts and a host fault on the same rank
+/// (random 6317-7) are then both named, and the NIC's verdict does not
+/// swallow the host fault between its bursts.
 pub(crate) fn relay_transfer_lateness<'a>(
     obs: &mut BTreeMap<Subject, Observation>,
     verdicts: impl Iterator<Item = &'a crate::verdict::Verdict>,
     nic_peers: &HashMap<u32, Vec<u32>>,
+    not_transfers: impl Fn(u32) -> bool,
 ) {
+    let own_end = |s: Subject, r: u32| match s {
+        Subject::Nic(n) => n == r,
+        Subject::Link(a, b) => a == r || b == r,
+        _ => false,
+    };
     let ends = |s: Subject| -> Vec<u32> {
         match s {
             Subject::Nic(r) => std::iter::once(r)
@@ -125,6 +136,7 @@ pub(crate) fn relay_transfer_lateness<'a>(
     let mut relayed: HashMap<Subject, f64> = HashMap::new();
     obs.retain(|k, o| match *k {
         Subject::Rank(r) => match owner.get(&r) {
+            Some(s) if own_end(*s, r) && not_transfers(r) => true,
             Some(s) => {
                 let m = relayed.entry(*s).or_default();
                 *m = m.max(o.lost_ns);
@@ -367,7 +379,7 @@ mod tests {
             (Subject::Rank(10), observation(Compute, 10, 0.14)),
             (Subject::Rank(3), observation(Compute, 3, 0.05)),
         ]);
-        relay_transfer_lateness(&mut obs, std::iter::empty(), &nic_peers);
+        relay_transfer_lateness(&mut obs, std::iter::empty(), &nic_peers, |_| false);
         let keys: Vec<Subject> = obs.keys().copied().collect();
         assert_eq!(keys, vec![Subject::Rank(3), Subject::Nic(6)]);
         assert!((cost_share(&obs[&Subject::Nic(6)]) - 0.20).abs() < 1e-9);
@@ -386,7 +398,7 @@ mod tests {
             (Subject::Rank(6), observation(Compute, 6, 0.2)),
             (Subject::Rank(10), observation(Compute, 10, 0.2)),
         ]);
-        relay_transfer_lateness(&mut obs, lc.verdicts(), &nic_peers);
+        relay_transfer_lateness(&mut obs, lc.verdicts(), &nic_peers, |_| false);
         assert!(obs.is_empty());
     }
 
