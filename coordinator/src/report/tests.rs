@@ -190,7 +190,13 @@ fn a_transient_is_told_apart_from_the_verdicts() {
     let mut r = crate::synthjob::analyzed(None, 80).report();
     r.transients = vec![t.clone()];
     let text = render_human(&r);
-    assert!(text.contains("No slow rank found"), "{text}");
+    assert!(
+        text.contains(
+            "No slow rank found now: 1 slow episode(s) ended before the job did (BLIP below)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("kept its pace (step"), "{text}");
     assert!(
         text.contains(&format!(
             "BLIP  rank {} on {} was compute-slow for 6 iteration(s) (40–45), then kept pace: a transient, not a straggler",

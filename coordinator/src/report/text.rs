@@ -53,6 +53,17 @@ fn human_headline(s: &mut String, r: &Report) {
                     "No slow rank found, but the job ran slower than its own pace for a while (SLOWER below)."
                 );
             }
+            // Not "kept its pace" either: a rank was slow for a while
+            // (random 6317-7: two faults on one rank, 27 and 26 iterations
+            // long at the end of a 60-step run, a step 11 % over baseline).
+            Some(b) if !r.transients.is_empty() => {
+                let _ = writeln!(
+                    s,
+                    "No slow rank found now: {} slow episode(s) ended before the job did (BLIP below); step {:.1} ms, baseline {b:.1} ms.",
+                    r.transients.len(),
+                    r.job.step_time_ms.unwrap_or(b)
+                );
+            }
             Some(b) => {
                 let _ = writeln!(
                     s,

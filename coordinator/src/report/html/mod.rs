@@ -264,6 +264,8 @@ fn banner(s: &mut String, r: &Report) {
             "No rank observed yet: no agent has reported a rank process."
         } else if r.verdicts.is_empty() && !stretches.is_empty() {
             "No slow rank found, but the job ran slower than its own pace for a while."
+        } else if r.verdicts.is_empty() && !r.transients.is_empty() {
+            "No slow rank found now: slow episodes ended before the job did (listed below)."
         } else if r.verdicts.is_empty() {
             "No slow rank found: every rank kept pace within noise."
         } else {
