@@ -528,8 +528,10 @@ impl Analyzer {
     }
 
     /// Each observed rank whose transfers were measured this iteration:
-    /// whether its lateness is its own transfers' (they took longer than
-    /// its reference peers' by at least [`TRANSFER_EXPLAINS`] of it).
+    /// `Some(true)` where its lateness is its own transfers' (they took
+    /// longer than its reference peers' by at least [`TRANSFER_EXPLAINS`]
+    /// of it), `Some(false)` where it is not and every transfer of the rank
+    /// was measured (an unmeasured pipeline send may hold the rest).
     fn late_by_own_transfers(
         core: &Core,
         bucket: &IterBucket,
@@ -538,14 +540,16 @@ impl Analyzer {
         obs.iter()
             .filter_map(|(k, o)| match *k {
                 Subject::Rank(r) if o.late_ns > 0.0 => {
-                    let excess = transfer_excess(bucket, r, core.stats.peers(r))?;
+                    let (excess, whole) = transfer_excess(bucket, r, core.stats.peers(r))?;
                     tracing::debug!(
                         rank = r,
                         excess_ns = excess,
                         late_ns = o.late_ns,
+                        whole,
                         "own transfers against lateness"
                     );
-                    Some((r, excess >= TRANSFER_EXPLAINS * o.late_ns))
+                    let explained = excess >= TRANSFER_EXPLAINS * o.late_ns;
+                    (explained || whole).then_some((r, explained))
                 }
                 _ => None,
             })

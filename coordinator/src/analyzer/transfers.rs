@@ -31,10 +31,16 @@ pub(super) fn transfer_costs(
 }
 
 /// How much longer `rank`'s instances' transfers took this iteration than
-/// those of its reference peers (the median of theirs, ns); `None` where
+/// those of its reference peers (the median of theirs, ns), and whether
+/// every instance of the rank had its transfer measured (a pipeline send's
+/// may not be: then the excess is a floor, not the whole); `None` where
 /// either side has none measured.
-pub(super) fn transfer_excess(bucket: &IterBucket, rank: u32, peers: &[u32]) -> Option<f64> {
-    let mine = bucket.ranks.get(&rank).filter(|a| a.xfer_n > 0)?.xfer_ns;
+pub(super) fn transfer_excess(
+    bucket: &IterBucket,
+    rank: u32,
+    peers: &[u32],
+) -> Option<(f64, bool)> {
+    let mine = bucket.ranks.get(&rank).filter(|a| a.xfer_n > 0)?;
     let mut others: Vec<f64> = peers
         .iter()
         .filter(|q| **q != rank)
@@ -42,7 +48,10 @@ pub(super) fn transfer_excess(bucket: &IterBucket, rank: u32, peers: &[u32]) -> 
         .filter(|a| a.xfer_n > 0)
         .map(|a| a.xfer_ns)
         .collect();
-    Some(mine - median(&mut others)?)
+    Some((
+        mine.xfer_ns - median(&mut others)?,
+        mine.xfer_n >= mine.coll_n,
+    ))
 }
 
 /// Mean transfer of instances containing `rank` vs all instances, this iteration.
