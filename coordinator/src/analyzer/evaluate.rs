@@ -5,10 +5,11 @@
 use super::*;
 use crate::verdict::warmup::WarmUp;
 
-/// Share of a compute-slow rank's lateness its own slower transfers must
-/// cover for the lateness to count as theirs: then it is not a compute
-/// straggler whose peers' transfers merely wait for it (a straggler's own
-/// transfers, from the last arrival on, take its peers' time).
+/// Share of a rank's lateness its own slower transfers must cover for the
+/// lateness to count as theirs (its NIC's or link's): then a compute-slow
+/// rank is not a straggler whose peers' transfers merely wait for it (a
+/// straggler's own transfers, from the last arrival on, take its peers'
+/// time), and a rank beside its slow NIC has no fault of its own.
 const TRANSFER_EXPLAINS: f64 = 0.5;
 
 /// What one iteration's judgement needs to know of the iteration itself.
